@@ -1,0 +1,111 @@
+/* ffpa: exact attention for large head dimensions, C ABI for FFI.
+ *
+ * A plain-struct mirror of <ffpa/ffpa.hpp>: same semantics, same status codes.
+ * A zero-initialised ffpa_forward_params means: no mask, no lse, default scale,
+ * no causal mask, no dropout, fp32 accumulation, automatic implementation,
+ * default stream, no workspace. Functions never throw and never abort; a
+ * failing call returns its status and writes a NUL-terminated message into
+ * `message` (truncated to `message_size` bytes) when `message` is not NULL. */
+#ifndef FFPA_FFPA_H
+#define FFPA_FFPA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The shared library hides its other symbols: these are its C ABI. */
+#ifndef FFPA_API
+#define FFPA_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ffpa_dtype {
+  FFPA_DTYPE_F16 = 0,
+  FFPA_DTYPE_BF16 = 1,
+  FFPA_DTYPE_F32 = 2,
+  FFPA_DTYPE_BOOL = 3
+} ffpa_dtype;
+
+typedef enum ffpa_causal {
+  FFPA_CAUSAL_NONE = 0,
+  FFPA_CAUSAL_TOP_LEFT = 1,
+  FFPA_CAUSAL_BOTTOM_RIGHT = 2
+} ffpa_causal;
+
+typedef enum ffpa_accumulation { FFPA_ACCUM_F32 = 0, FFPA_ACCUM_F16 = 1 } ffpa_accumulation;
+
+typedef enum ffpa_impl {
+  FFPA_IMPL_AUTO = 0,
+  FFPA_IMPL_CPU_REFERENCE = 1,
+  FFPA_IMPL_SM80_SPLIT_D = 2
+} ffpa_impl;
+
+typedef enum ffpa_status {
+  FFPA_OK = 0,
+  FFPA_NULL_POINTER = 1,
+  FFPA_INVALID_RANK = 2,
+  FFPA_UNSUPPORTED_DTYPE = 3,
+  FFPA_DTYPE_MISMATCH = 4,
+  FFPA_SHAPE_MISMATCH = 5,
+  FFPA_VALUE_HEAD_DIM_MISMATCH = 6,
+  FFPA_UNSUPPORTED_HEAD_DIM = 7,
+  FFPA_INVALID_GQA_RATIO = 8,
+  FFPA_NONCONTIGUOUS_LAST_DIM = 9,
+  FFPA_MISALIGNED = 10,
+  FFPA_INVALID_STRIDE = 11,
+  FFPA_INVALID_MASK_LAYOUT = 12,
+  FFPA_INVALID_DROPOUT = 13,
+  FFPA_UNSUPPORTED_ACCUMULATION = 14,
+  FFPA_IMPL_UNAVAILABLE = 15,
+  FFPA_OUTPUT_OVERLAPS_INPUT = 16,
+  FFPA_INVALID_OPTION = 17,
+  FFPA_WORKSPACE_TOO_SMALL = 18,
+  FFPA_WRONG_MEMORY_SPACE = 19,
+  FFPA_CUDA_ERROR = 20
+} ffpa_status;
+
+typedef struct ffpa_tensor {
+  void* data;
+  int32_t dtype; /* ffpa_dtype */
+  int32_t rank;
+  int64_t shape[4];
+  int64_t stride[4]; /* in elements */
+} ffpa_tensor;
+
+typedef struct ffpa_options {
+  int32_t has_scale; /* 0: scale = 1/sqrt(D) */
+  float scale;
+  int32_t causal; /* ffpa_causal */
+  float dropout_p;
+  uint64_t dropout_seed;
+  uint64_t dropout_offset;
+  int32_t accumulation; /* ffpa_accumulation */
+  int32_t impl;         /* ffpa_impl */
+} ffpa_options;
+
+typedef struct ffpa_forward_params {
+  ffpa_tensor q, k, v, o;
+  ffpa_tensor mask; /* data == NULL: no mask */
+  ffpa_tensor lse;  /* data == NULL: not requested */
+  ffpa_options options;
+  void* stream; /* cudaStream_t */
+  void* workspace;
+  size_t workspace_bytes;
+} ffpa_forward_params;
+
+FFPA_API ffpa_status ffpa_forward(const ffpa_forward_params* params, char* message, size_t message_size);
+
+FFPA_API ffpa_status ffpa_workspace_size(const ffpa_forward_params* params, size_t* bytes,
+                                         char* message, size_t message_size);
+
+FFPA_API const char* ffpa_status_name(ffpa_status status);
+
+FFPA_API const char* ffpa_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FFPA_FFPA_H */

@@ -1,0 +1,134 @@
+// ffpa: exact attention for large head dimensions (D up to 1024), C++ API.
+//
+// One parameters struct, one entry point, a status with a message. Tensors are
+// described by (pointer, dtype, rank, shape, strides); strides count elements,
+// the last dimension must be contiguous. Logical shapes:
+//   q [B, Hq, Nq, D]  k [B, Hkv, Nkv, D]  v [B, Hkv, Nkv, Dv]  o [B, Hq, Nq, Dv]
+//   mask (optional)  broadcastable to [B, Hq, Nq, Nkv] (size-1 dims broadcast)
+//   lse  (optional)  [B, Hq, Nq], fp32, natural log of the softmax denominator
+// Both the [B, H, N, D] layout and a [B, N, H, D] buffer viewed through
+// permuted strides are served without copies.
+//
+// No global state: everything that decides what runs travels in the call.
+// The C ABI mirror of this header is <ffpa/ffpa.h>.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace ffpa {
+
+enum class DType : int32_t { f16 = 0, bf16 = 1, f32 = 2, boolean = 3 };
+
+enum class Causal : int32_t {
+  none = 0,
+  top_left = 1,      // row i attends keys j <= i (PyTorch SDPA is_causal=True)
+  bottom_right = 2,  // row i attends keys j <= i + Nkv - Nq (FlashAttention)
+};
+
+enum class Accumulation : int32_t {
+  f32 = 0,  // default
+  f16 = 1,  // P*V accumulated in fp16; fp16 inputs only
+};
+
+enum class Impl : int32_t {
+  automatic = 0,      // fastest correct path for the pointers, device and shape
+  cpu_reference = 1,  // host pointers; exact (double accumulation), slow
+  sm80_split_d = 2,   // portable split-D mma.sync kernels, sm80 and newer
+};
+
+// Every bad input has its own code; none of them writes to any output.
+enum class StatusCode : int32_t {
+  ok = 0,
+  null_pointer = 1,
+  invalid_rank = 2,
+  unsupported_dtype = 3,
+  dtype_mismatch = 4,
+  shape_mismatch = 5,
+  value_head_dim_mismatch = 6,  // Dv != D (not yet supported)
+  unsupported_head_dim = 7,     // D outside [8, 1024] or not a multiple of 8
+  invalid_gqa_ratio = 8,        // Hq % Hkv != 0
+  noncontiguous_last_dim = 9,
+  misaligned = 10,              // pointer or stride not 16-byte aligned
+  invalid_stride = 11,          // negative stride, or an output that aliases itself
+  invalid_mask_layout = 12,     // negative or non-broadcastable mask strides/shape
+  invalid_dropout = 13,         // p outside [0, 1)
+  unsupported_accumulation = 14,  // bf16 with fp16 accumulation
+  impl_unavailable = 15,        // the device or this build lacks the implementation
+  output_overlaps_input = 16,
+  invalid_option = 17,          // unknown enum value, non-finite scale, negative size
+  workspace_too_small = 18,
+  wrong_memory_space = 19,      // host/device pointers do not fit the implementation
+  cuda_error = 20,
+};
+
+struct Status {
+  StatusCode code = StatusCode::ok;
+  std::string message;
+  bool ok() const { return code == StatusCode::ok; }
+};
+
+// Name of a status code, e.g. "misaligned".
+const char* status_name(StatusCode code);
+
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::bf16;
+  int32_t rank = 0;
+  int64_t shape[4] = {0, 0, 0, 0};
+  int64_t stride[4] = {0, 0, 0, 0};  // in elements
+};
+
+// A contiguous row-major tensor of the given shape (rank = shape.size()).
+Tensor make_tensor(void* data, DType dtype, std::initializer_list<int64_t> shape);
+
+struct Options {
+  std::optional<float> scale;  // default 1/sqrt(D)
+  Causal causal = Causal::none;
+  float dropout_p = 0.0f;      // in [0, 1); keep-mask from Philox(seed, offset, b, h, i, j)
+  uint64_t dropout_seed = 0;
+  uint64_t dropout_offset = 0;
+  Accumulation accumulation = Accumulation::f32;
+  Impl impl = Impl::automatic;
+};
+
+struct ForwardParams {
+  Tensor q, k, v;
+  Tensor o;
+  Tensor mask;  // optional: data == nullptr means no mask
+  Tensor lse;   // optional: data == nullptr means not requested
+  Options options;
+  cudaStream_t stream = nullptr;
+  // Temporary memory. When null, the call allocates stream-ordered memory if
+  // it needs any; workspace_size() says how much a call can use.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// Computes o (and lse) for the parameters. Validates everything first.
+// GPU implementations are asynchronous on params.stream; cpu_reference
+// runs on the calling thread (using a few worker threads) and returns when done.
+Status forward(const ForwardParams& params);
+
+// Bytes of workspace the call would use (0 when it needs none).
+Status workspace_size(const ForwardParams& params, size_t* bytes);
+
+// What forward() would run for these parameters, without running it.
+struct KernelChoice {
+  Impl impl = Impl::automatic;
+  std::string kernel;  // e.g. "sm80_split_d<bf16,f32,M4N2,out512,bc128>"
+  int64_t padded_head_dim = 0;  // head dim of the instantiation that serves D
+  int32_t value_splits = 1;     // CTAs sharing one row block, each a slice of Dv
+};
+Status select_kernel(const ForwardParams& params, KernelChoice* choice);
+
+// Head dims that have their own kernel instantiation in this build.
+std::string compiled_head_dims();
+
+const char* version();
+
+}  // namespace ffpa

@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# The one command for the GPU machine. From a build directory made on the CPU
+# machine it runs, stage by stage: the GPU test suite, compute-sanitizer
+# (memcheck, racecheck) on the suite's small cases, ffpa-bench on a few
+# shapes, and the side-by-side benchmark with PyTorch SDPA; then it writes
+# $OUT/report.json and prints a short summary as its last lines.
+#
+#   scripts/gpu_check.sh [--quick] [--only tests|sanitizer|bench] [BUILD_DIR]
+#
+#   BUILD_DIR  default: build (relative to the repository root)
+#   --quick    small benchmark shapes instead of the full sweep
+#   --only S   run one stage group: tests, sanitizer or bench
+#
+# Each stage runs under a time limit so that the whole script ends well
+# within 9 minutes; a stage that fails or times out is recorded and the next
+# one runs. The GPU tests name their small cases with "Small" in the test
+# name: the sanitizer runs --gtest_filter='*Small*'.
+#
+# Files under $OUT (./gpu_check_out when OUT is unset), seven at most:
+#   gpu_check.log      every stage's output, in order
+#   sanitizer.log      compute-sanitizer's output, memcheck then racecheck
+#   gpu_tests.json     GoogleTest's report of the GPU suite
+#   ffpa_bench.jsonl   ffpa-bench, one JSON object per point
+#   bench.json, bench.md  bench/sdpa_compare.py's report and table
+#   report.json        every stage's status, time and numbers
+# Exit status: 0 when every stage that ran passed, 1 otherwise, 2 for a bad
+# command line.
+set -u -o pipefail
+
+usage() {
+  cat <<'EOF'
+usage: scripts/gpu_check.sh [--quick] [--only tests|sanitizer|bench] [BUILD_DIR]
+  BUILD_DIR  the build made on the CPU machine (default: build)
+  --quick    small benchmark shapes instead of the full sweep
+  --only S   run one stage group: tests, sanitizer or bench
+EOF
+}
+
+QUICK=0
+ONLY=all
+BUILD=build
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1 ;;
+    --only)
+      [ $# -ge 2 ] || { echo "gpu_check: --only needs tests, sanitizer or bench" >&2; usage >&2; exit 2; }
+      ONLY=$2
+      shift
+      ;;
+    --only=*) ONLY=${1#--only=} ;;
+    -h | --help) usage; exit 0 ;;
+    -*) echo "gpu_check: unknown option $1" >&2; usage >&2; exit 2 ;;
+    *) BUILD=$1 ;;
+  esac
+  shift
+done
+case "$ONLY" in
+  all | tests | sanitizer | bench) ;;
+  *) echo "gpu_check: --only takes tests, sanitizer or bench, not '$ONLY'" >&2; exit 2 ;;
+esac
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 2
+case "$BUILD" in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
+OUT=${OUT:-$ROOT/gpu_check_out}
+mkdir -p "$OUT" || exit 2
+LOG=$OUT/gpu_check.log
+SANITIZER_LOG=$OUT/sanitizer.log
+: >"$LOG"
+: >"$SANITIZER_LOG"
+WORK=$(mktemp -d) || exit 2
+trap 'rm -rf "$WORK"' EXIT
+RECORDS=$WORK/stages.tsv
+: >"$RECORDS"
+REPORT_TOOL="python3 $ROOT/scripts/gpu_check_report.py"
+
+TESTS=$BUILD/tests/ffpa_gpu_tests
+BENCH=$BUILD/tools/ffpa-bench
+LIBRARY=$BUILD/libffpa.so
+SMALL_FILTER='*Small*'
+
+# Time limits in seconds: with the device stage and the kill grace periods
+# they add up to about 8 minutes at worst.
+LIMIT_DEVICE=30
+LIMIT_TESTS=140
+LIMIT_SANITIZER=60  # each of memcheck and racecheck
+LIMIT_FFPA_BENCH=50
+LIMIT_SDPA=100
+
+# ffpa-bench points: word-split on purpose (no globs in them).
+if [ "$QUICK" = 1 ]; then
+  BENCH_POINTS=(
+    "--seq-q 2048 --dims 128,512"
+    "--batch 2 --heads-q 8 --heads-kv 2 --seq-q 777 --seq-kv 1029 --head-dim 320 --mask key-add --causal bottom_right --dropout 0.1 --lse --layout bnhd"
+  )
+  SDPA_ARGS=(--cases smoke)
+else
+  BENCH_POINTS=(
+    "--dims 512,1024"
+    "--head-dim 512 --causal top_left"
+    "--batch 2 --heads-q 8 --heads-kv 2 --seq-q 777 --seq-kv 1029 --head-dim 320 --mask key-add --causal bottom_right --dropout 0.1 --lse --layout bnhd"
+    "--dtype f16 --accum f16 --heads-q 16 --seq-q 4096 --head-dim 384 --mask full-bool"
+  )
+  SDPA_ARGS=()
+fi
+
+# record NAME STATUS SECONDS DETAIL: one line of the stage table (no tabs in DETAIL).
+record() {
+  printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$RECORDS"
+  printf '== %-10s %-9s %4ss  %s\n' "$1" "$2" "$3" "$4"
+}
+
+# limited SECONDS STDOUT_FILE STDERR_FILE CMD...: runs CMD under a time limit,
+# appending its output to the files; sets RC (124 or 137: timed out).
+limited() {
+  local limit=$1 stdout=$2 stderr=$3
+  shift 3
+  printf '\n##### %s\n' "$*" >>"$stderr"
+  timeout --kill-after=10 "$limit" "$@" >>"$stdout" 2>>"$stderr"
+  RC=$?
+  if [ "$RC" = 124 ] || [ "$RC" = 137 ]; then echo "##### timed out after ${limit}s" >>"$stderr"; fi
+}
+
+status_of() {  # RC [DETAIL_RC] -> passed / timed-out / failed
+  if [ "$1" = 124 ] || [ "$1" = 137 ]; then echo timed-out
+  elif [ "$1" = 0 ] && [ "${2:-0}" = 0 ]; then echo passed
+  else echo failed; fi
+}
+
+# Shows the end of the log after a failure, so the reply carries the cause.
+show_tail() { echo "-- last lines of $(basename "$1"):"; tail -n "${2:-15}" "$1" | sed 's/^/   /'; }
+
+stage_device() {
+  local start=$SECONDS smi=$WORK/nvidia-smi.txt
+  echo "gpu_check: build $BUILD, output $OUT, quick=$QUICK, only=$ONLY"
+  limited "$LIMIT_DEVICE" "$smi" "$LOG" nvidia-smi
+  local rc=$RC
+  cat "$smi"
+  cat "$smi" >>"$LOG"
+  DEVICE_NAME=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>>"$LOG" | head -n 1)
+  record device "$(status_of "$rc")" $((SECONDS - start)) "${DEVICE_NAME:-no device found}"
+}
+
+stage_tests() {
+  local start=$SECONDS
+  if [ ! -x "$TESTS" ]; then record tests failed 0 "missing $TESTS"; return; fi
+  rm -f "$OUT/gpu_tests.json"
+  limited "$LIMIT_TESTS" "$LOG" "$LOG" "$TESTS" --gtest_output="json:$OUT/gpu_tests.json"
+  local rc=$RC detail detail_rc
+  detail=$($REPORT_TOOL tests "$OUT/gpu_tests.json" 2>&1)
+  detail_rc=$?
+  record tests "$(status_of "$rc" "$detail_rc")" $((SECONDS - start)) "$detail (exit $rc)"
+  if [ "$rc" != 0 ] || [ "$detail_rc" != 0 ]; then show_tail "$LOG"; fi
+}
+
+stage_sanitizer() {
+  local tool
+  if [ ! -x "$TESTS" ]; then record sanitizer failed 0 "missing $TESTS"; return; fi
+  local sanitizer
+  sanitizer=$(command -v compute-sanitizer || command -v /usr/local/cuda/bin/compute-sanitizer)
+  if [ -z "$sanitizer" ]; then record sanitizer failed 0 "compute-sanitizer not found"; return; fi
+  for tool in memcheck racecheck; do
+    local start=$SECONDS tool_log=$WORK/$tool.log extra=()
+    if [ "$tool" = memcheck ]; then extra=(--leak-check full); fi
+    : >"$tool_log"
+    printf '\n##### compute-sanitizer --tool %s\n' "$tool" >>"$SANITIZER_LOG"
+    limited "$LIMIT_SANITIZER" "$tool_log" "$tool_log" "$sanitizer" --tool "$tool" ${extra[@]+"${extra[@]}"} --error-exitcode 1 \
+      "$TESTS" --gtest_filter="$SMALL_FILTER" --gtest_brief=1
+    local rc=$RC detail detail_rc
+    cat "$tool_log" >>"$SANITIZER_LOG"
+    detail=$($REPORT_TOOL sanitizer "$tool_log" 2>&1)
+    detail_rc=$?
+    record "$tool" "$(status_of "$rc" "$detail_rc")" $((SECONDS - start)) "$detail (exit $rc)"
+    if [ "$rc" != 0 ] || [ "$detail_rc" != 0 ]; then show_tail "$tool_log"; fi
+  done
+}
+
+stage_bench() {
+  local start=$SECONDS failed=0 point
+  if [ ! -x "$BENCH" ]; then
+    record ffpa-bench failed 0 "missing $BENCH"
+  else
+    rm -f "$OUT/ffpa_bench.jsonl"
+    local deadline=$((SECONDS + LIMIT_FFPA_BENCH))
+    for point in "${BENCH_POINTS[@]}"; do
+      local left=$((deadline - SECONDS))
+      if [ "$left" -le 0 ]; then failed=124; echo "##### out of time before: $point" >>"$LOG"; break; fi
+      # shellcheck disable=SC2086  # the points are word-split on purpose
+      limited "$left" "$OUT/ffpa_bench.jsonl" "$LOG" "$BENCH" $point --json
+      [ "$RC" = 0 ] || failed=$RC
+    done
+    local detail
+    detail=$($REPORT_TOOL bench-rows "$OUT/ffpa_bench.jsonl" 2>&1)
+    record ffpa-bench "$(status_of "$failed")" $((SECONDS - start)) "$detail"
+    if [ "$failed" != 0 ]; then show_tail "$LOG"; fi
+  fi
+
+  start=$SECONDS
+  if [ ! -f "$LIBRARY" ]; then record sdpa failed 0 "missing $LIBRARY"; return; fi
+  rm -f "$OUT/bench.json" "$OUT/bench.md"
+  limited "$LIMIT_SDPA" "$LOG" "$LOG" env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/sdpa_compare.py" --lib "$LIBRARY" \
+    --json "$OUT/bench.json" --markdown "$OUT/bench.md" ${SDPA_ARGS[@]+"${SDPA_ARGS[@]}"}
+  local rc=$RC detail
+  detail=$($REPORT_TOOL sdpa-rows "$OUT/bench.json" 2>&1)
+  record sdpa "$(status_of "$rc")" $((SECONDS - start)) "$detail (exit $rc)"
+  if [ "$rc" != 0 ]; then show_tail "$LOG"; fi
+}
+
+stage_device
+case "$ONLY" in all | tests) stage_tests ;; esac
+case "$ONLY" in all | sanitizer) stage_sanitizer ;; esac
+case "$ONLY" in all | bench) stage_bench ;; esac
+
+$REPORT_TOOL report --out "$OUT" --stages "$RECORDS" --build "$BUILD" --quick "$QUICK" --only "$ONLY"

@@ -1,0 +1,159 @@
+// The C ABI of <ffpa/ffpa.h>: converts the plain structs to the C++ ones and
+// calls the C++ API. Integer enum values are passed through unchanged, so an
+// out-of-range value reaches validation and is rejected there. No exception
+// leaves these functions: anything thrown below becomes FFPA_CUDA_ERROR with a
+// message starting "internal error: " (the status enum has no better code).
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+#include <exception>
+#include <new>
+
+#include "ffpa/ffpa.h"
+#include "ffpa/ffpa.hpp"
+
+namespace {
+
+using ffpa::StatusCode;
+
+#define FFPA_SAME_VALUE(c_value, cpp_value)                                       \
+  static_assert(static_cast<int32_t>(c_value) == static_cast<int32_t>(cpp_value), \
+                #c_value " differs from " #cpp_value)
+
+FFPA_SAME_VALUE(FFPA_DTYPE_F16, ffpa::DType::f16);
+FFPA_SAME_VALUE(FFPA_DTYPE_BF16, ffpa::DType::bf16);
+FFPA_SAME_VALUE(FFPA_DTYPE_F32, ffpa::DType::f32);
+FFPA_SAME_VALUE(FFPA_DTYPE_BOOL, ffpa::DType::boolean);
+FFPA_SAME_VALUE(FFPA_CAUSAL_NONE, ffpa::Causal::none);
+FFPA_SAME_VALUE(FFPA_CAUSAL_TOP_LEFT, ffpa::Causal::top_left);
+FFPA_SAME_VALUE(FFPA_CAUSAL_BOTTOM_RIGHT, ffpa::Causal::bottom_right);
+FFPA_SAME_VALUE(FFPA_ACCUM_F32, ffpa::Accumulation::f32);
+FFPA_SAME_VALUE(FFPA_ACCUM_F16, ffpa::Accumulation::f16);
+FFPA_SAME_VALUE(FFPA_IMPL_AUTO, ffpa::Impl::automatic);
+FFPA_SAME_VALUE(FFPA_IMPL_CPU_REFERENCE, ffpa::Impl::cpu_reference);
+FFPA_SAME_VALUE(FFPA_IMPL_SM80_SPLIT_D, ffpa::Impl::sm80_split_d);
+FFPA_SAME_VALUE(FFPA_OK, StatusCode::ok);
+FFPA_SAME_VALUE(FFPA_NULL_POINTER, StatusCode::null_pointer);
+FFPA_SAME_VALUE(FFPA_INVALID_RANK, StatusCode::invalid_rank);
+FFPA_SAME_VALUE(FFPA_UNSUPPORTED_DTYPE, StatusCode::unsupported_dtype);
+FFPA_SAME_VALUE(FFPA_DTYPE_MISMATCH, StatusCode::dtype_mismatch);
+FFPA_SAME_VALUE(FFPA_SHAPE_MISMATCH, StatusCode::shape_mismatch);
+FFPA_SAME_VALUE(FFPA_VALUE_HEAD_DIM_MISMATCH, StatusCode::value_head_dim_mismatch);
+FFPA_SAME_VALUE(FFPA_UNSUPPORTED_HEAD_DIM, StatusCode::unsupported_head_dim);
+FFPA_SAME_VALUE(FFPA_INVALID_GQA_RATIO, StatusCode::invalid_gqa_ratio);
+FFPA_SAME_VALUE(FFPA_NONCONTIGUOUS_LAST_DIM, StatusCode::noncontiguous_last_dim);
+FFPA_SAME_VALUE(FFPA_MISALIGNED, StatusCode::misaligned);
+FFPA_SAME_VALUE(FFPA_INVALID_STRIDE, StatusCode::invalid_stride);
+FFPA_SAME_VALUE(FFPA_INVALID_MASK_LAYOUT, StatusCode::invalid_mask_layout);
+FFPA_SAME_VALUE(FFPA_INVALID_DROPOUT, StatusCode::invalid_dropout);
+FFPA_SAME_VALUE(FFPA_UNSUPPORTED_ACCUMULATION, StatusCode::unsupported_accumulation);
+FFPA_SAME_VALUE(FFPA_IMPL_UNAVAILABLE, StatusCode::impl_unavailable);
+FFPA_SAME_VALUE(FFPA_OUTPUT_OVERLAPS_INPUT, StatusCode::output_overlaps_input);
+FFPA_SAME_VALUE(FFPA_INVALID_OPTION, StatusCode::invalid_option);
+FFPA_SAME_VALUE(FFPA_WORKSPACE_TOO_SMALL, StatusCode::workspace_too_small);
+FFPA_SAME_VALUE(FFPA_WRONG_MEMORY_SPACE, StatusCode::wrong_memory_space);
+FFPA_SAME_VALUE(FFPA_CUDA_ERROR, StatusCode::cuda_error);
+
+#undef FFPA_SAME_VALUE
+
+// Writes `prefix` then `text` into message, truncated and NUL-terminated.
+// Allocates nothing, so it is safe while handling std::bad_alloc.
+void write_message(char* message, size_t message_size, const char* prefix, const char* text) {
+  if (!message || message_size == 0) return;
+  size_t used = 0;
+  for (const char* part : {prefix, text}) {
+    const size_t length = std::strlen(part);
+    const size_t room = message_size - 1 - used;
+    const size_t copied = length < room ? length : room;
+    std::memcpy(message + used, part, copied);
+    used += copied;
+  }
+  message[used] = '\0';
+}
+
+ffpa_status to_c(const ffpa::Status& status, char* message, size_t message_size) {
+  write_message(message, message_size, "", status.message.c_str());
+  return static_cast<ffpa_status>(status.code);
+}
+
+ffpa::Tensor to_cpp(const ffpa_tensor& c) {
+  ffpa::Tensor t;
+  t.data = c.data;
+  t.dtype = static_cast<ffpa::DType>(c.dtype);
+  t.rank = c.rank;
+  for (int i = 0; i < 4; ++i) {
+    t.shape[i] = c.shape[i];
+    t.stride[i] = c.stride[i];
+  }
+  return t;
+}
+
+ffpa::ForwardParams to_cpp(const ffpa_forward_params& c) {
+  ffpa::ForwardParams p;
+  p.q = to_cpp(c.q);
+  p.k = to_cpp(c.k);
+  p.v = to_cpp(c.v);
+  p.o = to_cpp(c.o);
+  p.mask = to_cpp(c.mask);
+  p.lse = to_cpp(c.lse);
+  const ffpa_options& opt = c.options;
+  if (opt.has_scale) p.options.scale = opt.scale;
+  p.options.causal = static_cast<ffpa::Causal>(opt.causal);
+  p.options.dropout_p = opt.dropout_p;
+  p.options.dropout_seed = opt.dropout_seed;
+  p.options.dropout_offset = opt.dropout_offset;
+  p.options.accumulation = static_cast<ffpa::Accumulation>(opt.accumulation);
+  p.options.impl = static_cast<ffpa::Impl>(opt.impl);
+  p.stream = static_cast<cudaStream_t>(c.stream);
+  p.workspace = c.workspace;
+  p.workspace_bytes = c.workspace_bytes;
+  return p;
+}
+
+// Runs `call` (returning ffpa_status), turning any exception into a status.
+template <typename Call>
+ffpa_status guarded(char* message, size_t message_size, Call&& call) {
+  try {
+    return call();
+  } catch (const std::bad_alloc&) {
+    write_message(message, message_size, "internal error: ", "out of host memory");
+  } catch (const std::exception& e) {
+    write_message(message, message_size, "internal error: ", e.what());
+  } catch (...) {
+    write_message(message, message_size, "internal error: ", "unknown exception");
+  }
+  return FFPA_CUDA_ERROR;
+}
+
+}  // namespace
+
+extern "C" {
+
+ffpa_status ffpa_forward(const ffpa_forward_params* params, char* message, size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (!params) {
+      write_message(message, message_size, "", "params is null");
+      return FFPA_NULL_POINTER;
+    }
+    return to_c(ffpa::forward(to_cpp(*params)), message, message_size);
+  });
+}
+
+ffpa_status ffpa_workspace_size(const ffpa_forward_params* params, size_t* bytes, char* message,
+                                size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (!params || !bytes) {
+      write_message(message, message_size, "", params ? "bytes is null" : "params is null");
+      return FFPA_NULL_POINTER;
+    }
+    return to_c(ffpa::workspace_size(to_cpp(*params), bytes), message, message_size);
+  });
+}
+
+const char* ffpa_status_name(ffpa_status status) {
+  return ffpa::status_name(static_cast<StatusCode>(status));
+}
+
+const char* ffpa_version(void) { return ffpa::version(); }
+
+}  // extern "C"

@@ -1,0 +1,53 @@
+// The public entry points: validate, plan, run.
+#include <string>
+
+#include "ffpa/ffpa.hpp"
+#include "host/dispatch.hpp"
+#include "host/validate.hpp"
+#include "kernels/sm80/split_d.hpp"
+
+namespace ffpa {
+namespace {
+
+bool is_empty(const detail::AttentionProblem& problem) {
+  return problem.batch == 0 || problem.heads_q == 0 || problem.seq_q == 0;
+}
+
+}  // namespace
+
+Status select_kernel(const ForwardParams& params, KernelChoice* choice) {
+  if (choice == nullptr) return {StatusCode::null_pointer, "choice is null"};
+  detail::AttentionProblem problem;
+  if (Status status = detail::validate_forward(params, &problem); !status.ok()) return status;
+  return detail::plan_forward(problem, params.options.impl, choice);
+}
+
+Status workspace_size(const ForwardParams& params, size_t* bytes) {
+  if (bytes == nullptr) return {StatusCode::null_pointer, "bytes is null"};
+  detail::AttentionProblem problem;
+  if (Status status = detail::validate_forward(params, &problem); !status.ok()) return status;
+  *bytes = 0;  // no implementation needs temporary memory yet
+  return {};
+}
+
+Status forward(const ForwardParams& params) {
+  detail::AttentionProblem problem;
+  if (Status status = detail::validate_forward(params, &problem); !status.ok()) return status;
+  if (is_empty(problem)) return {};
+  KernelChoice choice;
+  if (Status status = detail::plan_forward(problem, params.options.impl, &choice); !status.ok()) {
+    return status;
+  }
+  return detail::run_forward(problem, choice, params.stream);
+}
+
+std::string compiled_head_dims() {
+  std::string list;
+  for (int i = 0; i < detail::sm80::kSplitDInstanceCount; ++i) {
+    if (i > 0) list += ",";
+    list += std::to_string(detail::sm80::kSplitDInstances[i].out_cols);
+  }
+  return list;
+}
+
+}  // namespace ffpa

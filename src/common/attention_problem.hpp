@@ -1,0 +1,46 @@
+// The validated, normalized description of one forward call. Host validation
+// produces it; the CPU reference and the GPU launchers consume it. Layouts are
+// normalized to logical [B, H, N, D] with element strides (the last dimension
+// is contiguous), so [B, N, H, D] buffers run through the same code unchanged.
+#pragma once
+
+#include <cstdint>
+
+#include "common/host_device.hpp"
+#include "ffpa/ffpa.hpp"
+
+namespace ffpa::detail {
+
+enum class MaskKind : int32_t { none, boolean, additive_f16, additive_bf16, additive_f32 };
+
+struct AttentionProblem {
+  int64_t batch = 0, heads_q = 0, heads_kv = 0, seq_q = 0, seq_kv = 0, head_dim = 0;
+  DType dtype = DType::bf16;
+
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  int64_t q_stride[3] = {}, k_stride[3] = {}, v_stride[3] = {}, o_stride[3] = {};  // b, h, n
+
+  MaskKind mask_kind = MaskKind::none;
+  const void* mask = nullptr;
+  int64_t mask_stride[4] = {};  // b, h, i, j; 0 where the mask broadcasts
+
+  float* lse = nullptr;
+  int64_t lse_stride[3] = {};  // b, h, i
+
+  float scale = 1.0f;
+  Causal causal = Causal::none;
+  float dropout_p = 0.0f;
+  uint32_t dropout_threshold = 0;  // see common/philox.hpp
+  uint64_t dropout_seed = 0, dropout_offset = 0;
+  Accumulation accumulation = Accumulation::f32;
+
+  FFPA_HOST_DEVICE int64_t group_size() const { return heads_q / heads_kv; }  // query heads per kv head
+  FFPA_HOST_DEVICE bool has_dropout() const { return dropout_p > 0.0f; }
+  // Last key row i may attend, before clipping to [0, Nkv): i + causal_shift().
+  FFPA_HOST_DEVICE int64_t causal_shift() const { return causal == Causal::bottom_right ? seq_kv - seq_q : 0; }
+};
+
+}  // namespace ffpa::detail

@@ -1,0 +1,92 @@
+#include "host/dispatch.hpp"
+
+#include <climits>
+#include <string>
+
+#include "host/cuda_status.hpp"
+#include "host/memory_space.hpp"
+#include "kernels/sm80/split_d.hpp"
+#include "reference/cpu_attention.hpp"
+
+namespace ffpa::detail {
+namespace {
+
+const char* impl_name(Impl impl) {
+  switch (impl) {
+    case Impl::automatic: return "auto";
+    case Impl::cpu_reference: return "cpu_reference";
+    case Impl::sm80_split_d: return "sm80_split_d";
+  }
+  return "unknown";
+}
+
+Status plan_cpu_reference(MemorySpace space, KernelChoice* choice) {
+  if (space != MemorySpace::host) {
+    return {StatusCode::wrong_memory_space,
+            "impl cpu_reference needs host pointers, but the tensors are in device memory"};
+  }
+  choice->impl = Impl::cpu_reference;
+  choice->kernel = "cpu_reference<f64>";
+  return {};
+}
+
+Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
+                         KernelChoice* choice) {
+  if (space != MemorySpace::device) {
+    return {StatusCode::wrong_memory_space,
+            "impl sm80_split_d needs device pointers, but the tensors are in host memory"};
+  }
+  int device = 0, major = 0, minor = 0;
+  FFPA_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
+  FFPA_RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  FFPA_RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major < 8) {
+    return {StatusCode::impl_unavailable, "impl sm80_split_d needs compute capability 8.0 or newer; device " +
+                                              std::to_string(device) + " has " +
+                                              std::to_string(major) + "." + std::to_string(minor)};
+  }
+  // Sequence positions are 32-bit in the kernel (addresses are 64-bit).
+  constexpr int64_t kMaxSequence = INT_MAX - 1024;
+  if (problem.seq_q > kMaxSequence || problem.seq_kv > kMaxSequence) {
+    return {StatusCode::impl_unavailable,
+            "impl sm80_split_d serves sequence lengths up to " + std::to_string(kMaxSequence)};
+  }
+  const sm80::SplitDRoute route = sm80::route_split_d(problem.head_dim);
+  choice->impl = Impl::sm80_split_d;
+  choice->kernel = sm80::split_d_kernel_name(problem, route);
+  choice->padded_head_dim = route.out_cols;
+  choice->value_splits = route.value_splits;
+  return {};
+}
+
+}  // namespace
+
+Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoice* choice) {
+  *choice = KernelChoice{};
+  MemorySpace space = MemorySpace::host;
+  if (Status status = common_memory_space(problem, &space); !status.ok()) return status;
+  switch (requested) {
+    case Impl::cpu_reference: return plan_cpu_reference(space, choice);
+    case Impl::sm80_split_d: return plan_sm80_split_d(problem, space, choice);
+    case Impl::automatic:
+      return space == MemorySpace::host ? plan_cpu_reference(space, choice)
+                                        : plan_sm80_split_d(problem, space, choice);
+  }
+  return {StatusCode::invalid_option,
+          "options.impl = " + std::to_string(static_cast<int>(requested)) + " is not an Impl"};
+}
+
+Status run_forward(const AttentionProblem& problem, const KernelChoice& choice,
+                   cudaStream_t stream) {
+  switch (choice.impl) {
+    case Impl::cpu_reference:
+      cpu_attention_forward(problem);
+      return {};
+    case Impl::sm80_split_d: return sm80::run_split_d(problem, stream);
+    case Impl::automatic: break;
+  }
+  return {StatusCode::impl_unavailable,
+          std::string("no runner for impl ") + impl_name(choice.impl)};
+}
+
+}  // namespace ffpa::detail

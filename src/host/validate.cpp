@@ -1,0 +1,500 @@
+// Validation of a forward call. The checks run in a fixed order (ranks, sizes,
+// dtypes, shapes, pointers, strides, mask layout, extents, self-aliasing,
+// alignment, options, workspace, overlap) so that a call with several faults
+// always reports the same one. Nothing here dereferences a tensor pointer.
+#include "host/validate.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "common/philox.hpp"
+
+namespace ffpa::detail {
+namespace {
+
+// Returns the Status of a failing check from the enclosing function.
+#define FFPA_RETURN_IF_ERROR(expr)     \
+  do {                                 \
+    Status status_ = (expr);           \
+    if (!status_.ok()) return status_; \
+  } while (0)
+
+template <typename... Parts>
+Status fail(StatusCode code, const Parts&... parts) {
+  std::ostringstream message;
+  (message << ... << parts);
+  return Status{code, message.str()};
+}
+
+// A tensor argument and the name its messages use.
+struct Arg {
+  const Tensor& t;
+  const char* name;
+};
+
+std::string dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::f32: return "f32";
+    case DType::boolean: return "boolean";
+  }
+  return "unknown (" + std::to_string(static_cast<int32_t>(dtype)) + ")";
+}
+
+int64_t element_size(DType dtype) {
+  switch (dtype) {
+    case DType::f16:
+    case DType::bf16: return 2;
+    case DType::f32: return 4;
+    case DType::boolean: return 1;
+  }
+  return 1;  // unreachable after the dtype checks
+}
+
+std::string list_text(const int64_t* values, int32_t count) {
+  std::string text = "[";
+  for (int32_t i = 0; i < count; ++i) text += (i ? ", " : "") + std::to_string(values[i]);
+  return text + "]";
+}
+
+// Number of elements; false when it does not fit in int64.
+bool element_count(const Tensor& t, int64_t* count) {
+  int64_t n = 1;
+  for (int32_t i = 0; i < t.rank; ++i)
+    if (__builtin_mul_overflow(n, t.shape[i], &n)) return false;
+  *count = n;
+  return true;
+}
+
+bool is_empty(const Tensor& t) {
+  for (int32_t i = 0; i < t.rank; ++i)
+    if (t.shape[i] == 0) return true;
+  return false;
+}
+
+// --- ranks, sizes, dtypes, shapes ---------------------------------------------
+
+Status check_rank(Arg a, int32_t expected, const char* logical_shape) {
+  if (a.t.rank != expected)
+    return fail(StatusCode::invalid_rank, a.name, ".rank = ", a.t.rank, ", expected ", expected,
+                " (", a.name, " is ", logical_shape, ")");
+  return {};
+}
+
+Status check_sizes(Arg a) {
+  for (int32_t i = 0; i < a.t.rank; ++i)
+    if (a.t.shape[i] < 0)
+      return fail(StatusCode::invalid_option, a.name, ".shape[", i, "] = ", a.t.shape[i],
+                  " is negative");
+  int64_t count = 0;
+  if (!element_count(a.t, &count))
+    return fail(StatusCode::invalid_option, a.name, ".shape = ", list_text(a.t.shape, a.t.rank),
+                " has more than 2^63 elements");
+  return {};
+}
+
+Status check_dtypes(const ForwardParams& p) {
+  const DType dtype = p.q.dtype;
+  if (dtype != DType::f16 && dtype != DType::bf16)
+    return fail(StatusCode::unsupported_dtype, "q.dtype = ", dtype_name(dtype),
+                "; q, k, v and o must be f16 or bf16");
+  for (Arg a : {Arg{p.k, "k"}, Arg{p.v, "v"}, Arg{p.o, "o"}})
+    if (a.t.dtype != dtype)
+      return fail(StatusCode::dtype_mismatch, a.name, ".dtype = ", dtype_name(a.t.dtype),
+                  " differs from q.dtype = ", dtype_name(dtype));
+  if (p.mask.data) {
+    const DType m = p.mask.dtype;
+    if (m != DType::boolean && m != DType::f16 && m != DType::bf16 && m != DType::f32)
+      return fail(StatusCode::unsupported_dtype, "mask.dtype = ", dtype_name(m),
+                  "; a mask must be boolean, f16, bf16 or f32");
+  }
+  if (p.lse.data && p.lse.dtype != DType::f32)
+    return fail(StatusCode::unsupported_dtype, "lse.dtype = ", dtype_name(p.lse.dtype),
+                "; lse must be f32");
+  return {};
+}
+
+// a.shape[ai] must equal ref.shape[ri]; `what` names the logical size.
+Status check_same_size(Arg a, int32_t ai, Arg ref, int32_t ri, const char* what) {
+  if (a.t.shape[ai] != ref.t.shape[ri])
+    return fail(StatusCode::shape_mismatch, a.name, ".shape[", ai, "] (", what,
+                ") = ", a.t.shape[ai], " differs from ", ref.name, ".shape[", ri,
+                "] = ", ref.t.shape[ri]);
+  return {};
+}
+
+Status check_shapes(const ForwardParams& p) {
+  const Arg q{p.q, "q"}, k{p.k, "k"}, v{p.v, "v"}, o{p.o, "o"};
+  for (Arg a : {k, v, o}) FFPA_RETURN_IF_ERROR(check_same_size(a, 0, q, 0, "B"));
+  FFPA_RETURN_IF_ERROR(check_same_size(o, 1, q, 1, "Hq"));
+  FFPA_RETURN_IF_ERROR(check_same_size(v, 1, k, 1, "Hkv"));
+  FFPA_RETURN_IF_ERROR(check_same_size(o, 2, q, 2, "Nq"));
+  FFPA_RETURN_IF_ERROR(check_same_size(v, 2, k, 2, "Nkv"));
+  FFPA_RETURN_IF_ERROR(check_same_size(k, 3, q, 3, "D"));
+  FFPA_RETURN_IF_ERROR(check_same_size(o, 3, v, 3, "Dv"));
+  if (p.lse.data) {
+    const Arg lse{p.lse, "lse"};
+    FFPA_RETURN_IF_ERROR(check_same_size(lse, 0, q, 0, "B"));
+    FFPA_RETURN_IF_ERROR(check_same_size(lse, 1, q, 1, "Hq"));
+    FFPA_RETURN_IF_ERROR(check_same_size(lse, 2, q, 2, "Nq"));
+  }
+
+  const int64_t heads_q = p.q.shape[1], heads_kv = p.k.shape[1];
+  // Hkv = 0 is rejected even when Hq = 0: the ratio Hq / Hkv must exist.
+  if (heads_kv == 0)
+    return fail(StatusCode::invalid_gqa_ratio, "k.shape[1] (Hkv) = 0; Hkv must be at least 1");
+  if (heads_q % heads_kv != 0)
+    return fail(StatusCode::invalid_gqa_ratio, "q.shape[1] (Hq) = ", heads_q,
+                " is not a multiple of k.shape[1] (Hkv) = ", heads_kv);
+
+  const int64_t d = p.q.shape[3], dv = p.v.shape[3];
+  if (dv != d)
+    return fail(StatusCode::value_head_dim_mismatch, "v.shape[3] (Dv) = ", dv,
+                " differs from q.shape[3] (D) = ", d, "; Dv != D is not supported yet");
+  if (d < 8 || d > 1024 || d % 8 != 0)
+    return fail(StatusCode::unsupported_head_dim, "q.shape[3] (D) = ", d,
+                " is not supported; D must be a multiple of 8 in [8, 1024]");
+  return {};
+}
+
+Status check_null_pointers(const ForwardParams& p) {
+  for (Arg a : {Arg{p.q, "q"}, Arg{p.k, "k"}, Arg{p.v, "v"}, Arg{p.o, "o"}})
+    if (!a.t.data && !is_empty(a.t))
+      return fail(StatusCode::null_pointer, a.name, ".data is null (", a.name,
+                  ".shape = ", list_text(a.t.shape, 4), ")");
+  return {};
+}
+
+// --- strides, mask layout ---------------------------------------------------------
+
+Status check_strides(const ForwardParams& p) {
+  for (Arg a : {Arg{p.q, "q"}, Arg{p.k, "k"}, Arg{p.v, "v"}, Arg{p.o, "o"}}) {
+    if (a.t.stride[3] != 1)
+      return fail(StatusCode::noncontiguous_last_dim, a.name, ".stride[3] = ", a.t.stride[3],
+                  "; the last dimension must be contiguous (stride 1)");
+    for (int32_t i = 0; i < 3; ++i)
+      if (a.t.stride[i] < 0)
+        return fail(StatusCode::invalid_stride, a.name, ".stride[", i, "] = ", a.t.stride[i],
+                    " is negative");
+  }
+  if (p.lse.data)
+    for (int32_t i = 0; i < 3; ++i)
+      if (p.lse.stride[i] < 0)
+        return fail(StatusCode::invalid_stride, "lse.stride[", i, "] = ", p.lse.stride[i],
+                    " is negative");
+  return {};
+}
+
+Status check_mask_layout(const ForwardParams& p) {
+  if (!p.mask.data) return {};
+  const int64_t full[4] = {p.q.shape[0], p.q.shape[1], p.q.shape[2], p.k.shape[2]};
+  const char* full_name[4] = {"B", "Hq", "Nq", "Nkv"};
+  for (int32_t i = 0; i < 4; ++i) {
+    if (p.mask.shape[i] != 1 && p.mask.shape[i] != full[i])
+      return fail(StatusCode::invalid_mask_layout, "mask.shape[", i, "] = ", p.mask.shape[i],
+                  " is neither 1 nor ", full_name[i], " = ", full[i],
+                  "; the mask must broadcast to [B, Hq, Nq, Nkv] = ", list_text(full, 4));
+    if (p.mask.stride[i] < 0)
+      return fail(StatusCode::invalid_mask_layout, "mask.stride[", i, "] = ", p.mask.stride[i],
+                  " is negative");
+  }
+  return {};
+}
+
+// --- extents ---------------------------------------------------------------------
+
+// The bytes a tensor's elements occupy, first to last inclusive, as addresses.
+struct ByteRange {
+  bool empty = true;
+  uintptr_t first = 0, last = 0;
+};
+
+// Needs non-negative strides. Fails when the extent does not fit the address space.
+Status byte_range(Arg a, ByteRange* range) {
+  *range = {};
+  if (!a.t.data || is_empty(a.t)) return {};
+  int64_t last_element = 0;
+  for (int32_t i = 0; i < a.t.rank; ++i) {
+    int64_t reach = 0;
+    if (__builtin_mul_overflow(a.t.stride[i], a.t.shape[i] - 1, &reach) ||
+        __builtin_add_overflow(last_element, reach, &last_element))
+      return fail(StatusCode::invalid_stride, a.name, ".stride = ", list_text(a.t.stride, a.t.rank),
+                  " with shape ", list_text(a.t.shape, a.t.rank), " spans more than 2^63 elements");
+  }
+  const int64_t size = element_size(a.t.dtype);
+  int64_t last_byte = 0;
+  if (__builtin_mul_overflow(last_element, size, &last_byte) ||
+      __builtin_add_overflow(last_byte, size - 1, &last_byte))
+    return fail(StatusCode::invalid_stride, a.name, ".stride = ", list_text(a.t.stride, a.t.rank),
+                " with shape ", list_text(a.t.shape, a.t.rank), " spans more than 2^63 bytes");
+  const uintptr_t first = reinterpret_cast<uintptr_t>(a.t.data);
+  if (static_cast<uint64_t>(last_byte) > UINTPTR_MAX - first)
+    return fail(StatusCode::invalid_stride, a.name, " extends past the end of the address space (",
+                a.name, ".data = ", a.t.data, ", last byte at offset ", last_byte, ")");
+  *range = ByteRange{false, first, first + static_cast<uintptr_t>(last_byte)};
+  return {};
+}
+
+// --- self-aliasing of outputs ------------------------------------------------------
+
+enum class Aliasing { none, found, undecided };
+
+int64_t floor_div(int64_t a, int64_t b) {  // b > 0
+  const int64_t q = a / b;
+  return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+int64_t ceil_div(int64_t a, int64_t b) { return -floor_div(-a, b); }  // b > 0
+
+// Whether two different indices of `dims` (size, stride; non-negative strides,
+// extents that fit int64) address overlapping rows of `width` contiguous
+// elements. Layouts whose sorted strides nest (every stride beyond the reach
+// of the smaller ones: all dense and padded layouts) are decided at once;
+// others by an exact search over index differences, bounded in cost.
+struct Dim {
+  int64_t size, stride;
+};
+Aliasing find_self_aliasing(const Dim (&all_dims)[3], int64_t width) {
+  Dim dims[3];
+  int n = 0;
+  for (const Dim& d : all_dims) {
+    if (d.size == 0) return Aliasing::none;
+    if (d.size > 1) dims[n++] = d;
+  }
+  for (int i = 0; i < n; ++i)
+    if (dims[i].stride == 0) return Aliasing::found;
+  std::sort(dims, dims + n, [](Dim a, Dim b) { return a.stride < b.stride; });
+  int64_t reach = width - 1;
+  bool nested = true;
+  for (int i = 0; i < n && nested; ++i) {
+    nested = dims[i].stride > reach;
+    reach += dims[i].stride * (dims[i].size - 1);
+  }
+  if (nested) return Aliasing::none;
+
+  // Is there a nonzero difference (x, y, z) of indices with
+  // |x*sx + y*sy + z*sz| < width? Solve for z (the largest dim) given x >= 0, y.
+  std::sort(dims, dims + n, [](Dim a, Dim b) { return a.size < b.size; });
+  const Dim z = dims[n - 1];
+  const Dim y = n >= 2 ? dims[n - 2] : Dim{1, 0};
+  const Dim x = n >= 3 ? dims[n - 3] : Dim{1, 0};
+  constexpr int64_t kMaxSearch = int64_t{1} << 24;
+  if (x.size > kMaxSearch / (2 * y.size - 1)) return Aliasing::undecided;
+  for (int64_t dx = 0; dx < x.size; ++dx) {
+    for (int64_t dy = dx == 0 ? 0 : 1 - y.size; dy < y.size; ++dy) {
+      const int64_t t = dx * x.stride + dy * y.stride;
+      const int64_t z_low = std::max(floor_div(-width - t, z.stride) + 1, 1 - z.size);
+      const int64_t z_high = std::min(ceil_div(width - t, z.stride) - 1, z.size - 1);
+      if (z_low > z_high) continue;
+      if (dx != 0 || dy != 0 || z_low != 0 || z_high != 0) return Aliasing::found;
+    }
+  }
+  return Aliasing::none;
+}
+
+Status check_self_aliasing(Arg a, int64_t width) {
+  if (!a.t.data || is_empty(a.t)) return {};
+  const Dim dims[3] = {
+      {a.t.shape[0], a.t.stride[0]}, {a.t.shape[1], a.t.stride[1]}, {a.t.shape[2], a.t.stride[2]}};
+  switch (find_self_aliasing(dims, width)) {
+    case Aliasing::none: return {};
+    case Aliasing::found:
+      return fail(StatusCode::invalid_stride, a.name, ".stride = ", list_text(a.t.stride, a.t.rank),
+                  " with shape ", list_text(a.t.shape, a.t.rank),
+                  " maps different elements to the same memory; an output must not alias itself");
+    case Aliasing::undecided: break;
+  }
+  return fail(StatusCode::invalid_stride, a.name, ".stride = ", list_text(a.t.stride, a.t.rank),
+              " with shape ", list_text(a.t.shape, a.t.rank),
+              " interleaves its rows too irregularly to prove that it does not alias itself");
+}
+
+// --- alignment -----------------------------------------------------------------------
+
+bool aligned(const void* pointer, uintptr_t bytes) {
+  return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
+}
+
+Status check_alignment(const ForwardParams& p) {
+  for (Arg a : {Arg{p.q, "q"}, Arg{p.k, "k"}, Arg{p.v, "v"}, Arg{p.o, "o"}}) {
+    if (is_empty(a.t)) continue;  // never accessed
+    if (!aligned(a.t.data, 16))
+      return fail(StatusCode::misaligned, a.name, ".data = ", a.t.data, " is not 16-byte aligned");
+    for (int32_t i = 0; i < 3; ++i)
+      if (a.t.shape[i] > 1 && a.t.stride[i] % 8 != 0)
+        return fail(StatusCode::misaligned, a.name, ".stride[", i, "] = ", a.t.stride[i],
+                    " is not a multiple of 8 elements (16 bytes)");
+  }
+  if (p.lse.data && !is_empty(p.lse) && !aligned(p.lse.data, 4))
+    return fail(StatusCode::misaligned, "lse.data = ", p.lse.data, " is not 4-byte aligned");
+  if (p.mask.data && !is_empty(p.mask)) {
+    const int64_t size = element_size(p.mask.dtype);
+    if (!aligned(p.mask.data, static_cast<uintptr_t>(size)))
+      return fail(StatusCode::misaligned, "mask.data = ", p.mask.data, " is not ", size,
+                  "-byte aligned (mask.dtype = ", dtype_name(p.mask.dtype), ")");
+  }
+  return {};
+}
+
+// --- options, workspace ---------------------------------------------------------------
+
+Status check_options(const ForwardParams& p) {
+  const Options& opt = p.options;
+  const auto causal = static_cast<int32_t>(opt.causal);
+  if (causal < 0 || causal > static_cast<int32_t>(Causal::bottom_right))
+    return fail(StatusCode::invalid_option, "options.causal = ", causal,
+                " is not a Causal value (0 none, 1 top_left, 2 bottom_right)");
+  const auto accumulation = static_cast<int32_t>(opt.accumulation);
+  if (accumulation < 0 || accumulation > static_cast<int32_t>(Accumulation::f16))
+    return fail(StatusCode::invalid_option, "options.accumulation = ", accumulation,
+                " is not an Accumulation value (0 f32, 1 f16)");
+  const auto impl = static_cast<int32_t>(opt.impl);
+  if (impl < 0 || impl > static_cast<int32_t>(Impl::sm80_split_d))
+    return fail(StatusCode::invalid_option, "options.impl = ", impl,
+                " is not an Impl value (0 automatic, 1 cpu_reference, 2 sm80_split_d)");
+  if (opt.scale && !std::isfinite(*opt.scale))
+    return fail(StatusCode::invalid_option, "options.scale = ", *opt.scale, " is not finite");
+  if (!std::isfinite(opt.dropout_p) || opt.dropout_p < 0.0f || opt.dropout_p >= 1.0f)
+    return fail(StatusCode::invalid_dropout, "options.dropout_p = ", opt.dropout_p,
+                " is outside [0, 1)");
+  if (opt.accumulation == Accumulation::f16 && p.q.dtype != DType::f16)
+    return fail(StatusCode::unsupported_accumulation,
+                "options.accumulation = f16 needs f16 inputs; q.dtype = ", dtype_name(p.q.dtype));
+  return {};
+}
+
+Status check_workspace(const ForwardParams& p) {
+  if (p.workspace_bytes > 0 && !p.workspace)
+    return fail(StatusCode::null_pointer,
+                "workspace is null but workspace_bytes = ", p.workspace_bytes);
+  return {};
+}
+
+// --- overlap between outputs and inputs --------------------------------------------------
+
+Status check_overlap(const char* output, const ByteRange& out, const char* input,
+                     const ByteRange& in) {
+  if (out.empty || in.empty || out.last < in.first || in.last < out.first) return {};
+  return fail(StatusCode::output_overlaps_input, output, " (bytes ",
+              reinterpret_cast<const void*>(out.first), " to ",
+              reinterpret_cast<const void*>(out.last), ") overlaps ", input, " (bytes ",
+              reinterpret_cast<const void*>(in.first), " to ",
+              reinterpret_cast<const void*>(in.last), ")");
+}
+
+// --- the normalized problem -------------------------------------------------------------
+
+MaskKind mask_kind(const Tensor& mask) {
+  if (!mask.data) return MaskKind::none;
+  switch (mask.dtype) {
+    case DType::boolean: return MaskKind::boolean;
+    case DType::f16: return MaskKind::additive_f16;
+    case DType::bf16: return MaskKind::additive_bf16;
+    case DType::f32: return MaskKind::additive_f32;
+  }
+  return MaskKind::none;  // unreachable after the dtype checks
+}
+
+void copy_strides(const Tensor& t, int64_t (&stride)[3]) {
+  for (int32_t i = 0; i < 3; ++i) stride[i] = t.stride[i];
+}
+
+AttentionProblem make_problem(const ForwardParams& p) {
+  AttentionProblem problem;
+  problem.batch = p.q.shape[0];
+  problem.heads_q = p.q.shape[1];
+  problem.heads_kv = p.k.shape[1];
+  problem.seq_q = p.q.shape[2];
+  problem.seq_kv = p.k.shape[2];
+  problem.head_dim = p.q.shape[3];
+  problem.dtype = p.q.dtype;
+
+  problem.q = p.q.data;
+  problem.k = p.k.data;
+  problem.v = p.v.data;
+  problem.o = p.o.data;
+  copy_strides(p.q, problem.q_stride);
+  copy_strides(p.k, problem.k_stride);
+  copy_strides(p.v, problem.v_stride);
+  copy_strides(p.o, problem.o_stride);
+
+  problem.mask_kind = mask_kind(p.mask);
+  if (problem.mask_kind != MaskKind::none) {
+    problem.mask = p.mask.data;
+    for (int32_t i = 0; i < 4; ++i)
+      problem.mask_stride[i] = p.mask.shape[i] == 1 ? 0 : p.mask.stride[i];
+  }
+  if (p.lse.data) {
+    problem.lse = static_cast<float*>(p.lse.data);
+    copy_strides(p.lse, problem.lse_stride);
+  }
+
+  const Options& opt = p.options;
+  problem.scale = opt.scale
+                      ? *opt.scale
+                      : static_cast<float>(1.0 / std::sqrt(static_cast<double>(problem.head_dim)));
+  problem.causal = opt.causal;
+  problem.dropout_p = opt.dropout_p;
+  problem.dropout_threshold = dropout_threshold(opt.dropout_p);
+  problem.dropout_seed = opt.dropout_seed;
+  problem.dropout_offset = opt.dropout_offset;
+  problem.accumulation = opt.accumulation;
+  return problem;
+}
+
+}  // namespace
+
+Status validate_forward(const ForwardParams& p, AttentionProblem* problem) {
+  const Arg q{p.q, "q"}, k{p.k, "k"}, v{p.v, "v"}, o{p.o, "o"};
+  const Arg mask{p.mask, "mask"}, lse{p.lse, "lse"};
+
+  FFPA_RETURN_IF_ERROR(check_rank(q, 4, "[B, Hq, Nq, D]"));
+  FFPA_RETURN_IF_ERROR(check_rank(k, 4, "[B, Hkv, Nkv, D]"));
+  FFPA_RETURN_IF_ERROR(check_rank(v, 4, "[B, Hkv, Nkv, Dv]"));
+  FFPA_RETURN_IF_ERROR(check_rank(o, 4, "[B, Hq, Nq, Dv]"));
+  if (p.mask.data) FFPA_RETURN_IF_ERROR(check_rank(mask, 4, "broadcastable to [B, Hq, Nq, Nkv]"));
+  if (p.lse.data) FFPA_RETURN_IF_ERROR(check_rank(lse, 3, "[B, Hq, Nq]"));
+
+  for (Arg a : {q, k, v, o}) FFPA_RETURN_IF_ERROR(check_sizes(a));
+  if (p.mask.data) FFPA_RETURN_IF_ERROR(check_sizes(mask));
+  if (p.lse.data) FFPA_RETURN_IF_ERROR(check_sizes(lse));
+
+  FFPA_RETURN_IF_ERROR(check_dtypes(p));
+  FFPA_RETURN_IF_ERROR(check_shapes(p));
+  FFPA_RETURN_IF_ERROR(check_null_pointers(p));
+  FFPA_RETURN_IF_ERROR(check_strides(p));
+  FFPA_RETURN_IF_ERROR(check_mask_layout(p));
+
+  ByteRange range_q, range_k, range_v, range_o, range_mask, range_lse;
+  FFPA_RETURN_IF_ERROR(byte_range(q, &range_q));
+  FFPA_RETURN_IF_ERROR(byte_range(k, &range_k));
+  FFPA_RETURN_IF_ERROR(byte_range(v, &range_v));
+  FFPA_RETURN_IF_ERROR(byte_range(o, &range_o));
+  FFPA_RETURN_IF_ERROR(byte_range(mask, &range_mask));
+  FFPA_RETURN_IF_ERROR(byte_range(lse, &range_lse));
+
+  FFPA_RETURN_IF_ERROR(check_self_aliasing(o, p.o.shape[3]));
+  FFPA_RETURN_IF_ERROR(check_self_aliasing(lse, 1));
+  FFPA_RETURN_IF_ERROR(check_alignment(p));
+  FFPA_RETURN_IF_ERROR(check_options(p));
+  FFPA_RETURN_IF_ERROR(check_workspace(p));
+
+  for (auto [name, range] :
+       {std::pair{"q", range_q}, std::pair{"k", range_k}, std::pair{"v", range_v},
+        std::pair{"mask", range_mask}, std::pair{"lse", range_lse}})
+    FFPA_RETURN_IF_ERROR(check_overlap("o", range_o, name, range));
+  for (auto [name, range] : {std::pair{"q", range_q}, std::pair{"k", range_k},
+                             std::pair{"v", range_v}, std::pair{"mask", range_mask}})
+    FFPA_RETURN_IF_ERROR(check_overlap("lse", range_lse, name, range));
+
+  *problem = make_problem(p);
+  return {};
+}
+
+#undef FFPA_RETURN_IF_ERROR
+
+}  // namespace ffpa::detail

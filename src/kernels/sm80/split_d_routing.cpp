@@ -1,0 +1,38 @@
+// Routing a head dim to a compiled split-D instance, naming and running it.
+#include <string>
+
+#include "kernels/sm80/split_d.hpp"
+
+namespace ffpa::detail::sm80 {
+
+SplitDRoute route_split_d(int64_t head_dim) {
+  for (int i = 0; i < kSplitDInstanceCount; ++i) {
+    if (kSplitDInstances[i].out_cols >= head_dim) return {kSplitDInstances[i].out_cols, 1};
+  }
+  const int largest = kSplitDInstances[kSplitDInstanceCount - 1].out_cols;
+  return {largest, static_cast<int>((head_dim + largest - 1) / largest)};
+}
+
+std::string split_d_kernel_name(const AttentionProblem& problem, SplitDRoute route) {
+  const SplitDTile tile = split_d_tile(route.out_cols);
+  const char* element = problem.dtype == DType::bf16 ? "bf16" : "f16";
+  const char* accumulation = problem.accumulation == Accumulation::f16 ? "f16acc" : "f32acc";
+  return std::string("sm80_split_d<") + element + "," + accumulation + ",out" +
+         std::to_string(tile.out_cols) + ",M" + std::to_string(tile.warps_m) + "N" +
+         std::to_string(tile.warps_n) + ",bn" + std::to_string(tile.block_n) + ",pv" +
+         std::to_string(tile.pv_keys) + ",s" + std::to_string(tile.stages) + ">x" +
+         std::to_string(route.value_splits);
+}
+
+Status run_split_d(const AttentionProblem& problem, cudaStream_t stream) {
+  const SplitDRoute route = route_split_d(problem.head_dim);
+  for (int i = 0; i < kSplitDInstanceCount; ++i) {
+    if (kSplitDInstances[i].out_cols == route.out_cols) {
+      return kSplitDInstances[i].launch(problem, route.value_splits, stream);
+    }
+  }
+  return {StatusCode::impl_unavailable, "impl sm80_split_d: no instance for head dim " +
+                                            std::to_string(problem.head_dim) + " in this build"};
+}
+
+}  // namespace ffpa::detail::sm80

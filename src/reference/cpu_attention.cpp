@@ -1,0 +1,321 @@
+// The CPU reference backend. The work runs one (batch, kv head) block at a
+// time: the block's K and V rows are converted to float once (exact for fp16
+// and bf16) and shared by the group's query heads, whose (query head, row
+// chunk) work items then run on worker threads. Query rows are computed four at
+// a time so that each K/V element loaded serves four rows; every row goes
+// through the same code whatever the chunking, the thread count or the row
+// subset, so results are bit-identical across them. Scores, softmax and P*V
+// are accumulated in double.
+#include "reference/cpu_attention.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "common/float16_host.hpp"
+#include "common/philox.hpp"
+
+namespace ffpa::detail {
+namespace {
+
+constexpr int kRowGroup = 4;  // query rows computed together (the inner loops spell out 4 lanes)
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Where results go: the problem's o and lse in their dtypes, or contiguous
+// fp64 arrays out [B, Hq, R, Dv] and lse [B, Hq, R] (lse may be null).
+struct Destination {
+  bool f64 = false;
+  double* out = nullptr;
+  double* lse = nullptr;
+};
+
+// Per-worker buffers, allocated before the threads start.
+struct Scratch {
+  std::vector<double> q;       // [D][kRowGroup]: the group's query rows, lane-interleaved
+  std::vector<double> weight;  // [kRowGroup][Nkv]: scores, then softmax weights
+  std::vector<double> bias;    // [Nkv]: one mask row as an additive bias
+  std::vector<double> out;     // [Dv][kRowGroup]: output accumulators, lane-interleaved
+};
+
+// Runs task(worker, index) for every index in [0, count) on up to `workers`
+// threads (the calling thread is worker 0), handing out indices dynamically.
+template <class Task>
+void parallel_for(int64_t count, int workers, const Task& task) {
+  std::atomic<int64_t> next{0};
+  auto drain = [&](int worker) {
+    for (int64_t index = next++; index < count; index = next++) task(worker, index);
+  };
+  const int helpers_wanted = static_cast<int>(std::min<int64_t>(workers, count)) - 1;
+  std::vector<std::thread> helpers;
+  helpers.reserve(helpers_wanted > 0 ? helpers_wanted : 0);
+  try {
+    for (int worker = 1; worker <= helpers_wanted; ++worker) helpers.emplace_back(drain, worker);
+  } catch (const std::system_error&) {
+    // The system refused another thread: the ones already running do the work.
+  }
+  drain(0);
+  for (std::thread& helper : helpers) helper.join();
+}
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int resolve_threads(int num_threads) {
+  if (num_threads > 0) return num_threads;
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+template <class Element>
+const Element* offset_ptr(const void* base, int64_t elements) {
+  return static_cast<const Element*>(base) + elements;
+}
+
+// Converts n fp16/bf16 elements to float (exact).
+void to_float(const uint16_t* src, int64_t n, DType dtype, float* dst) {
+  if (dtype == DType::f16) {
+    for (int64_t e = 0; e < n; ++e) dst[e] = half_to_float(src[e]);
+  } else {
+    for (int64_t e = 0; e < n; ++e) dst[e] = bf16_to_float(src[e]);
+  }
+}
+
+// Mask row (b, h, i) for keys [0, n) as an additive bias: the mask value, or
+// 0 (attend) / -inf (excluded) for a boolean mask.
+void mask_bias(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t n,
+               double* bias) {
+  const int64_t row = b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2];
+  const int64_t step = p.mask_stride[3];
+  switch (p.mask_kind) {
+    case MaskKind::none: std::fill(bias, bias + n, 0.0); return;
+    case MaskKind::boolean: {
+      const uint8_t* m = offset_ptr<uint8_t>(p.mask, row);
+      for (int64_t j = 0; j < n; ++j) bias[j] = m[j * step] != 0 ? 0.0 : kNegInf;
+      return;
+    }
+    case MaskKind::additive_f16: {
+      const uint16_t* m = offset_ptr<uint16_t>(p.mask, row);
+      for (int64_t j = 0; j < n; ++j) bias[j] = half_to_float(m[j * step]);
+      return;
+    }
+    case MaskKind::additive_bf16: {
+      const uint16_t* m = offset_ptr<uint16_t>(p.mask, row);
+      for (int64_t j = 0; j < n; ++j) bias[j] = bf16_to_float(m[j * step]);
+      return;
+    }
+    case MaskKind::additive_f32: {
+      const float* m = offset_ptr<float>(p.mask, row);
+      for (int64_t j = 0; j < n; ++j) bias[j] = m[j * step];
+      return;
+    }
+  }
+}
+
+// Keys row i may attend before the mask: [0, visible).
+int64_t visible_keys(const AttentionProblem& p, int64_t i) {
+  if (p.causal == Causal::none) return p.seq_kv;
+  return std::clamp<int64_t>(i + p.causal_shift() + 1, 0, p.seq_kv);
+}
+
+// Turns scaled scores w[0, visible) of row (b, h, i) into the row's P*V
+// weights over [0, visible_max) (0 for excluded and dropped keys); returns the
+// row's lse (-inf when no key is attended, leaving every weight 0).
+double softmax_weights(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t visible,
+                       int64_t visible_max, double* w, double* bias) {
+  mask_bias(p, b, h, i, visible, bias);
+  double max_score = kNegInf;
+  for (int64_t j = 0; j < visible; ++j) {
+    w[j] += bias[j];
+    max_score = std::max(max_score, w[j]);
+  }
+  if (max_score == kNegInf) {
+    std::fill(w, w + visible_max, 0.0);
+    return kNegInf;
+  }
+  double denominator = 0.0;
+  for (int64_t j = 0; j < visible; ++j) {
+    w[j] = std::exp(w[j] - max_score);  // exp(-inf) = 0 for excluded keys
+    denominator += w[j];
+  }
+  std::fill(w + visible, w + visible_max, 0.0);
+  if (p.has_dropout()) {
+    const double factor = 1.0 / (denominator * (1.0 - static_cast<double>(p.dropout_p)));
+    const uint64_t bh = static_cast<uint64_t>(b * p.heads_q + h);
+    for (int64_t j = 0; j < visible; ++j) {
+      const bool keep = dropout_keep(p.dropout_seed, p.dropout_offset, bh, static_cast<uint64_t>(i),
+                                     static_cast<uint64_t>(j), p.dropout_threshold);
+      w[j] = keep ? w[j] * factor : 0.0;
+    }
+  } else {
+    const double factor = 1.0 / denominator;
+    for (int64_t j = 0; j < visible; ++j) w[j] *= factor;
+  }
+  return max_score + std::log(denominator);
+}
+
+// Computes query rows rows[0..kRowGroup) of head h, batch b into s.out and
+// lse. k and v are the kv head's rows as float, [Nkv][D].
+void attend_row_group(const AttentionProblem& p, int64_t b, int64_t h, const float* k,
+                      const float* v, const int64_t (&rows)[kRowGroup], Scratch& s,
+                      double (&lse)[kRowGroup]) {
+  static_assert(kRowGroup == 4, "the loops below spell out four lanes");
+  const int64_t dim = p.head_dim, nkv = p.seq_kv;
+  int64_t visible[kRowGroup];
+  int64_t visible_max = 0;
+  for (int r = 0; r < kRowGroup; ++r) {
+    const uint16_t* q =
+        offset_ptr<uint16_t>(p.q, b * p.q_stride[0] + h * p.q_stride[1] + rows[r] * p.q_stride[2]);
+    for (int64_t d = 0; d < dim; ++d) {
+      s.q[d * kRowGroup + r] = p.dtype == DType::f16 ? half_to_float(q[d]) : bf16_to_float(q[d]);
+    }
+    visible[r] = visible_keys(p, rows[r]);
+    visible_max = std::max(visible_max, visible[r]);
+  }
+
+  const double scale = p.scale;
+  double* w0 = s.weight.data();
+  double* w1 = w0 + nkv;
+  double* w2 = w1 + nkv;
+  double* w3 = w2 + nkv;
+  for (int64_t j = 0; j < visible_max; ++j) {
+    const float* kj = k + j * dim;
+    const double* q = s.q.data();
+    double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+    for (int64_t d = 0; d < dim; ++d, q += kRowGroup) {
+      const double x = kj[d];
+      a0 += q[0] * x;
+      a1 += q[1] * x;
+      a2 += q[2] * x;
+      a3 += q[3] * x;
+    }
+    w0[j] = scale * a0;
+    w1[j] = scale * a1;
+    w2[j] = scale * a2;
+    w3[j] = scale * a3;
+  }
+  for (int r = 0; r < kRowGroup; ++r) {
+    lse[r] =
+        softmax_weights(p, b, h, rows[r], visible[r], visible_max, w0 + r * nkv, s.bias.data());
+  }
+
+  std::fill(s.out.begin(), s.out.end(), 0.0);
+  for (int64_t j = 0; j < visible_max; ++j) {
+    const double c0 = w0[j], c1 = w1[j], c2 = w2[j], c3 = w3[j];
+    // Skipping a key whose four weights are 0 changes no bit (V finite): the
+    // accumulators start at +0, so they are never -0, and adding +-0 to a value
+    // other than -0 leaves it as it is.
+    if (c0 == 0.0 && c1 == 0.0 && c2 == 0.0 && c3 == 0.0) continue;
+    const float* vj = v + j * dim;
+    double* o = s.out.data();
+    for (int64_t d = 0; d < dim; ++d, o += kRowGroup) {
+      const double x = vj[d];
+      o[0] += c0 * x;
+      o[1] += c1 * x;
+      o[2] += c2 * x;
+      o[3] += c3 * x;
+    }
+  }
+}
+
+// Writes lane `lane` of s.out (row i, position r in the row selection).
+void store_row(const AttentionProblem& p, const Destination& dst, int64_t row_count, int64_t b,
+               int64_t h, int64_t r, int64_t i, const Scratch& s, int lane, double lse) {
+  const int64_t dim = p.head_dim;
+  const double* o = s.out.data() + lane;
+  if (dst.f64) {
+    double* out = dst.out + ((b * p.heads_q + h) * row_count + r) * dim;
+    for (int64_t d = 0; d < dim; ++d) out[d] = o[d * kRowGroup];
+    if (dst.lse != nullptr) dst.lse[(b * p.heads_q + h) * row_count + r] = lse;
+    return;
+  }
+  uint16_t* out =
+      static_cast<uint16_t*>(p.o) + b * p.o_stride[0] + h * p.o_stride[1] + i * p.o_stride[2];
+  if (p.dtype == DType::f16) {
+    for (int64_t d = 0; d < dim; ++d) {
+      out[d] = float_to_half(static_cast<float>(o[d * kRowGroup]));
+    }
+  } else {
+    for (int64_t d = 0; d < dim; ++d) {
+      out[d] = float_to_bf16(static_cast<float>(o[d * kRowGroup]));
+    }
+  }
+  if (p.lse != nullptr) {
+    p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
+        static_cast<float>(lse);
+  }
+}
+
+void run(const AttentionProblem& p, RowSubset subset, int num_threads, const Destination& dst) {
+  const int64_t row_count = subset.rows != nullptr ? subset.count : p.seq_q;
+  if (p.batch <= 0 || p.heads_q <= 0 || row_count <= 0) return;
+  auto row_at = [&](int64_t r) { return subset.rows != nullptr ? subset.rows[r] : r; };
+
+  const int threads = resolve_threads(num_threads);
+  const int64_t dim = p.head_dim, nkv = p.seq_kv, group = p.group_size();
+  // Enough items per block to balance the threads; whole row groups per chunk.
+  const int64_t rows_per_item =
+      ceil_div(ceil_div(group * row_count, int64_t{4} * threads), kRowGroup) * kRowGroup;
+  const int64_t chunks = ceil_div(row_count, rows_per_item);
+  const int64_t items = group * chunks;
+  const int workers = static_cast<int>(std::min<int64_t>(threads, items));
+
+  std::vector<Scratch> scratch(workers);
+  for (Scratch& s : scratch) {
+    s.q.resize(dim * kRowGroup);
+    s.weight.resize(kRowGroup * nkv);
+    s.bias.resize(nkv);
+    s.out.resize(dim * kRowGroup);
+  }
+  std::vector<float> k_block(nkv * dim), v_block(nkv * dim);
+  constexpr int64_t kElementsPerConversionSlice = int64_t{1} << 16;
+  const int64_t slices = std::clamp<int64_t>(nkv * dim / kElementsPerConversionSlice, 1, threads);
+
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t kv_head = 0; kv_head < p.heads_kv; ++kv_head) {
+      parallel_for(slices, threads, [&](int, int64_t slice) {
+        for (int64_t j = nkv * slice / slices; j < nkv * (slice + 1) / slices; ++j) {
+          to_float(offset_ptr<uint16_t>(
+                       p.k, b * p.k_stride[0] + kv_head * p.k_stride[1] + j * p.k_stride[2]),
+                   dim, p.dtype, k_block.data() + j * dim);
+          to_float(offset_ptr<uint16_t>(
+                       p.v, b * p.v_stride[0] + kv_head * p.v_stride[1] + j * p.v_stride[2]),
+                   dim, p.dtype, v_block.data() + j * dim);
+        }
+      });
+      parallel_for(items, workers, [&](int worker, int64_t item) {
+        const int64_t h = kv_head * group + item / chunks;
+        const int64_t first = item % chunks * rows_per_item;
+        const int64_t last = std::min(row_count, first + rows_per_item);
+        for (int64_t r0 = first; r0 < last; r0 += kRowGroup) {
+          const int lanes = static_cast<int>(std::min<int64_t>(kRowGroup, last - r0));
+          int64_t rows[kRowGroup];
+          for (int lane = 0; lane < kRowGroup; ++lane) {
+            rows[lane] = row_at(r0 + std::min(lane, lanes - 1));  // spare lanes repeat a row
+          }
+          double lse[kRowGroup];
+          attend_row_group(p, b, h, k_block.data(), v_block.data(), rows, scratch[worker], lse);
+          for (int lane = 0; lane < lanes; ++lane) {
+            store_row(p, dst, row_count, b, h, r0 + lane, rows[lane], scratch[worker], lane,
+                      lse[lane]);
+          }
+        }
+      });
+    }
+  }
+}
+
+}  // namespace
+
+void cpu_attention_forward(const AttentionProblem& problem, RowSubset rows, int num_threads) {
+  run(problem, rows, num_threads, Destination{});
+}
+
+void cpu_attention_forward_f64(const AttentionProblem& problem, RowSubset rows, double* out,
+                               double* lse, int num_threads) {
+  run(problem, rows, num_threads, Destination{true, out, lse});
+}
+
+}  // namespace ffpa::detail

@@ -1,0 +1,312 @@
+// The C ABI of <ffpa/ffpa.h>: codes and messages (truncated, NUL-terminated,
+// optional), NULL arguments, out-of-range enum values, status names. The
+// CApiForward group computes through the C ABI with the CPU reference and
+// compares with the C++ API bit for bit (it needs the full library).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "ffpa/ffpa.h"
+#include "ffpa/ffpa.hpp"
+#include "support/host_tensors.hpp"
+
+namespace {
+
+using ffpa::DType;
+using ffpa::testing::HostTensor;
+using ffpa::testing::Layout;
+using ffpa::testing::make_host_lse;
+using ffpa::testing::make_host_tensor;
+
+ffpa_tensor c_tensor(const ffpa::Tensor& t) {
+  ffpa_tensor c;
+  std::memset(&c, 0, sizeof c);
+  c.data = t.data;
+  c.dtype = static_cast<int32_t>(t.dtype);
+  c.rank = t.rank;
+  for (int i = 0; i < 4; ++i) {
+    c.shape[i] = t.shape[i];
+    c.stride[i] = t.stride[i];
+  }
+  return c;
+}
+
+struct Sizes {
+  int64_t batch, heads_q, heads_kv, seq_q, seq_kv, head_dim;
+};
+
+// Random q, k, v and a NaN-poisoned o; params zero-initialized except for them.
+struct CCall {
+  HostTensor q, k, v, o;
+  std::vector<unsigned char> o_before;
+
+  explicit CCall(Sizes s, DType dtype = DType::bf16)
+      : q(make_host_tensor(dtype, {s.batch, s.heads_q, s.seq_q, s.head_dim}, Layout::bnhd)),
+        k(make_host_tensor(dtype, {s.batch, s.heads_kv, s.seq_kv, s.head_dim})),
+        v(make_host_tensor(dtype, {s.batch, s.heads_kv, s.seq_kv, s.head_dim}, Layout::bnhd)),
+        o(make_host_tensor(dtype, {s.batch, s.heads_q, s.seq_q, s.head_dim})) {
+    const uint64_t seed = std::random_device{}();
+    ffpa::testing::fill_uniform(q, seed, -1.0f, 1.0f);
+    ffpa::testing::fill_uniform(k, seed + 1, -1.0f, 1.0f);
+    ffpa::testing::fill_uniform(v, seed + 2, -1.0f, 1.0f);
+    ffpa::testing::fill_nan(o);
+    o_before = o.storage;
+  }
+
+  ffpa_forward_params params() const {
+    ffpa_forward_params p;
+    std::memset(&p, 0, sizeof p);
+    p.q = c_tensor(q.tensor);
+    p.k = c_tensor(k.tensor);
+    p.v = c_tensor(v.tensor);
+    p.o = c_tensor(o.tensor);
+    return p;
+  }
+
+  bool o_untouched() const { return o.storage == o_before; }
+};
+
+const Sizes kSmall{2, 4, 2, 5, 7, 64};
+
+// --- no computation ----------------------------------------------------------------
+
+TEST(CApi, StatusNamesAreDistinctAndMatchTheCppNames) {
+  std::set<std::string> names;
+  for (int code = FFPA_OK; code <= FFPA_CUDA_ERROR; ++code) {
+    const char* name = ffpa_status_name(static_cast<ffpa_status>(code));
+    ASSERT_NE(name, nullptr) << code;
+    EXPECT_STRNE(name, "") << code;
+    EXPECT_STREQ(name, ffpa::status_name(static_cast<ffpa::StatusCode>(code)));
+    names.insert(name);
+  }
+  EXPECT_EQ(names.size(), static_cast<size_t>(FFPA_CUDA_ERROR + 1));
+  EXPECT_STREQ(ffpa_status_name(FFPA_OK), "ok");
+  EXPECT_STREQ(ffpa_status_name(FFPA_NULL_POINTER), "null_pointer");
+  EXPECT_STREQ(ffpa_status_name(FFPA_OUTPUT_OVERLAPS_INPUT), "output_overlaps_input");
+  EXPECT_STREQ(ffpa_status_name(FFPA_CUDA_ERROR), "cuda_error");
+}
+
+TEST(CApi, Version) {
+  ASSERT_NE(ffpa_version(), nullptr);
+  EXPECT_STREQ(ffpa_version(), ffpa::version());
+  EXPECT_NE(std::string(ffpa_version()).find('.'), std::string::npos);
+}
+
+TEST(CApi, NullParamsAndNullBytes) {
+  char message[128];
+  EXPECT_EQ(ffpa_forward(nullptr, message, sizeof message), FFPA_NULL_POINTER);
+  EXPECT_STREQ(message, "params is null");
+  EXPECT_EQ(ffpa_forward(nullptr, nullptr, 0), FFPA_NULL_POINTER);
+  size_t bytes = 0;
+  EXPECT_EQ(ffpa_workspace_size(nullptr, &bytes, message, sizeof message), FFPA_NULL_POINTER);
+  EXPECT_STREQ(message, "params is null");
+  CCall call(kSmall);
+  const ffpa_forward_params p = call.params();
+  EXPECT_EQ(ffpa_workspace_size(&p, nullptr, message, sizeof message), FFPA_NULL_POINTER);
+  EXPECT_STREQ(message, "bytes is null");
+}
+
+TEST(CApi, ZeroInitializedParamsAreRejected) {
+  ffpa_forward_params p;
+  std::memset(&p, 0, sizeof p);
+  char message[256];
+  EXPECT_EQ(ffpa_forward(&p, message, sizeof message), FFPA_INVALID_RANK);
+  EXPECT_NE(std::string(message).find("q.rank = 0"), std::string::npos) << message;
+}
+
+TEST(CApi, ErrorsComeBackAsCodesWithMessages) {
+  CCall call(kSmall);
+  char message[256];
+  const struct {
+    void (*spoil)(ffpa_forward_params&);
+    ffpa_status code;
+    const char* names;
+  } cases[] = {
+      {[](ffpa_forward_params& p) { p.k.dtype = FFPA_DTYPE_F16; }, FFPA_DTYPE_MISMATCH, "k.dtype"},
+      {[](ffpa_forward_params& p) { p.v.data = nullptr; }, FFPA_NULL_POINTER, "v.data is null"},
+      {[](ffpa_forward_params& p) { p.k.shape[3] = 96; }, FFPA_SHAPE_MISMATCH,
+       "k.shape[3] (D) = 96"},
+      {[](ffpa_forward_params& p) { p.q.stride[3] = 2; }, FFPA_NONCONTIGUOUS_LAST_DIM,
+       "q.stride[3]"},
+      {[](ffpa_forward_params& p) { p.o.data = p.q.data; }, FFPA_OUTPUT_OVERLAPS_INPUT,
+       "overlaps q"},
+      {[](ffpa_forward_params& p) { p.options.dropout_p = 1.0f; }, FFPA_INVALID_DROPOUT,
+       "dropout_p"},
+      {[](ffpa_forward_params& p) { p.options.accumulation = FFPA_ACCUM_F16; },
+       FFPA_UNSUPPORTED_ACCUMULATION, "options.accumulation"},
+  };
+  for (const auto& c : cases) {
+    ffpa_forward_params p = call.params();
+    p.options.impl = FFPA_IMPL_CPU_REFERENCE;
+    c.spoil(p);
+    EXPECT_EQ(ffpa_forward(&p, message, sizeof message), c.code) << message;
+    EXPECT_NE(std::string(message).find(c.names), std::string::npos) << message;
+    size_t bytes = 12345;
+    EXPECT_EQ(ffpa_workspace_size(&p, &bytes, message, sizeof message), c.code) << message;
+    EXPECT_NE(std::string(message).find(c.names), std::string::npos) << message;
+  }
+  EXPECT_TRUE(call.o_untouched());
+}
+
+TEST(CApi, OutOfRangeEnumValuesAreRejected) {
+  CCall call(kSmall);
+  char message[256];
+  const struct {
+    void (*spoil)(ffpa_forward_params&);
+    ffpa_status code;
+    const char* names;
+  } cases[] = {
+      {[](ffpa_forward_params& p) { p.options.causal = 42; }, FFPA_INVALID_OPTION,
+       "options.causal = 42"},
+      {[](ffpa_forward_params& p) { p.options.accumulation = 7; }, FFPA_INVALID_OPTION,
+       "options.accumulation = 7"},
+      {[](ffpa_forward_params& p) { p.options.impl = -3; }, FFPA_INVALID_OPTION,
+       "options.impl = -3"},
+      {[](ffpa_forward_params& p) {
+         p.options.has_scale = 1;
+         p.options.scale = INFINITY;
+       },
+       FFPA_INVALID_OPTION, "options.scale"},
+      {[](ffpa_forward_params& p) { p.q.dtype = p.k.dtype = p.v.dtype = p.o.dtype = 99; },
+       FFPA_UNSUPPORTED_DTYPE, "q.dtype = unknown (99)"},
+  };
+  for (const auto& c : cases) {
+    ffpa_forward_params p = call.params();
+    c.spoil(p);
+    EXPECT_EQ(ffpa_forward(&p, message, sizeof message), c.code) << message;
+    EXPECT_NE(std::string(message).find(c.names), std::string::npos) << message;
+  }
+  EXPECT_TRUE(call.o_untouched());
+}
+
+TEST(CApi, MessagesAreTruncatedAndNulTerminated) {
+  CCall call(kSmall);
+  ffpa_forward_params p = call.params();
+  p.k.shape[3] = 96;
+  char full[512];
+  ASSERT_EQ(ffpa_forward(&p, full, sizeof full), FFPA_SHAPE_MISMATCH);
+  ASSERT_GT(std::strlen(full), 8u);
+
+  char tiny[9];
+  std::memset(tiny, 'X', sizeof tiny);
+  EXPECT_EQ(ffpa_forward(&p, tiny, 8), FFPA_SHAPE_MISMATCH);
+  EXPECT_EQ(std::strlen(tiny), 7u);
+  EXPECT_EQ(std::string(tiny), std::string(full, 7));
+  EXPECT_EQ(tiny[8], 'X');  // nothing written past message_size
+
+  std::memset(tiny, 'X', sizeof tiny);
+  EXPECT_EQ(ffpa_forward(&p, tiny, 1), FFPA_SHAPE_MISMATCH);
+  EXPECT_EQ(tiny[0], '\0');
+  EXPECT_EQ(tiny[1], 'X');
+
+  std::memset(tiny, 'X', sizeof tiny);
+  EXPECT_EQ(ffpa_forward(&p, tiny, 0), FFPA_SHAPE_MISMATCH);
+  EXPECT_EQ(tiny[0], 'X');  // message_size 0: nothing written
+
+  EXPECT_EQ(ffpa_forward(&p, nullptr, 64), FFPA_SHAPE_MISMATCH);  // NULL message is allowed
+  EXPECT_TRUE(call.o_untouched());
+}
+
+// --- computing through the C ABI (needs the full library) ---------------------------
+
+// Whether two outputs are the same bytes, and every value of o is finite.
+void expect_same_finite(const HostTensor& a, const HostTensor& b) {
+  ASSERT_EQ(a.bytes(), b.bytes());
+  EXPECT_EQ(std::memcmp(a.tensor.data, b.tensor.data, a.bytes()), 0);
+  const int64_t* s = a.tensor.shape;
+  double sum_abs = 0.0;
+  for (int64_t i0 = 0; i0 < s[0]; ++i0)
+    for (int64_t i1 = 0; i1 < s[1]; ++i1)
+      for (int64_t i2 = 0; i2 < s[2]; ++i2)
+        for (int64_t i3 = 0; i3 < s[3]; ++i3) {
+          const double x = ffpa::testing::element_as_double(a.tensor, {i0, i1, i2, i3});
+          ASSERT_TRUE(std::isfinite(x)) << i0 << " " << i1 << " " << i2 << " " << i3;
+          sum_abs += std::fabs(x);
+        }
+  EXPECT_GT(sum_abs, 0.0);
+}
+
+TEST(CApiForward, MatchesTheCppApiBitForBit) {
+  const Sizes s{2, 4, 2, 13, 17, 72};
+  CCall call(s);
+  HostTensor mask = make_host_tensor(DType::f32, {s.batch, 1, s.seq_q, s.seq_kv});
+  ffpa::testing::fill_uniform(mask, std::random_device{}(), -3.0f, 1.0f);
+  HostTensor lse = make_host_lse(s.batch, s.heads_q, s.seq_q);
+  ffpa::testing::fill_nan(lse);
+
+  ffpa_forward_params p = call.params();
+  p.mask = c_tensor(mask.tensor);
+  p.lse = c_tensor(lse.tensor);
+  p.options.has_scale = 1;
+  p.options.scale = 0.3f;
+  p.options.causal = FFPA_CAUSAL_BOTTOM_RIGHT;
+  p.options.dropout_p = 0.2f;
+  p.options.dropout_seed = 0xfeedbeefcafeull;
+  p.options.dropout_offset = 3;
+  p.options.impl = FFPA_IMPL_CPU_REFERENCE;
+  char message[256] = "";
+  ASSERT_EQ(ffpa_forward(&p, message, sizeof message), FFPA_OK) << message;
+  EXPECT_STREQ(message, "");
+
+  HostTensor o_cpp = call.o, lse_cpp = lse;
+  ffpa::testing::fill_nan(o_cpp);
+  ffpa::testing::fill_nan(lse_cpp);
+  ffpa::ForwardParams cpp;
+  cpp.q = call.q.tensor;
+  cpp.k = call.k.tensor;
+  cpp.v = call.v.tensor;
+  cpp.o = o_cpp.tensor;
+  cpp.mask = mask.tensor;
+  cpp.lse = lse_cpp.tensor;
+  cpp.options.scale = 0.3f;
+  cpp.options.causal = ffpa::Causal::bottom_right;
+  cpp.options.dropout_p = 0.2f;
+  cpp.options.dropout_seed = 0xfeedbeefcafeull;
+  cpp.options.dropout_offset = 3;
+  cpp.options.impl = ffpa::Impl::cpu_reference;
+  const ffpa::Status status = ffpa::forward(cpp);
+  ASSERT_TRUE(status.ok()) << status.message;
+
+  expect_same_finite(call.o, o_cpp);
+  EXPECT_EQ(std::memcmp(lse.tensor.data, lse_cpp.tensor.data, lse.bytes()), 0);
+}
+
+TEST(CApiForward, HasScaleZeroMeansTheDefaultScale) {
+  const Sizes s{1, 3, 3, 9, 11, 40};
+  CCall call(s, DType::f16);
+  ffpa_forward_params p = call.params();
+  p.options.impl = FFPA_IMPL_CPU_REFERENCE;
+  p.options.scale = 5.0f;  // ignored: has_scale = 0
+  ASSERT_EQ(ffpa_forward(&p, nullptr, 0), FFPA_OK);
+  const HostTensor by_default = call.o;
+
+  ffpa::testing::fill_nan(call.o);
+  p.options.has_scale = 1;
+  p.options.scale = static_cast<float>(1.0 / std::sqrt(40.0));
+  ASSERT_EQ(ffpa_forward(&p, nullptr, 0), FFPA_OK);
+  expect_same_finite(call.o, by_default);
+
+  ffpa::testing::fill_nan(call.o);
+  p.options.scale = 5.0f;
+  ASSERT_EQ(ffpa_forward(&p, nullptr, 0), FFPA_OK);
+  EXPECT_NE(std::memcmp(call.o.tensor.data, by_default.tensor.data, by_default.bytes()), 0);
+}
+
+TEST(CApiForward, WorkspaceSizeOfTheCpuReferenceIsZero) {
+  CCall call(kSmall);
+  ffpa_forward_params p = call.params();
+  p.options.impl = FFPA_IMPL_CPU_REFERENCE;
+  size_t bytes = 12345;
+  char message[128];
+  EXPECT_EQ(ffpa_workspace_size(&p, &bytes, message, sizeof message), FFPA_OK) << message;
+  EXPECT_EQ(bytes, 0u);
+  EXPECT_TRUE(call.o_untouched());
+}
+
+}  // namespace

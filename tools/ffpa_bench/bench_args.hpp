@@ -1,0 +1,58 @@
+// The command line of ffpa-bench: what to run and how to measure it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "bench_problem.hpp"
+#include "ffpa/ffpa.hpp"
+
+namespace ffpa::bench {
+
+struct BenchArgs {
+  // Sizes left unset take the defaults of default_shape(): they depend on
+  // whether the forward runs on a GPU or on the CPU reference.
+  std::optional<int64_t> batch, heads_q, heads_kv, seq_q, seq_kv;
+  std::vector<int64_t> head_dims;  // one entry (--head-dim) or a sweep (--dims); empty: default
+  DType dtype = DType::bf16;
+  Causal causal = Causal::none;
+  MaskChoice mask = MaskChoice::none;
+  float dropout_p = 0.0f;
+  uint64_t dropout_seed = 0;
+  std::optional<uint64_t> data_seed;  // unset: a fresh seed for every run
+  Layout layout = Layout::bhnd;
+  Impl impl = Impl::automatic;
+  Accumulation accumulation = Accumulation::f32;
+  std::optional<float> scale;
+  bool lse = false;
+  int warmup = 3;
+  int iters = 10;
+  int64_t check_rows = 16;  // 0: no check
+  bool json = false;
+  bool help = false;
+};
+
+struct ParsedArgs {
+  BenchArgs args;
+  std::string error;  // empty when the command line is valid
+};
+
+ParsedArgs parse_args(int argc, const char* const* argv);
+
+std::string usage_text();
+
+// The command-line name of a choice ("bf16", "top_left", "key-bool", "sm80", ...).
+const char* choice_name(DType value);
+const char* choice_name(Causal value);
+const char* choice_name(MaskChoice value);
+const char* choice_name(Layout value);
+const char* choice_name(Impl value);
+const char* choice_name(Accumulation value);
+
+// The shape of each point to run, in order: the given sizes, the others from
+// the GPU default shape or, for the CPU reference, a small one.
+std::vector<ProblemShape> point_shapes(const BenchArgs& args, bool small_default);
+
+}  // namespace ffpa::bench

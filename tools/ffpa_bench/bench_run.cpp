@@ -1,0 +1,382 @@
+#include "bench_run.hpp"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <new>
+#include <optional>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "bench_problem.hpp"
+#include "bench_report.hpp"
+#include "host/validate.hpp"
+#include "reference/cpu_attention.hpp"
+#include "support/host_tensors.hpp"
+
+namespace ffpa::bench {
+namespace {
+
+// A failing ffpa or CUDA call: the point cannot be measured (exit status 2).
+class CallFailure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+void check_cuda(cudaError_t error, const std::string& call) {
+  if (error != cudaSuccess)
+    throw CallFailure(call + " failed: " + cudaGetErrorName(error) + " (" + cudaGetErrorString(error) + ")");
+}
+#define BENCH_CUDA(call) check_cuda((call), #call)
+
+// Releases cannot throw: a failing one is reported and the run goes on.
+void warn_cuda(cudaError_t error, const char* call) {
+  if (error != cudaSuccess)
+    std::fprintf(stderr, "ffpa-bench: warning: %s failed: %s (%s)\n", call, cudaGetErrorName(error),
+                 cudaGetErrorString(error));
+}
+
+void check_ffpa(const Status& status, const char* call) {
+  if (!status.ok())
+    throw CallFailure(std::string(call) + " failed: " + status_name(status.code) + ": " + status.message);
+}
+
+struct CudaFree {
+  void operator()(void* p) const { warn_cuda(cudaFree(p), "cudaFree"); }
+};
+using DeviceMemory = std::unique_ptr<void, CudaFree>;
+
+DeviceMemory device_alloc(size_t bytes) {
+  void* p = nullptr;
+  if (bytes > 0) check_cuda(cudaMalloc(&p, bytes), "cudaMalloc(" + std::to_string(bytes) + " bytes)");
+  return DeviceMemory(p);
+}
+
+struct StreamDestroy {
+  void operator()(cudaStream_t s) const { warn_cuda(cudaStreamDestroy(s), "cudaStreamDestroy"); }
+};
+using Stream = std::unique_ptr<CUstream_st, StreamDestroy>;
+
+struct EventDestroy {
+  void operator()(cudaEvent_t e) const { warn_cuda(cudaEventDestroy(e), "cudaEventDestroy"); }
+};
+using Event = std::unique_ptr<CUevent_st, EventDestroy>;
+
+Event make_event() {
+  cudaEvent_t event = nullptr;
+  BENCH_CUDA(cudaEventCreate(&event));
+  return Event(event);
+}
+
+struct Device {
+  int id = 0;
+  std::string name;
+  size_t l2_bytes = 0;
+  std::string summary;  // name, architecture, SMs, L2
+};
+
+// The current CUDA device, or nothing (with the reason) when there is none.
+std::optional<Device> find_device(std::string* why_not) {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess || count == 0) {
+    *why_not = error != cudaSuccess ? std::string("cudaGetDeviceCount: ") + cudaGetErrorName(error) + ", " +
+                                          cudaGetErrorString(error)
+                                    : "cudaGetDeviceCount found 0 devices";
+    (void)cudaGetLastError();  // nothing to clear on later calls
+    return std::nullopt;
+  }
+  Device device;
+  BENCH_CUDA(cudaGetDevice(&device.id));
+  cudaDeviceProp properties{};
+  BENCH_CUDA(cudaGetDeviceProperties(&properties, device.id));
+  int l2_bytes = 0;
+  BENCH_CUDA(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device.id));
+  device.name = properties.name;
+  device.l2_bytes = static_cast<size_t>(l2_bytes);
+  device.summary = device.name + " (sm_" + std::to_string(properties.major) + std::to_string(properties.minor) +
+                   ", " + std::to_string(properties.multiProcessorCount) + " SMs, " +
+                   std::to_string(l2_bytes >> 20) + " MiB L2)";
+  return device;
+}
+
+Timing summarize(std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  const size_t n = ms.size();
+  return {n % 2 ? ms[n / 2] : (ms[n / 2 - 1] + ms[n / 2]) / 2, ms.front(), ms.back()};
+}
+
+ForwardParams make_params(const PointTensors& t, const BenchArgs& args, Impl impl, cudaStream_t stream) {
+  ForwardParams p;
+  p.q = t.q;
+  p.k = t.k;
+  p.v = t.v;
+  p.o = t.o;
+  p.mask = t.mask;
+  p.lse = t.lse;
+  p.options.scale = args.scale;
+  p.options.causal = args.causal;
+  p.options.dropout_p = args.dropout_p;
+  p.options.dropout_seed = args.dropout_seed;
+  p.options.accumulation = args.accumulation;
+  p.options.impl = impl;
+  p.stream = stream;
+  return p;
+}
+
+// `count` query rows spread evenly over [0, seq_q), the first and the last
+// among them; every row when there are no more than `count`.
+std::vector<int64_t> sample_rows(int64_t seq_q, int64_t count) {
+  std::vector<int64_t> rows;
+  if (count >= seq_q) {
+    for (int64_t i = 0; i < seq_q; ++i) rows.push_back(i);
+  } else if (count == 1) {
+    rows.push_back(0);
+  } else {
+    for (int64_t r = 0; r < count; ++r) rows.push_back(r * (seq_q - 1) / (count - 1));
+  }
+  return rows;
+}
+
+// Tolerances of the GPU tests on the relative L2 error against fp64.
+double tolerance_for(const BenchArgs& args) {
+  return args.dtype == DType::f16 && args.accumulation == Accumulation::f32 ? 5e-3 : 1e-2;
+}
+constexpr double kLseTolerance = 1e-3;  // on |lse - ref| / max(1, |ref|)
+
+// NaN elements in the dense buffer behind `t`.
+int64_t count_nan(const Tensor& t) {
+  const size_t size = testing::dtype_size(t.dtype), count = buffer_bytes(t) / size;
+  const auto* bytes = static_cast<const unsigned char*>(t.data);
+  int64_t nan = 0;
+  for (size_t e = 0; e < count; ++e) {
+    if (t.dtype == DType::f32) {
+      float value;
+      std::memcpy(&value, bytes + e * size, size);
+      nan += std::isnan(value);
+    } else {
+      uint16_t bits;
+      std::memcpy(&bits, bytes + e * size, size);
+      nan += (bits & 0x7FFFu) > (t.dtype == DType::f16 ? 0x7C00u : 0x7F80u);
+    }
+  }
+  return nan;
+}
+
+// NaN-propagating maximum, so that a NaN error fails the check.
+double max_or_nan(double a, double b) { return std::isnan(a) || std::isnan(b) ? std::nan("") : std::max(a, b); }
+
+double lse_error(double got, double ref) {
+  if (std::isinf(ref)) return got == ref ? 0.0 : std::numeric_limits<double>::infinity();
+  return std::abs(got - ref) / std::max(1.0, std::abs(ref));
+}
+
+// Compares o (and lse) of `host` (host copies of the inputs and the outputs)
+// with the fp64 CPU reference on sampled rows of every batch and head.
+CheckResult check_against_reference(const ForwardParams& host, const BenchArgs& args) {
+  detail::AttentionProblem problem;
+  check_ffpa(detail::validate_forward(host, &problem), "ffpa::detail::validate_forward (host copies)");
+  const std::vector<int64_t> rows = sample_rows(problem.seq_q, args.check_rows);
+  const int64_t count = static_cast<int64_t>(rows.size()), batch = problem.batch,
+                heads = problem.heads_q, dim = problem.head_dim;
+  const bool with_lse = host.lse.data != nullptr;
+  std::vector<double> ref_o(static_cast<size_t>(batch * heads * count * dim));
+  std::vector<double> ref_lse(with_lse ? static_cast<size_t>(batch * heads * count) : 0);
+  detail::cpu_attention_forward_f64(problem, {rows.data(), count}, ref_o.data(),
+                                    with_lse ? ref_lse.data() : nullptr);
+
+  CheckResult check;
+  check.rows = count;
+  check.tolerance = tolerance_for(args);
+  double diff_squares = 0, ref_squares = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t r = 0; r < count; ++r) {
+        const size_t row = static_cast<size_t>((b * heads + h) * count + r);
+        for (int64_t d = 0; d < dim; ++d) {
+          const double ref = ref_o[row * dim + d];
+          const double diff = testing::element_as_double(host.o, {b, h, rows[r], d}) - ref;
+          diff_squares += diff * diff;
+          ref_squares += ref * ref;
+          check.max_abs = max_or_nan(check.max_abs, std::abs(diff));
+        }
+        if (with_lse) {
+          const double got = testing::element_as_double(host.lse, {b, h, rows[r], 0});
+          check.lse_max_error = max_or_nan(check.lse_max_error.value_or(0), lse_error(got, ref_lse[row]));
+        }
+      }
+  // Every sampled row fully masked gives a zero reference: report the absolute error.
+  check.rel_l2 = ref_squares > 0 ? std::sqrt(diff_squares / ref_squares) : std::sqrt(diff_squares);
+  check.nan_count = count_nan(host.o) + (with_lse ? count_nan(host.lse) : 0);
+  check.passed = check.nan_count == 0 && check.rel_l2 <= check.tolerance &&
+                 (!check.lse_max_error || *check.lse_max_error <= kLseTolerance);
+  return check;
+}
+
+// The described tensors and their random inputs in host memory.
+struct HostInputs {
+  PointTensors tensors;
+  InputSlab slab;
+  HostBuffer buffer;
+};
+
+HostInputs make_host_inputs(const BenchArgs& args, const ProblemShape& shape, size_t min_total_bytes,
+                            uint64_t seed) {
+  const PointTensors tensors = describe_tensors(shape, args.dtype, args.layout, args.mask, args.lse);
+  const InputSlab slab = plan_input_slab(tensors, min_total_bytes);
+  HostInputs inputs{tensors, slab, HostBuffer(slab.total_bytes())};
+  fill_inputs(inputs.buffer.get(), slab, tensors, seed);
+  return inputs;
+}
+
+PointResult run_on_device(const BenchArgs& args, const Device& device, cudaStream_t stream, PointResult result) {
+  // Together the input sets exceed twice the L2, so rotating through them times HBM, not L2.
+  const HostInputs in = make_host_inputs(args, result.shape, 2 * device.l2_bytes, result.data_seed);
+  result.input_sets = in.slab.sets;
+  const DeviceMemory inputs = device_alloc(in.slab.total_bytes());
+  BENCH_CUDA(cudaMemcpyAsync(inputs.get(), in.buffer.get(), in.slab.total_bytes(), cudaMemcpyHostToDevice, stream));
+  const size_t o_bytes = buffer_bytes(in.tensors.o), lse_bytes = buffer_bytes(in.tensors.lse);
+  const DeviceMemory o = device_alloc(o_bytes), lse = device_alloc(lse_bytes);
+  const auto call = [&](int64_t n) {  // call n reads input set n mod sets
+    return make_params(bind_tensors(in.tensors, in.slab, inputs.get(), n % in.slab.sets, o.get(), lse.get()), args,
+                       args.impl, stream);
+  };
+  check_ffpa(select_kernel(call(0), &result.kernel), "ffpa::select_kernel");
+  MemoryResult memory;
+  check_ffpa(workspace_size(call(0), &memory.workspace), "ffpa::workspace_size");
+
+  if (args.check_rows > 0) {
+    // 0xFF bytes are NaN in f16, bf16 and f32: any element left unwritten shows.
+    BENCH_CUDA(cudaMemsetAsync(o.get(), 0xFF, o_bytes, stream));
+    if (lse_bytes > 0) BENCH_CUDA(cudaMemsetAsync(lse.get(), 0xFF, lse_bytes, stream));
+    check_ffpa(forward(call(0)), "ffpa::forward");
+    const HostBuffer host_o(o_bytes), host_lse(lse_bytes);
+    BENCH_CUDA(cudaMemcpyAsync(host_o.get(), o.get(), o_bytes, cudaMemcpyDeviceToHost, stream));
+    if (lse_bytes > 0) BENCH_CUDA(cudaMemcpyAsync(host_lse.get(), lse.get(), lse_bytes, cudaMemcpyDeviceToHost, stream));
+    BENCH_CUDA(cudaStreamSynchronize(stream));
+    const PointTensors host = bind_tensors(in.tensors, in.slab, in.buffer.get(), 0, host_o.get(), host_lse.get());
+    result.check = check_against_reference(make_params(host, args, Impl::cpu_reference, nullptr), args);
+  }
+
+  for (int n = 0; n < args.warmup; ++n) check_ffpa(forward(call(n)), "ffpa::forward (warm-up)");
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+
+  cudaMemPool_t pool = nullptr;
+  BENCH_CUDA(cudaDeviceGetDefaultMemPool(&pool, device.id));
+  uint64_t pool_used_high = 0;  // setting the high-water mark to 0 resets it
+  BENCH_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &pool_used_high));
+  size_t free_before = 0, free_now = 0, total = 0;
+  BENCH_CUDA(cudaMemGetInfo(&free_before, &total));
+  size_t lowest_free = free_before;
+
+  const Event start = make_event(), stop = make_event();
+  std::vector<double> ms;
+  for (int i = 0; i < args.iters; ++i) {
+    const ForwardParams params = call(args.warmup + i);
+    BENCH_CUDA(cudaEventRecord(start.get(), stream));
+    check_ffpa(forward(params), "ffpa::forward");
+    BENCH_CUDA(cudaEventRecord(stop.get(), stream));
+    BENCH_CUDA(cudaEventSynchronize(stop.get()));
+    float elapsed = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&elapsed, start.get(), stop.get()));
+    ms.push_back(elapsed);
+    BENCH_CUDA(cudaMemGetInfo(&free_now, &total));
+    lowest_free = std::min(lowest_free, free_now);
+  }
+  BENCH_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &pool_used_high));
+  memory.pool_used_high = pool_used_high;
+  memory.free_drop = free_before - lowest_free;
+  result.memory = memory;
+  result.timing = summarize(std::move(ms));
+  return result;
+}
+
+PointResult run_on_host(const BenchArgs& args, PointResult result) {
+  const HostInputs in = make_host_inputs(args, result.shape, 0, result.data_seed);
+  const size_t o_bytes = buffer_bytes(in.tensors.o), lse_bytes = buffer_bytes(in.tensors.lse);
+  const HostBuffer o(o_bytes), lse(lse_bytes);
+  const ForwardParams params = make_params(bind_tensors(in.tensors, in.slab, in.buffer.get(), 0, o.get(), lse.get()),
+                                           args, Impl::cpu_reference, nullptr);
+  check_ffpa(select_kernel(params, &result.kernel), "ffpa::select_kernel");
+  if (args.check_rows > 0) {
+    std::memset(o.get(), 0xFF, o_bytes);  // NaN in every float dtype
+    std::memset(lse.get(), 0xFF, lse_bytes);
+    check_ffpa(forward(params), "ffpa::forward");
+    result.check = check_against_reference(params, args);
+  }
+  for (int n = 0; n < args.warmup; ++n) check_ffpa(forward(params), "ffpa::forward (warm-up)");
+  std::vector<double> ms;
+  for (int i = 0; i < args.iters; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    check_ffpa(forward(params), "ffpa::forward");
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  result.timing = summarize(std::move(ms));
+  return result;
+}
+
+}  // namespace
+
+int run_benchmarks(const BenchArgs& args) {
+  std::FILE* text = args.json ? stderr : stdout;  // --json keeps stdout for the JSON lines
+  try {
+    std::string why_no_device;
+    const std::optional<Device> device = find_device(&why_no_device);
+    if (!device && args.impl == Impl::sm80_split_d)
+      throw CallFailure("no CUDA device (" + why_no_device + "): --impl sm80 needs one");
+    if (!device)
+      std::fprintf(text, "no CUDA device: running the CPU reference on a small default shape (%s)\n",
+                   why_no_device.c_str());
+    const bool on_host = !device || args.impl == Impl::cpu_reference;
+    std::fprintf(text, "ffpa-bench %s on %s\n", version(),
+                 on_host ? "the CPU reference (host memory)" : device->summary.c_str());
+
+    Stream stream;
+    if (!on_host) {
+      cudaStream_t created = nullptr;
+      BENCH_CUDA(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking));
+      stream.reset(created);
+    }
+    const std::vector<ProblemShape> shapes = point_shapes(args, on_host);
+    std::random_device entropy;
+    bool all_passed = true;
+    for (size_t i = 0; i < shapes.size(); ++i) {
+      std::fflush(text);  // keeps the progress line after the text before it
+      std::fprintf(stderr, "[%zu/%zu] D=%lld ...\n", i + 1, shapes.size(),
+                   static_cast<long long>(shapes[i].head_dim));
+      PointResult result;
+      result.index = static_cast<int>(i + 1);
+      result.count = static_cast<int>(shapes.size());
+      result.device = on_host ? "CPU reference" : device->name;
+      result.shape = shapes[i];
+      result.flops = forward_flops(shapes[i], args.causal);
+      result.data_seed = args.data_seed.value_or(entropy());
+      result = on_host ? run_on_host(args, std::move(result))
+                       : run_on_device(args, *device, stream.get(), std::move(result));
+      print_text(text, args, result);
+      if (args.json) {
+        std::printf("%s\n", to_json(args, result).c_str());
+        std::fflush(stdout);
+      }
+      if (result.check && !result.check->passed) all_passed = false;
+    }
+    return all_passed ? 0 : 1;
+  } catch (const CallFailure& failure) {
+    std::fprintf(stderr, "ffpa-bench: %s\n", failure.what());
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "ffpa-bench: out of host memory\n");
+    return 2;
+  }
+}
+
+}  // namespace ffpa::bench
