@@ -77,6 +77,8 @@ REPORT_TOOL="python3 $ROOT/scripts/gpu_check_report.py"
 TESTS=$BUILD/tests/ffpa_gpu_tests
 BENCH=$BUILD/tools/ffpa-bench
 LIBRARY=$BUILD/libffpa.so
+# A carried build may hold the versioned file without its symbolic links.
+if [ ! -e "$LIBRARY" ]; then LIBRARY=$(find "$BUILD" -maxdepth 1 -name 'libffpa.so.*' 2>/dev/null | sort | tail -n 1); fi
 SMALL_FILTER='*Small*'
 
 # Time limits in seconds: with the device stage and the kill grace periods
@@ -196,7 +198,7 @@ stage_bench() {
   fi
 
   start=$SECONDS
-  if [ ! -f "$LIBRARY" ]; then record sdpa failed 0 "missing $LIBRARY"; return; fi
+  if [ ! -f "$LIBRARY" ]; then record sdpa failed 0 "missing $BUILD/libffpa.so"; return; fi
   rm -f "$OUT/bench.json" "$OUT/bench.md"
   limited "$LIMIT_SDPA" "$LOG" "$LOG" env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/sdpa_compare.py" --lib "$LIBRARY" \
     --json "$OUT/bench.json" --markdown "$OUT/bench.md" ${SDPA_ARGS[@]+"${SDPA_ARGS[@]}"}

@@ -42,23 +42,26 @@ struct Candidate {
   Status (*launch)(const AttentionProblem&, int, cudaStream_t);
 };
 
-template <int kOut, int kWM, int kWN, int kBN, int kPV, int kStages>
+template <int kOut, int kRows, int kWM, int kWN, int kBN, int kPV, int kStages>
 Status launch_bf16(const AttentionProblem& p, int splits, cudaStream_t stream) {
-  return launch_split_d<SplitDTraits<__nv_bfloat16, false, kOut, kWM, kWN, kBN, kPV, kStages>>(
-      p, splits, stream);
+  return launch_split_d<
+      SplitDTraits<__nv_bfloat16, false, kOut, kRows, kWM, kWN, kBN, kPV, kStages>>(p, splits,
+                                                                                     stream);
 }
 
 const Candidate kCandidates[] = {
-    {"out128 M4N1 bn64 pv64 s4", 128, &launch_bf16<128, 4, 1, 64, 64, 4>},
-    {"out256 M4N1 bn64 pv32 s4", 256, &launch_bf16<256, 4, 1, 64, 32, 4>},
-    {"out384 M4N2 bn128 pv32 s4", 384, &launch_bf16<384, 4, 2, 128, 32, 4>},
-    {"out512 M4N2 bn128 pv32 s4", 512, &launch_bf16<512, 4, 2, 128, 32, 4>},
-    {"out512 M4N2 bn128 pv32 s3", 512, &launch_bf16<512, 4, 2, 128, 32, 3>},
-    {"out512 M4N2 bn64 pv32 s4", 512, &launch_bf16<512, 4, 2, 64, 32, 4>},
-    {"out512 M4N2 bn64 pv32 s6", 512, &launch_bf16<512, 4, 2, 64, 32, 6>},
-    {"out768 M2N4 bn128 pv16 s4", 768, &launch_bf16<768, 2, 4, 128, 16, 4>},
-    {"out1024 M2N4 bn128 pv16 s4", 1024, &launch_bf16<1024, 2, 4, 128, 16, 4>},
-    {"out1024 M2N4 bn64 pv16 s6", 1024, &launch_bf16<1024, 2, 4, 64, 16, 6>},
+    {"out128 r16 M4N1 bn64 pv64 s4", 128, &launch_bf16<128, 16, 4, 1, 64, 64, 4>},
+    {"out256 r16 M4N1 bn64 pv32 s4", 256, &launch_bf16<256, 16, 4, 1, 64, 32, 4>},
+    {"out256 r32 M2N2 bn128 pv32 s4", 256, &launch_bf16<256, 32, 2, 2, 128, 32, 4>},
+    {"out384 r16 M4N2 bn128 pv32 s4", 384, &launch_bf16<384, 16, 4, 2, 128, 32, 4>},
+    {"out512 r16 M4N2 bn128 pv32 s4", 512, &launch_bf16<512, 16, 4, 2, 128, 32, 4>},
+    {"out512 r32 M2N4 bn128 pv32 s4", 512, &launch_bf16<512, 32, 2, 4, 128, 32, 4>},
+    {"out512 r32 M2N4 bn128 pv32 s3", 512, &launch_bf16<512, 32, 2, 4, 128, 32, 3>},
+    {"out512 r32 M2N4 bn256 pv32 s3", 512, &launch_bf16<512, 32, 2, 4, 256, 32, 3>},
+    {"out768 r16 M2N4 bn128 pv16 s4", 768, &launch_bf16<768, 16, 2, 4, 128, 16, 4>},
+    {"out1024 r16 M2N4 bn128 pv16 s4", 1024, &launch_bf16<1024, 16, 2, 4, 128, 16, 4>},
+    {"out1024 r32 M1N8 bn128 pv16 s4", 1024, &launch_bf16<1024, 32, 1, 8, 128, 16, 4>},
+    {"out1024 r32 M1N8 bn256 pv16 s4", 1024, &launch_bf16<1024, 32, 1, 8, 256, 16, 4>},
 };
 
 __global__ void fill_uniform(__nv_bfloat16* data, int64_t n, uint32_t seed) {

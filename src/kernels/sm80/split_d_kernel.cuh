@@ -11,6 +11,9 @@
 // Every ring step waits for its buffer, then issues the copy kStages - 1 steps
 // ahead, so loads run across phase and tile boundaries. Columns of the O slice
 // beyond D are zero-filled by the copies and never stored.
+//
+// A warp owns kWarpRows (16 or 32) rows: with 32, every K or V fragment read
+// from shared memory feeds two m16 MMAs, halving shared-memory traffic per MMA.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -26,15 +29,17 @@
 
 namespace ffpa::detail::sm80 {
 
-template <typename Element_, bool kAccumF16_, int kOutCols_, int kWarpsM_, int kWarpsN_,
-          int kBlockN_, int kPVKeys_, int kStages_>
+template <typename Element_, bool kAccumF16_, int kOutCols_, int kWarpRows_, int kWarpsM_,
+          int kWarpsN_, int kBlockN_, int kPVKeys_, int kStages_>
 struct SplitDTraits {
   using Element = Element_;
   static constexpr bool kAccumF16 = kAccumF16_;
   static constexpr int kOutCols = kOutCols_;
+  static constexpr int kWarpRows = kWarpRows_;
+  static constexpr int kMTiles = kWarpRows / 16;  // m16 tiles per warp
   static constexpr int kWarpsM = kWarpsM_;
   static constexpr int kWarpsN = kWarpsN_;
-  static constexpr int kBlockM = 16 * kWarpsM;
+  static constexpr int kBlockM = kWarpRows * kWarpsM;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kPVKeys = kPVKeys_;
   static constexpr int kStages = kStages_;
@@ -60,6 +65,7 @@ struct SplitDTraits {
   static constexpr int kRowStatBytes = kSharedP ? kWarpsN * kBlockM * 4 : 0;
   static constexpr int kSmemBytes = kRingOrEpilogueBytes + kPBytes + kRowStatBytes;
 
+  static_assert(kWarpRows == 16 || kWarpRows == 32, "a warp owns one or two m16 tiles");
   static_assert(kOutCols % 64 == 0, "O slices are whole 64-column subtiles");
   static_assert(kWarpCols % 64 == 0, "each warp's O columns are whole 64-column subtiles");
   static_assert(kWarpKeys % 16 == 0, "each warp's keys form whole k16 steps");
@@ -67,11 +73,11 @@ struct SplitDTraits {
   static_assert(kBlockN % 64 == 0, "P rows are swizzled in 128-byte groups");
   static_assert(kThreads % 64 == 0, "copies assume the swizzle phase of a thread is fixed");
   static_assert(kBlockM % (kThreads / 8) == 0, "Q rows fill whole copy passes");
-  static_assert(kPVKeys % (kThreads / 8) == 0 || (kThreads / 8) % kPVKeys == 0,
-                "V rows map to copy passes with compile-time offsets");
   static_assert((kBlockM + kBlockN) % (kThreads / 8) == 0 &&
                     (kVStageBytes / 128) % (kThreads / 8) == 0 && kPVKeys % 8 == 0,
                 "every thread copies the same number of rows of a stage");
+  static_assert(kPVKeys % (kThreads / 8) == 0 || (kThreads / 8) % kPVKeys == 0,
+                "V rows map to copy passes with compile-time offsets");
   static_assert(!kAccumF16 || std::is_same_v<Element, __half>, "fp16 accumulation needs fp16");
 };
 
@@ -97,27 +103,40 @@ struct SplitDArgs {
 
 // An element of the mask as a log2-domain additive term.
 template <typename T>
-__device__ __forceinline__ float mask_term(const void* base, int64_t offset) {
+__device__ __forceinline__ float mask_term(const T* base, int64_t offset) {
   constexpr float kLog2e = 1.4426950408889634f;
-  const T value = static_cast<const T*>(base)[offset];
+  const T value = base[offset];
   if constexpr (std::is_same_v<T, uint8_t>) {
     return value ? 0.0f : -INFINITY;
-  } else if constexpr (std::is_same_v<T, float>) {
-    return value * kLog2e;
   } else {
     return static_cast<float>(value) * kLog2e;
   }
+}
+
+// A value the compiler must treat as unknown at this point: what is derived
+// from it is computed here, not hoisted out of the enclosing loops (where it
+// would pin registers next to the O accumulator for the whole kernel).
+template <typename T>
+__device__ __forceinline__ T opaque(T value) {
+  if constexpr (sizeof(T) == 8) {
+    asm volatile("" : "+l"(value));
+  } else {
+    asm volatile("" : "+r"(value));
+  }
+  return value;
 }
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1) split_d_forward_kernel(const SplitDArgs args) {
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN;
+  constexpr int kMTiles = Traits::kMTiles, kWarpRows = Traits::kWarpRows;
   constexpr int kWarpsN = Traits::kWarpsN, kWarpKeys = Traits::kWarpKeys;
   constexpr int kWarpCols = Traits::kWarpCols, kPVKeys = Traits::kPVKeys;
   constexpr int kThreads = Traits::kThreads, kStages = Traits::kStages;
   constexpr int kSTiles = kWarpKeys / 8;  // n8 tiles of S per warp
   constexpr int kOTiles = kWarpCols / 8;  // n8 tiles of O per warp
+  constexpr int kRows = 2 * kMTiles;      // rows a thread holds: g, g + 8 of each m16 tile
 
   extern __shared__ __align__(128) unsigned char smem[];
   unsigned char* const ring = smem;
@@ -125,7 +144,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) split_d_forward_kernel(co
   float* const row_stat = reinterpret_cast<float*>(p_tile + Traits::kPBytes);
 
   const AttentionProblem& p = args.p;
-  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  // The thread index through opaque(): derived addresses are recomputed where
+  // used (a few integer ops) instead of re-reading SR_TID or pinning registers.
+  const unsigned tid = opaque(static_cast<unsigned>(threadIdx.x));
+  const int lane = tid % 32, warp = tid / 32;
   const int warp_m = warp / kWarpsN, warp_n = warp % kWarpsN;
   const int g = lane / 4, t = lane % 4;
 
@@ -137,9 +159,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) split_d_forward_kernel(co
   block /= args.row_blocks;
   const int head = static_cast<int>(block % p.heads_q);
   const int batch = static_cast<int>(block / p.heads_q);
+  const int kv_head = head / static_cast<int>(p.heads_q / p.heads_kv);
   if (p.causal != Causal::none) row_block = args.row_blocks - 1 - row_block;  // longest first
 
-  // Sequence positions fit in 32 bits (validation); addresses use 64.
+  // Sequence positions fit in 32 bits (dispatch checks); addresses use 64.
   const int seq_q = static_cast<int>(p.seq_q), seq_kv = static_cast<int>(p.seq_kv);
   const int head_dim = static_cast<int>(p.head_dim);
   const int q0 = row_block * kBlockM;
@@ -164,53 +187,43 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) split_d_forward_kernel(co
 
   auto issue_next_step = [&](int into_slot) {
     if (load_tile < n_tiles) {
-      // Everything per-thread is recomputed from the laundered thread index at
-      // each step: hoisted out of the loops, these addresses would pin dozens of
-      // registers next to the O accumulator.
-      int thread = tid;
-      asm volatile("" : "+r"(thread));
+      const unsigned thread = opaque(tid);
       const int seg = thread % 8, first_row = thread / 8;
       const uint32_t seg_offset = first_row * 128 + (((seg ^ first_row) & 7) << 4);
-      // V slices stack kOutCols / 64 subtiles of kPVKeys rows: this thread's
-      // first row and subtile in the stack.
-      const int v_row0 = first_row % kPVKeys, v_sub0 = first_row / kPVKeys;
       const int64_t q_stride = p.q_stride[2], k_stride = p.k_stride[2], v_stride = p.v_stride[2];
-      const int64_t kv_head = head / static_cast<int>(p.heads_q / p.heads_kv);
-      const Element* const q_base = static_cast<const Element*>(p.q) + batch * p.q_stride[0] +
-                                    head * p.q_stride[1];
-      const Element* const k_base = static_cast<const Element*>(p.k) + batch * p.k_stride[0] +
-                                    kv_head * p.k_stride[1];
-      const Element* const v_base = static_cast<const Element*>(p.v) + batch * p.v_stride[0] +
-                                    kv_head * p.v_stride[1];
-      const Element* const q_src = q_base + (q0 + first_row) * q_stride + seg * 8;
-      const Element* const k_src = k_base + first_row * k_stride + seg * 8;
-      const Element* const v_src = v_base + v_row0 * v_stride + dv0 + v_sub0 * 64 + seg * 8;
+      const Element* const q_src = static_cast<const Element*>(p.q) + batch * p.q_stride[0] +
+                                   head * p.q_stride[1] + (q0 + first_row) * q_stride + seg * 8;
       const int kv0 = load_tile * kBlockN;
       const uint32_t stage = smem_address(ring + into_slot * Traits::kStageBytes) + seg_offset;
       if (load_r < n_qk) {  // kBlockM rows of Q, then kBlockN rows of K, one 64-column chunk
+        const Element* const k_src = static_cast<const Element*>(p.k) + batch * p.k_stride[0] +
+                                     kv_head * p.k_stride[1] + (kv0 + first_row) * k_stride + seg * 8;
         const int col = load_r * Traits::kChunk;
         const bool valid_col = col + seg * 8 < head_dim;
+        constexpr int kQPasses = kBlockM / kRowsPerPass;
 #pragma unroll
         for (int k = 0; k < (kBlockM + kBlockN) / kRowsPerPass; ++k) {
-          constexpr int kQPasses = kBlockM / kRowsPerPass;
-          const int row = first_row + k * kRowsPerPass;  // in the stack
           if (k < kQPasses) {
-            const bool valid = valid_col && q0 + row < seq_q;
+            const bool valid = valid_col && q0 + first_row + k * kRowsPerPass < seq_q;
             cp_async_16(stage + k * kRowsPerPass * 128, q_src + k * kRowsPerPass * q_stride + col, valid);
           } else {
-            const int key = kv0 + row - kBlockM;
-            const bool valid = valid_col && key < seq_kv;
-            cp_async_16(stage + k * kRowsPerPass * 128,
-                        k_src + (kv0 + (k - kQPasses) * kRowsPerPass) * k_stride + col, valid);
+            const int row = (k - kQPasses) * kRowsPerPass;
+            const bool valid = valid_col && kv0 + first_row + row < seq_kv;
+            cp_async_16(stage + k * kRowsPerPass * 128, k_src + row * k_stride + col, valid);
           }
         }
       } else {  // kPVKeys keys of V, every 64-column subtile of the O slice
-        const int key0 = kv0 + (load_r - n_qk) * kPVKeys;
+        // This thread's first row and subtile in the stack of subtiles.
+        const int v_row0 = first_row % kPVKeys, v_sub0 = first_row / kPVKeys;
+        const int key0 = kv0 + (load_r - n_qk) * kPVKeys + v_row0;
+        const Element* const v_src = static_cast<const Element*>(p.v) + batch * p.v_stride[0] +
+                                     kv_head * p.v_stride[1] + key0 * v_stride + dv0 +
+                                     v_sub0 * 64 + seg * 8;
 #pragma unroll
         for (int k = 0; k < Traits::kVStageBytes / 128 / kRowsPerPass; ++k) {
           const int row = (k * kRowsPerPass) % kPVKeys, sub = (k * kRowsPerPass) / kPVKeys;
-          const bool valid = (v_sub0 + sub) * 64 + seg * 8 < out_cols && key0 + v_row0 + row < seq_kv;
-          cp_async_16(stage + k * kRowsPerPass * 128, v_src + (key0 + row) * v_stride + sub * 64, valid);
+          const bool valid = (v_sub0 + sub) * 64 + seg * 8 < out_cols && key0 + row < seq_kv;
+          cp_async_16(stage + k * kRowsPerPass * 128, v_src + row * v_stride + sub * 64, valid);
         }
       }
       if (++load_r == steps_per_tile) load_r = 0, ++load_tile;
@@ -218,40 +231,41 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) split_d_forward_kernel(co
     cp_async_commit();
   };
 
-  // --- accumulators and row state (rows g and g + 8 of this warp's slice) -----
+  // --- accumulators and row state ---------------------------------------------
+  // Thread rows: r = 2 * mt + h is row warp_m * kWarpRows + 16 * mt + g + 8 * h.
   using OFrag = std::conditional_t<Traits::kAccumF16, uint32_t[2], float[4]>;
-  OFrag o_acc[kOTiles];
+  OFrag o_acc[kMTiles][kOTiles];
 #pragma unroll
-  for (int nt = 0; nt < kOTiles; ++nt) {
-    if constexpr (Traits::kAccumF16) {
-      o_acc[nt][0] = o_acc[nt][1] = 0u;
-    } else {
-      o_acc[nt][0] = o_acc[nt][1] = o_acc[nt][2] = o_acc[nt][3] = 0.0f;
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kOTiles; ++nt) {
+      if constexpr (Traits::kAccumF16) {
+        o_acc[mt][nt][0] = o_acc[mt][nt][1] = 0u;
+      } else {
+        o_acc[mt][nt][0] = o_acc[mt][nt][1] = o_acc[mt][nt][2] = o_acc[mt][nt][3] = 0.0f;
+      }
     }
-  }
-  float row_max[2] = {-INFINITY, -INFINITY};
-  float row_sum[2] = {0.0f, 0.0f};  // this thread's partial sums; reduced at the end
-  const int row_g[2] = {q0 + warp_m * 16 + g, q0 + warp_m * 16 + g + 8};
-  const int64_t bh = static_cast<int64_t>(batch) * p.heads_q + head;
+  float row_max[kRows], row_sum[kRows];  // row_sum: this thread's partial sums
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) row_max[r] = -INFINITY, row_sum[r] = 0.0f;
+  auto local_row = [&](int r) { return warp_m * kWarpRows + (r / 2) * 16 + g + (r % 2) * 8; };
 
   // ldmatrix addresses: a per-thread row offset and swizzled segment, XORed with
   // the (even) segment of the k16 step, plus compile-time offsets (rows that
-  // differ by a multiple of 8 share a swizzle). Recomputed from the laundered
-  // thread index where used, so they hold no registers across the loops.
+  // differ by a multiple of 8 share a swizzle). Recomputed where used.
   struct LdmatrixOffsets {
     uint32_t q_row, k_row, v_row, p_row;
     int q_segment, k_segment, v_segment;
   };
   auto ldmatrix_offsets = [&]() {
-    int thread = tid;
-    asm volatile("" : "+r"(thread));
+    const unsigned thread = opaque(tid);
     const int l = thread % 32, w = thread / 32;
     const int segment_half = l / 16, segment_pair = (l / 8) % 2, row8 = l % 8;
     LdmatrixOffsets o;
-    o.q_row = ((w / kWarpsN) * 16 + l % 16) * 128;
+    o.q_row = ((w / kWarpsN) * kWarpRows + l % 16) * 128;
     o.k_row = ((w % kWarpsN) * kWarpKeys + row8 + segment_half * 8) * 128;
     o.v_row = (row8 + segment_pair * 8) * 128;
-    o.p_row = ((w / kWarpsN) * 16 + l % 16) * (kBlockN * 2);
+    o.p_row = ((w / kWarpsN) * kWarpRows + l % 16) * (kBlockN * 2);
     o.q_segment = segment_half ^ row8;
     o.k_segment = segment_pair ^ row8;
     o.v_segment = segment_half ^ row8;
@@ -273,65 +287,77 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) split_d_forward_kernel(co
     const int kv0 = tile * kBlockN;
 
     // ---- 1. S = Q K^T over the head dim, chunk by chunk ----------------------
-    float s_acc[kSTiles][4];
+    float s_acc[kMTiles][kSTiles][4];
 #pragma unroll
-    for (int nt = 0; nt < kSTiles; ++nt) s_acc[nt][0] = s_acc[nt][1] = s_acc[nt][2] = s_acc[nt][3] = 0.0f;
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kSTiles; ++nt)
+        s_acc[mt][nt][0] = s_acc[mt][nt][1] = s_acc[mt][nt][2] = s_acc[mt][nt][3] = 0.0f;
     for (int c = 0; c < n_qk; ++c) {
       advance_ring();
       const LdmatrixOffsets offsets = ldmatrix_offsets();
-      const uint32_t q_tile = smem_address(ring + slot * Traits::kStageBytes);
-      const uint32_t k_tile = q_tile + Traits::kQTileBytes + offsets.k_row;
+      const uint32_t q_tile = smem_address(ring + slot * Traits::kStageBytes) + offsets.q_row;
+      const uint32_t k_tile = q_tile - offsets.q_row + Traits::kQTileBytes + offsets.k_row;
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4(a, q_tile + offsets.q_row + ((offsets.q_segment ^ (2 * kk)) << 4));
+        uint32_t a[kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < kMTiles; ++mt)
+          ldmatrix_x4(a[mt], q_tile + mt * 16 * 128 + ((offsets.q_segment ^ (2 * kk)) << 4));
 #pragma unroll
         for (int nn = 0; nn < kWarpKeys / 16; ++nn) {
           uint32_t b[4];
           ldmatrix_x4(b, k_tile + nn * 16 * 128 + ((offsets.k_segment ^ (2 * kk)) << 4));
-          mma_f32<Element>(s_acc[2 * nn], a, b[0], b[1]);
-          mma_f32<Element>(s_acc[2 * nn + 1], a, b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            mma_f32<Element>(s_acc[mt][2 * nn], a[mt], b[0], b[1]);
+            mma_f32<Element>(s_acc[mt][2 * nn + 1], a[mt], b[2], b[3]);
+          }
         }
       }
       release_slot();
     }
 
     // ---- 2. online softmax -----------------------------------------------------
-    const int key0 = kv0 + warp_n * kWarpKeys + 2 * t;  // key of s_acc[nt][e]: + nt * 8 + (e & 1)
+    // s_acc[mt][nt][e] is row 2 * mt + e / 2 and key key0 + nt * 8 + (e & 1).
+    const int key0 = kv0 + warp_n * kWarpKeys + 2 * t;
 #pragma unroll
-    for (int nt = 0; nt < kSTiles; ++nt)
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s_acc[nt][e] *= args.scale_log2;
+      for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s_acc[mt][nt][e] *= args.scale_log2;
     const bool needs_bounds = kv0 + kBlockN > seq_kv ||
                               (p.causal != Causal::none && kv0 + kBlockN - 1 > q0 + shift);
     if (needs_bounds) {
 #pragma unroll
-      for (int nt = 0; nt < kSTiles; ++nt)
+      for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int i = row_g[e / 2], j = key0 + nt * 8 + (e & 1);
-          if (j >= seq_kv || (p.causal != Causal::none && j > i + shift)) s_acc[nt][e] = -INFINITY;
-        }
+        for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = q0 + local_row(2 * mt + e / 2), j = key0 + nt * 8 + (e & 1);
+            if (j >= seq_kv || (p.causal != Causal::none && j > i + shift)) s_acc[mt][nt][e] = -INFINITY;
+          }
     }
     if (p.mask_kind != MaskKind::none) {
       const int64_t mask_bh = batch * p.mask_stride[0] + head * p.mask_stride[1];
       auto apply_mask = [&](auto element_tag) {
         using T = decltype(element_tag);
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          if (row_g[r] >= seq_q) continue;
-          // Laundered: hoisted out of the tile loop, the row pointers of every
-          // mask type would pin registers for the whole kernel.
-          const T* mask_row = static_cast<const T*>(p.mask) + mask_bh + row_g[r] * p.mask_stride[2];
-          asm volatile("" : "+l"(mask_row));
+        for (int r = 0; r < kRows; ++r) {
+          const int i = q0 + local_row(r);
+          if (i >= seq_q) continue;
+          const T* const mask_row =
+              opaque(static_cast<const T*>(p.mask) + mask_bh + i * p.mask_stride[2]);
 #pragma unroll
-          for (int nt = 0; nt < kSTiles; ++nt) {
+          for (int nt = 0; nt < kSTiles; ++nt)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int j = key0 + nt * 8 + e;
-              if (j < seq_kv) s_acc[nt][2 * r + e] += mask_term<T>(mask_row, j * p.mask_stride[3]);
+              if (j < seq_kv)
+                s_acc[r / 2][nt][2 * (r % 2) + e] += mask_term<T>(mask_row, j * p.mask_stride[3]);
             }
-          }
         }
       };
       switch (p.mask_kind) {
@@ -342,32 +368,30 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) split_d_forward_kernel(co
       }
     }
 
-    float tile_max[2] = {-INFINITY, -INFINITY};
+    float tile_max[kRows];
 #pragma unroll
-    for (int nt = 0; nt < kSTiles; ++nt) {
-      tile_max[0] = fmaxf(tile_max[0], fmaxf(s_acc[nt][0], s_acc[nt][1]));
-      tile_max[1] = fmaxf(tile_max[1], fmaxf(s_acc[nt][2], s_acc[nt][3]));
-    }
+    for (int r = 0; r < kRows; ++r) {
+      tile_max[r] = -INFINITY;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+      for (int nt = 0; nt < kSTiles; ++nt)
+        tile_max[r] = fmaxf(tile_max[r], fmaxf(s_acc[r / 2][nt][2 * (r % 2)], s_acc[r / 2][nt][2 * (r % 2) + 1]));
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
     }
     if constexpr (Traits::kSharedP) {
       if (t == 0) {
-        row_stat[warp_n * kBlockM + warp_m * 16 + g] = tile_max[0];
-        row_stat[warp_n * kBlockM + warp_m * 16 + g + 8] = tile_max[1];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) row_stat[warp_n * kBlockM + local_row(r)] = tile_max[r];
       }
       __syncthreads();
 #pragma unroll
-      for (int wn = 0; wn < kWarpsN; ++wn) {
-        tile_max[0] = fmaxf(tile_max[0], row_stat[wn * kBlockM + warp_m * 16 + g]);
-        tile_max[1] = fmaxf(tile_max[1], row_stat[wn * kBlockM + warp_m * 16 + g + 8]);
-      }
-    }
-    float base[2], alpha[2];
+      for (int wn = 0; wn < kWarpsN; ++wn)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
+        for (int r = 0; r < kRows; ++r) tile_max[r] = fmaxf(tile_max[r], row_stat[wn * kBlockM + local_row(r)]);
+    }
+    float base[kRows], alpha[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
       const float new_max = fmaxf(row_max[r], tile_max[r]);
       base[r] = new_max == -INFINITY ? 0.0f : new_max;  // nothing attended yet: exp2(-inf) = 0
       alpha[r] = exp2f(row_max[r] - base[r]);
@@ -375,72 +399,86 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) split_d_forward_kernel(co
       row_sum[r] *= alpha[r];
     }
 #pragma unroll
-    for (int nt = 0; nt < kSTiles; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        s_acc[nt][e] = exp2f(s_acc[nt][e] - base[e / 2]);
-        row_sum[e / 2] += s_acc[nt][e];
-      }
-    if (p.dropout_p > 0.0f) {
-      // Bit 4 * nt + e of `dropped` says whether s_acc[nt][e] is dropped. The
-      // Philox rounds run in a rolled loop to keep register pressure flat.
-      using DropBits = std::conditional_t<(kSTiles * 4 > 32), uint64_t, uint32_t>;
-      DropBits dropped = 0;
-#pragma unroll 1
-      for (int nt = 0; nt < kSTiles; ++nt) {
-        const int j = key0 + nt * 8;
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          const Philox4 bits = dropout_bits(p.dropout_seed, p.dropout_offset, bh, row_g[r], j);
-          // Keys j and j + 1 are words j % 4 and j % 4 + 1, and j % 4 = 2 * (t % 2).
-          const uint32_t bits0 = (t & 1) ? bits.x[2] : bits.x[0];
-          const uint32_t bits1 = (t & 1) ? bits.x[3] : bits.x[1];
-          const DropBits pair = DropBits{bits0 < p.dropout_threshold} |
-                                (DropBits{bits1 < p.dropout_threshold} << 1);
-          dropped |= pair << (4 * nt + 2 * r);
-        }
-      }
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
       for (int nt = 0; nt < kSTiles; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
-          if ((dropped >> (4 * nt + e)) & 1) s_acc[nt][e] = 0.0f;
-    }
+        for (int e = 0; e < 4; ++e) {
+          const int r = 2 * mt + e / 2;
+          s_acc[mt][nt][e] = exp2f(s_acc[mt][nt][e] - base[r]);
+          row_sum[r] += s_acc[mt][nt][e];
+        }
+    if (p.dropout_p > 0.0f) {
+      // Bit 4 * nt + e of dropped[mt] says whether s_acc[mt][nt][e] is dropped.
+      // The Philox rounds run in a rolled loop to keep register pressure flat.
+      using DropBits = std::conditional_t<(kSTiles * 4 > 32), uint64_t, uint32_t>;
+      const int64_t bh = static_cast<int64_t>(batch) * p.heads_q + head;
 #pragma unroll
-    for (int nt = 0; nt < kOTiles; ++nt) {
-      if constexpr (Traits::kAccumF16) {
-        __half2* o = reinterpret_cast<__half2*>(o_acc[nt]);
-        o[0] = __hmul2(o[0], __float2half2_rn(alpha[0]));
-        o[1] = __hmul2(o[1], __float2half2_rn(alpha[1]));
-      } else {
-        o_acc[nt][0] *= alpha[0];
-        o_acc[nt][1] *= alpha[0];
-        o_acc[nt][2] *= alpha[1];
-        o_acc[nt][3] *= alpha[1];
+      for (int mt = 0; mt < kMTiles; ++mt) {
+        DropBits dropped = 0;
+#pragma unroll 1
+        for (int nt = 0; nt < kSTiles; ++nt) {
+          const int j = key0 + nt * 8;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const Philox4 bits =
+                dropout_bits(p.dropout_seed, p.dropout_offset, bh, q0 + local_row(2 * mt + h), j);
+            // Keys j and j + 1 are words j % 4 and j % 4 + 1, and j % 4 = 2 * (t % 2).
+            const uint32_t bits0 = (t & 1) ? bits.x[2] : bits.x[0];
+            const uint32_t bits1 = (t & 1) ? bits.x[3] : bits.x[1];
+            const DropBits pair = DropBits{bits0 < p.dropout_threshold} |
+                                  (DropBits{bits1 < p.dropout_threshold} << 1);
+            dropped |= pair << (4 * nt + 2 * h);
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < kSTiles; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            if ((dropped >> (4 * nt + e)) & 1) s_acc[mt][nt][e] = 0.0f;
       }
     }
+#pragma unroll
+    for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < kOTiles; ++nt) {
+        if constexpr (Traits::kAccumF16) {
+          __half2* o = reinterpret_cast<__half2*>(o_acc[mt][nt]);
+          o[0] = __hmul2(o[0], __float2half2_rn(alpha[2 * mt]));
+          o[1] = __hmul2(o[1], __float2half2_rn(alpha[2 * mt + 1]));
+        } else {
+          o_acc[mt][nt][0] *= alpha[2 * mt];
+          o_acc[mt][nt][1] *= alpha[2 * mt];
+          o_acc[mt][nt][2] *= alpha[2 * mt + 1];
+          o_acc[mt][nt][3] *= alpha[2 * mt + 1];
+        }
+      }
 
-    // P, the A operand of P V: 16 rows x kBlockN keys per warp, as k16 fragments.
+    // P, the A operand of P V, as k16 fragments of each m16 tile.
     constexpr int kPFrags = Traits::kSharedP ? kPVKeys / 16 : kBlockN / 16;
-    uint32_t p_frag[kPFrags][4];
+    uint32_t p_frag[kMTiles][kPFrags][4];
     if constexpr (Traits::kSharedP) {
 #pragma unroll
-      for (int nt = 0; nt < kSTiles; ++nt) {
-        const int col = warp_n * kWarpKeys + nt * 8 + 2 * t, row = warp_m * 16 + g;
-        *reinterpret_cast<uint32_t*>(p_tile + swizzle_wide(row, col, kBlockN)) =
-            pack2<Element>(s_acc[nt][0], s_acc[nt][1]);
-        *reinterpret_cast<uint32_t*>(p_tile + swizzle_wide(row + 8, col, kBlockN)) =
-            pack2<Element>(s_acc[nt][2], s_acc[nt][3]);
-      }
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kSTiles; ++nt) {
+          const int col = warp_n * kWarpKeys + nt * 8 + 2 * t, row = local_row(2 * mt);
+          *reinterpret_cast<uint32_t*>(p_tile + swizzle_wide(row, col, kBlockN)) =
+              pack2<Element>(s_acc[mt][nt][0], s_acc[mt][nt][1]);
+          *reinterpret_cast<uint32_t*>(p_tile + swizzle_wide(row + 8, col, kBlockN)) =
+              pack2<Element>(s_acc[mt][nt][2], s_acc[mt][nt][3]);
+        }
       // Visible to the other warps after the barrier of the first P V step.
     } else {
 #pragma unroll
-      for (int kk = 0; kk < kPFrags; ++kk) {
-        p_frag[kk][0] = pack2<Element>(s_acc[2 * kk][0], s_acc[2 * kk][1]);
-        p_frag[kk][1] = pack2<Element>(s_acc[2 * kk][2], s_acc[2 * kk][3]);
-        p_frag[kk][2] = pack2<Element>(s_acc[2 * kk + 1][0], s_acc[2 * kk + 1][1]);
-        p_frag[kk][3] = pack2<Element>(s_acc[2 * kk + 1][2], s_acc[2 * kk + 1][3]);
-      }
+      for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+        for (int kk = 0; kk < kPFrags; ++kk) {
+          p_frag[mt][kk][0] = pack2<Element>(s_acc[mt][2 * kk][0], s_acc[mt][2 * kk][1]);
+          p_frag[mt][kk][1] = pack2<Element>(s_acc[mt][2 * kk][2], s_acc[mt][2 * kk][3]);
+          p_frag[mt][kk][2] = pack2<Element>(s_acc[mt][2 * kk + 1][0], s_acc[mt][2 * kk + 1][1]);
+          p_frag[mt][kk][3] = pack2<Element>(s_acc[mt][2 * kk + 1][2], s_acc[mt][2 * kk + 1][3]);
+        }
     }
 
     // ---- 3. O += P V, kPVKeys keys at a time ----------------------------------
@@ -454,11 +492,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) split_d_forward_kernel(co
       if constexpr (Traits::kSharedP) {
         const uint32_t p_rows = smem_address(p_tile) + offsets.p_row;
 #pragma unroll
-        for (int kk = 0; kk < kStepFrags; ++kk) {
-          constexpr int kSegmentsPerStep = kPVKeys / 8;
-          const int segment = ps * kSegmentsPerStep + 2 * kk;  // even: its low bits XOR cleanly
-          ldmatrix_x4(p_frag[kk], p_rows + (segment & ~7) * 16 + ((offsets.q_segment ^ (segment & 7)) << 4));
-        }
+        for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+          for (int kk = 0; kk < kStepFrags; ++kk) {
+            const int segment = ps * (kPVKeys / 8) + 2 * kk;  // even: its low bits XOR cleanly
+            ldmatrix_x4(p_frag[mt][kk], p_rows + mt * 16 * kBlockN * 2 + (segment & ~7) * 16 +
+                                            ((offsets.q_segment ^ (segment & 7)) << 4));
+          }
       }
       const uint32_t v_slice = smem_address(ring + slot * Traits::kStageBytes) + offsets.v_row;
 #pragma unroll
@@ -472,12 +512,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) split_d_forward_kernel(co
         for (int kk = 0; kk < kStepFrags; ++kk) {
           uint32_t b[4];
           ldmatrix_x4_trans(b, v_sub + kk * 16 * 128);
-          if constexpr (Traits::kAccumF16) {
-            mma_f16(o_acc[2 * nn], p_frag[frag0 + kk], b[0], b[1]);
-            mma_f16(o_acc[2 * nn + 1], p_frag[frag0 + kk], b[2], b[3]);
-          } else {
-            mma_f32<Element>(o_acc[2 * nn], p_frag[frag0 + kk], b[0], b[1]);
-            mma_f32<Element>(o_acc[2 * nn + 1], p_frag[frag0 + kk], b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < kMTiles; ++mt) {
+            if constexpr (Traits::kAccumF16) {
+              mma_f16(o_acc[mt][2 * nn], p_frag[mt][frag0 + kk], b[0], b[1]);
+              mma_f16(o_acc[mt][2 * nn + 1], p_frag[mt][frag0 + kk], b[2], b[3]);
+            } else {
+              mma_f32<Element>(o_acc[mt][2 * nn], p_frag[mt][frag0 + kk], b[0], b[1]);
+              mma_f32<Element>(o_acc[mt][2 * nn + 1], p_frag[mt][frag0 + kk], b[2], b[3]);
+            }
           }
         }
       }
@@ -489,56 +532,59 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) split_d_forward_kernel(co
   cp_async_wait<0>();
   __syncthreads();  // the ring and the row statistics are free
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < kRows; ++r) {
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
   }
   if constexpr (Traits::kSharedP) {
     if (t == 0) {
-      row_stat[warp_n * kBlockM + warp_m * 16 + g] = row_sum[0];
-      row_stat[warp_n * kBlockM + warp_m * 16 + g + 8] = row_sum[1];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) row_stat[warp_n * kBlockM + local_row(r)] = row_sum[r];
     }
     __syncthreads();
-    row_sum[0] = row_sum[1] = 0.0f;
 #pragma unroll
-    for (int wn = 0; wn < kWarpsN; ++wn) {
-      row_sum[0] += row_stat[wn * kBlockM + warp_m * 16 + g];
-      row_sum[1] += row_stat[wn * kBlockM + warp_m * 16 + g + 8];
+    for (int r = 0; r < kRows; ++r) {
+      row_sum[r] = 0.0f;
+#pragma unroll
+      for (int wn = 0; wn < kWarpsN; ++wn) row_sum[r] += row_stat[wn * kBlockM + local_row(r)];
     }
   }
   const float keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
-  float out_scale[2];
+  float out_scale[kRows];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) out_scale[r] = row_sum[r] > 0.0f ? keep_scale / row_sum[r] : 0.0f;
+  for (int r = 0; r < kRows; ++r) out_scale[r] = row_sum[r] > 0.0f ? keep_scale / row_sum[r] : 0.0f;
 
   if (p.lse != nullptr && split == 0 && warp_n == 0 && t == 0) {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      if (row_g[r] < seq_q) {
+    for (int r = 0; r < kRows; ++r) {
+      const int i = q0 + local_row(r);
+      if (i < seq_q) {
         const float lse = row_sum[r] > 0.0f
                               ? row_max[r] * 0.6931471805599453f + logf(row_sum[r])
                               : -INFINITY;
-        p.lse[batch * p.lse_stride[0] + head * p.lse_stride[1] + row_g[r] * p.lse_stride[2]] = lse;
+        p.lse[batch * p.lse_stride[0] + head * p.lse_stride[1] + i * p.lse_stride[2]] = lse;
       }
     }
   }
 
 #pragma unroll
-  for (int nt = 0; nt < kOTiles; ++nt) {
-    float v[4];
-    if constexpr (Traits::kAccumF16) {
-      const float2 lo = unpack_half2(o_acc[nt][0]), hi = unpack_half2(o_acc[nt][1]);
-      v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
-    } else {
-      v[0] = o_acc[nt][0], v[1] = o_acc[nt][1], v[2] = o_acc[nt][2], v[3] = o_acc[nt][3];
+  for (int mt = 0; mt < kMTiles; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kOTiles; ++nt) {
+      float v[4];
+      if constexpr (Traits::kAccumF16) {
+        const float2 lo = unpack_half2(o_acc[mt][nt][0]), hi = unpack_half2(o_acc[mt][nt][1]);
+        v[0] = lo.x, v[1] = lo.y, v[2] = hi.x, v[3] = hi.y;
+      } else {
+        v[0] = o_acc[mt][nt][0], v[1] = o_acc[mt][nt][1], v[2] = o_acc[mt][nt][2], v[3] = o_acc[mt][nt][3];
+      }
+      const int col = warp_n * kWarpCols + nt * 8 + 2 * t, row = local_row(2 * mt);
+      unsigned char* const subtile = ring + (col / 64) * (kBlockM * Traits::kRowBytes);
+      *reinterpret_cast<uint32_t*>(subtile + swizzle64(row, col % 64)) =
+          pack2<Element>(v[0] * out_scale[2 * mt], v[1] * out_scale[2 * mt]);
+      *reinterpret_cast<uint32_t*>(subtile + swizzle64(row + 8, col % 64)) =
+          pack2<Element>(v[2] * out_scale[2 * mt + 1], v[3] * out_scale[2 * mt + 1]);
     }
-    const int col = warp_n * kWarpCols + nt * 8 + 2 * t, row = warp_m * 16 + g;
-    unsigned char* const subtile = ring + (col / 64) * (kBlockM * Traits::kRowBytes);
-    *reinterpret_cast<uint32_t*>(subtile + swizzle64(row, col % 64)) =
-        pack2<Element>(v[0] * out_scale[0], v[1] * out_scale[0]);
-    *reinterpret_cast<uint32_t*>(subtile + swizzle64(row + 8, col % 64)) =
-        pack2<Element>(v[2] * out_scale[1], v[3] * out_scale[1]);
-  }
   __syncthreads();
   Element* const o_base = static_cast<Element*>(p.o) + batch * p.o_stride[0] + head * p.o_stride[1];
   for (int s = tid; s < kBlockM * Traits::kOutCols / 8; s += kThreads) {

@@ -59,16 +59,16 @@ Status launch_split_d_instance(const AttentionProblem& problem, int value_splits
   constexpr SplitDTile kTile = split_d_tile(kOutCols);
   static_assert(kTile.out_cols == kOutCols);
   if (problem.dtype == DType::bf16) {
-    return launch_split_d<SplitDTraits<__nv_bfloat16, false, kOutCols, kTile.warps_m, kTile.warps_n,
+    return launch_split_d<SplitDTraits<__nv_bfloat16, false, kOutCols, kTile.warp_rows, kTile.warps_m, kTile.warps_n,
                                        kTile.block_n, kTile.pv_keys, kTile.stages>>(
         problem, value_splits, stream);
   }
   if (problem.accumulation == Accumulation::f16) {
-    return launch_split_d<SplitDTraits<__half, true, kOutCols, kTile.warps_m, kTile.warps_n,
+    return launch_split_d<SplitDTraits<__half, true, kOutCols, kTile.warp_rows, kTile.warps_m, kTile.warps_n,
                                        kTile.block_n, kTile.pv_keys, kTile.stages>>(
         problem, value_splits, stream);
   }
-  return launch_split_d<SplitDTraits<__half, false, kOutCols, kTile.warps_m, kTile.warps_n,
+  return launch_split_d<SplitDTraits<__half, false, kOutCols, kTile.warp_rows, kTile.warps_m, kTile.warps_n,
                                      kTile.block_n, kTile.pv_keys, kTile.stages>>(
       problem, value_splits, stream);
 }

@@ -18,7 +18,7 @@ std::string split_d_kernel_name(const AttentionProblem& problem, SplitDRoute rou
   const char* element = problem.dtype == DType::bf16 ? "bf16" : "f16";
   const char* accumulation = problem.accumulation == Accumulation::f16 ? "f16acc" : "f32acc";
   return std::string("sm80_split_d<") + element + "," + accumulation + ",out" +
-         std::to_string(tile.out_cols) + ",M" + std::to_string(tile.warps_m) + "N" +
+         std::to_string(tile.out_cols) + ",r" + std::to_string(tile.warp_rows) + ",M" + std::to_string(tile.warps_m) + "N" +
          std::to_string(tile.warps_n) + ",bn" + std::to_string(tile.block_n) + ",pv" +
          std::to_string(tile.pv_keys) + ",s" + std::to_string(tile.stages) + ">x" +
          std::to_string(route.value_splits);

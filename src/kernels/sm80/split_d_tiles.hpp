@@ -4,7 +4,7 @@
 
 namespace ffpa::detail::sm80 {
 
-// One CTA computes kBlockM = 16 * warps_m query rows and out_cols columns of O
+// One CTA computes warp_rows * warps_m query rows and out_cols columns of O
 // (a slice of Dv; a CTA never holds more than out_cols). Warps are laid out
 // warps_m x warps_n ("M4N2" = 4 x 2): along M they own 16-row slices, along N
 // they split the keys of S = Q K^T and the columns of O, exchanging P through
@@ -13,6 +13,7 @@ namespace ffpa::detail::sm80 {
 // ring of `stages` shared-memory buffers: shared memory is O(1) in D.
 struct SplitDTile {
   int out_cols;
+  int warp_rows;  // 16 or 32: query rows per warp (one or two m16 MMA tiles)
   int warps_m;
   int warps_n;
   int block_n;  // keys per KV tile
@@ -24,10 +25,14 @@ struct SplitDTile {
 // fp32 registers per thread, so warps_n grows with out_cols to stay within
 // the register file (ptxas -v reports no spills for these; docs/kernels/).
 constexpr SplitDTile split_d_tile(int out_cols) {
-  if (out_cols <= 128) return {out_cols, 4, 1, 64, 64, 4};
-  if (out_cols <= 256) return {out_cols, 4, 1, 64, 32, 4};
-  if (out_cols <= 512) return {out_cols, 4, 2, 128, 32, 4};
-  return {out_cols, 2, 4, 128, 16, 4};
+  // Measured on the H200 with tools/tune_split_d (docs/kernels/sm80_split_d.md);
+  // 32-row warps halve shared-memory reads per MMA wherever O still fits.
+  if (out_cols <= 128) return {out_cols, 16, 4, 1, 64, 64, 4};
+  if (out_cols <= 256) return {out_cols, 16, 4, 1, 64, 32, 4};
+  if (out_cols <= 384) return {out_cols, 16, 4, 2, 128, 32, 4};
+  if (out_cols <= 512) return {out_cols, 32, 2, 4, 128, 32, 3};
+  if (out_cols <= 768) return {out_cols, 16, 2, 4, 128, 16, 4};
+  return {out_cols, 32, 1, 8, 256, 16, 4};
 }
 
 // Routing: which instantiated head dim serves head dim D. The preferred
