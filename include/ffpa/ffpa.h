@@ -13,9 +13,7 @@
 #include <stdint.h>
 
 /* The shared library hides its other symbols: these are its C ABI. */
-#ifndef FFPA_API
-#define FFPA_API __attribute__((visibility("default")))
-#endif
+#include "ffpa/export.h"
 
 #ifdef __cplusplus
 extern "C" {

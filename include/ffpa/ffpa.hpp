@@ -17,8 +17,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
+
+#include "ffpa/export.h"
 
 namespace ffpa {
 
@@ -73,7 +76,7 @@ struct Status {
 };
 
 // Name of a status code, e.g. "misaligned".
-const char* status_name(StatusCode code);
+FFPA_API const char* status_name(StatusCode code);
 
 struct Tensor {
   void* data = nullptr;
@@ -84,7 +87,7 @@ struct Tensor {
 };
 
 // A contiguous row-major tensor of the given shape (rank = shape.size()).
-Tensor make_tensor(void* data, DType dtype, std::initializer_list<int64_t> shape);
+FFPA_API Tensor make_tensor(void* data, DType dtype, std::initializer_list<int64_t> shape);
 
 struct Options {
   std::optional<float> scale;  // default 1/sqrt(D)
@@ -112,10 +115,10 @@ struct ForwardParams {
 // Computes o (and lse) for the parameters. Validates everything first.
 // GPU implementations are asynchronous on params.stream; cpu_reference
 // runs on the calling thread (using a few worker threads) and returns when done.
-Status forward(const ForwardParams& params);
+FFPA_API Status forward(const ForwardParams& params);
 
 // Bytes of workspace the call would use (0 when it needs none).
-Status workspace_size(const ForwardParams& params, size_t* bytes);
+FFPA_API Status workspace_size(const ForwardParams& params, size_t* bytes);
 
 // What forward() would run for these parameters, without running it.
 struct KernelChoice {
@@ -124,11 +127,11 @@ struct KernelChoice {
   int64_t padded_head_dim = 0;  // head dim of the instantiation that serves D
   int32_t value_splits = 1;     // CTAs sharing one row block, each a slice of Dv
 };
-Status select_kernel(const ForwardParams& params, KernelChoice* choice);
+FFPA_API Status select_kernel(const ForwardParams& params, KernelChoice* choice);
 
 // Head dims that have their own kernel instantiation in this build.
-std::string compiled_head_dims();
+FFPA_API std::string compiled_head_dims();
 
-const char* version();
+FFPA_API const char* version();
 
 }  // namespace ffpa
