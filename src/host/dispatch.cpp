@@ -51,7 +51,15 @@ Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
     return {StatusCode::impl_unavailable,
             "impl sm80_split_d serves sequence lengths up to " + std::to_string(kMaxSequence)};
   }
-  const sm80::SplitDRoute route = sm80::route_split_d(problem.head_dim);
+  int smem_limit = 0;
+  FFPA_RETURN_IF_CUDA_ERROR(
+      cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const sm80::SplitDRoute route = sm80::route_split_d(problem.head_dim, smem_limit);
+  if (route.out_cols == 0) {
+    return {StatusCode::impl_unavailable,
+            "impl sm80_split_d: no kernel of this build fits the " + std::to_string(smem_limit) +
+                " bytes of shared memory per block of device " + std::to_string(device)};
+  }
   choice->impl = Impl::sm80_split_d;
   choice->kernel = sm80::split_d_kernel_name(problem, route);
   choice->padded_head_dim = route.out_cols;
@@ -82,7 +90,10 @@ Status run_forward(const AttentionProblem& problem, const KernelChoice& choice,
     case Impl::cpu_reference:
       cpu_attention_forward(problem);
       return {};
-    case Impl::sm80_split_d: return sm80::run_split_d(problem, stream);
+    case Impl::sm80_split_d:
+      return sm80::run_split_d(
+          problem, sm80::SplitDRoute{static_cast<int>(choice.padded_head_dim), choice.value_splits},
+          stream);
     case Impl::automatic: break;
   }
   return {StatusCode::impl_unavailable,

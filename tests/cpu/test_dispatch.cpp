@@ -25,12 +25,15 @@ TEST(SplitDRouting, InstancesAreAscendingMultiplesOf64) {
   }
 }
 
+constexpr int kH200SharedMemory = 232448;  // bytes per block, opt-in
+constexpr int kSm86SharedMemory = 101376;  // sm86, sm89, sm120
+
 // Every head dim of the spec's range is served: by the smallest instance that
 // holds it (padding), or by splitting Dv over the largest one.
 TEST(SplitDRouting, EveryHeadDimIsServed) {
   const int largest = kSplitDInstances[kSplitDInstanceCount - 1].out_cols;
   for (int d = 8; d <= 1024; d += 8) {
-    const auto route = route_split_d(d);
+    const auto route = route_split_d(d, kH200SharedMemory);
     SCOPED_TRACE("D = " + std::to_string(d));
     ASSERT_GE(route.value_splits, 1);
     EXPECT_GE(route.out_cols * route.value_splits, d);
@@ -47,6 +50,20 @@ TEST(SplitDRouting, EveryHeadDimIsServed) {
       EXPECT_EQ(route.out_cols, largest);
     }
   }
+}
+
+// On parts with ~99 KB of shared memory per block only the instances that fit
+// serve, splitting Dv where needed; every head dim still has a route.
+TEST(SplitDRouting, SmallSharedMemoryFallsBackToInstancesThatFit) {
+  using ffpa::detail::sm80::split_d_smem_layout;
+  for (int d = 8; d <= 1024; d += 8) {
+    const auto route = route_split_d(d, kSm86SharedMemory);
+    SCOPED_TRACE("D = " + std::to_string(d));
+    ASSERT_GT(route.out_cols, 0);
+    EXPECT_LE(split_d_smem_layout(split_d_tile(route.out_cols)).total_bytes, kSm86SharedMemory);
+    EXPECT_GE(route.out_cols * route.value_splits, d);
+  }
+  EXPECT_EQ(route_split_d(512, 1024).out_cols, 0) << "nothing fits 1 KB";
 }
 
 TEST(SplitDRouting, TilesKeepTheOAccumulatorInRegisters) {

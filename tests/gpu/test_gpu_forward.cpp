@@ -631,5 +631,85 @@ TEST_F(GpuForwardSmall, HostOutputWithDeviceInputsIsWrongMemorySpace) {
   }
 }
 
+class GpuForwardLarge : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (gpu_unavailable_reason()) GTEST_SKIP() << *gpu_unavailable_reason();
+  }
+};
+
+// Tensors with more than 2^31 elements: q and o have a batch stride of
+// 2^31 + 64 elements, so batch 1 starts past element 2^31 (only the rows in use
+// are copied; the buffers are ~4.3 GB each). A 32-bit offset anywhere shows up
+// as a wrong batch 1 or a fault.
+TEST_F(GpuForwardLarge, OffsetsBeyond2To31Elements) {
+  constexpr int64_t kBatchStride = (int64_t{1} << 31) + 64;
+  constexpr int64_t batch = 2, seq_q = 100, seq_kv = 300, dim = 128;
+  const TestSeed seed = fresh_test_seed();
+  SCOPED_TRACE(seed.note);
+  HostTensor q = make_host_tensor(DType::bf16, {batch, 1, seq_q, dim});
+  HostTensor k = make_host_tensor(DType::bf16, {batch, 1, seq_kv, dim});
+  HostTensor v = make_host_tensor(DType::bf16, {batch, 1, seq_kv, dim});
+  HostTensor o = make_host_tensor(DType::bf16, {batch, 1, seq_q, dim});
+  fill_uniform(q, derive_seed(seed.value, 1), -2.0f, 2.0f);
+  fill_uniform(k, derive_seed(seed.value, 2), -1.0f, 1.0f);
+  fill_uniform(v, derive_seed(seed.value, 3), -1.0f, 1.0f);
+
+  const size_t rows_bytes = seq_q * dim * 2;  // one batch of q or o
+  const size_t big_bytes = static_cast<size_t>(kBatchStride) * 2 + rows_bytes;
+  DeviceBuffer q_dev, o_dev, k_dev, v_dev;
+  ASSERT_NO_FATAL_FAILURE(q_dev.allocate(big_bytes));
+  ASSERT_NO_FATAL_FAILURE(o_dev.allocate(big_bytes));
+  ASSERT_NO_FATAL_FAILURE(k_dev.allocate(k.bytes()));
+  ASSERT_NO_FATAL_FAILURE(v_dev.allocate(v.bytes()));
+  auto batch_address = [&](const DeviceBuffer& buffer, int64_t b) {
+    return static_cast<unsigned char*>(buffer.data()) + b * kBatchStride * 2;
+  };
+  for (int64_t b = 0; b < batch; ++b) {
+    FFPA_ASSERT_CUDA(cudaMemcpy(batch_address(q_dev, b),
+                                static_cast<unsigned char*>(q.tensor.data) + b * rows_bytes,
+                                rows_bytes, cudaMemcpyHostToDevice));
+    FFPA_ASSERT_CUDA(cudaMemset(batch_address(o_dev, b), 0xFF, rows_bytes));  // NaN poison
+  }
+  FFPA_ASSERT_CUDA(cudaMemcpy(k_dev.data(), k.tensor.data, k.bytes(), cudaMemcpyHostToDevice));
+  FFPA_ASSERT_CUDA(cudaMemcpy(v_dev.data(), v.tensor.data, v.bytes(), cudaMemcpyHostToDevice));
+
+  ForwardParams device_params;
+  device_params.q = make_tensor(q_dev.data(), DType::bf16, {batch, 1, seq_q, dim});
+  device_params.o = make_tensor(o_dev.data(), DType::bf16, {batch, 1, seq_q, dim});
+  device_params.q.stride[0] = device_params.o.stride[0] = kBatchStride;
+  device_params.k = make_tensor(k_dev.data(), DType::bf16, {batch, 1, seq_kv, dim});
+  device_params.v = make_tensor(v_dev.data(), DType::bf16, {batch, 1, seq_kv, dim});
+  device_params.options.causal = Causal::bottom_right;
+  const Status status = forward(device_params);
+  ASSERT_TRUE(status.ok()) << status_text(status);
+  for (int64_t b = 0; b < batch; ++b) {
+    FFPA_ASSERT_CUDA(cudaMemcpy(static_cast<unsigned char*>(o.tensor.data) + b * rows_bytes,
+                                batch_address(o_dev, b), rows_bytes, cudaMemcpyDeviceToHost));
+  }
+
+  ForwardParams host_params;
+  host_params.q = q.tensor;
+  host_params.k = k.tensor;
+  host_params.v = v.tensor;
+  host_params.o = o.tensor;
+  host_params.options.causal = Causal::bottom_right;
+  detail::AttentionProblem problem;
+  ASSERT_TRUE(detail::validate_forward(host_params, &problem).ok());
+  std::vector<double> ref(static_cast<size_t>(batch * seq_q * dim));
+  detail::cpu_attention_forward_f64(problem, {}, ref.data(), nullptr);
+  for (int64_t b = 0; b < batch; ++b) {
+    double err = 0, norm = 0;
+    for (int64_t i = 0; i < seq_q * dim; ++i) {
+      const double got = element_as_double(o.tensor, {b, 0, i / dim, i % dim});
+      ASSERT_FALSE(std::isnan(got)) << "batch " << b << " element " << i << " not written";
+      const double want = ref[static_cast<size_t>(b * seq_q * dim + i)];
+      err += (got - want) * (got - want);
+      norm += want * want;
+    }
+    EXPECT_LE(std::sqrt(err / norm), o_tolerance(DType::bf16)) << "batch " << b;
+  }
+}
+
 }  // namespace
 }  // namespace ffpa::testing

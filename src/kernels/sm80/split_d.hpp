@@ -30,14 +30,15 @@ struct SplitDInstance {
 extern const SplitDInstance kSplitDInstances[];
 extern const int kSplitDInstanceCount;
 
-// The instance and value splits that serve head dim D (split_d_routing.cpp).
-SplitDRoute route_split_d(int64_t head_dim);
+// The instance and value splits that serve head dim D on a device that gives
+// a block at most smem_limit_bytes of shared memory (split_d_routing.cpp).
+SplitDRoute route_split_d(int64_t head_dim, int smem_limit_bytes);
 
 // Human-readable name of the kernel a route runs, e.g.
 // "sm80_split_d<bf16,f32acc,out512,r32,M2N4,bn128,pv32,s4>x1".
 std::string split_d_kernel_name(const AttentionProblem& problem, SplitDRoute route);
 
-// Runs the routed instance.
-Status run_split_d(const AttentionProblem& problem, cudaStream_t stream);
+// Runs a routed instance.
+Status run_split_d(const AttentionProblem& problem, SplitDRoute route, cudaStream_t stream);
 
 }  // namespace ffpa::detail::sm80

@@ -51,19 +51,16 @@ struct SplitDTraits {
   static constexpr int kWarpCols = kOutCols / kWarpsN;  // columns of O per warp
   static constexpr int kPVSteps = kBlockN / kPVKeys;
 
+  static constexpr SplitDSmemLayout kSmem = split_d_smem_layout(
+      SplitDTile{kOutCols, kWarpRows, kWarpsM, kWarpsN, kBlockN, kPVKeys, kStages});
   static constexpr int kQTileBytes = kBlockM * kRowBytes;
-  static constexpr int kQKStageBytes = (kBlockM + kBlockN) * kRowBytes;
   static constexpr int kVSubtileBytes = kPVKeys * kRowBytes;  // [kPVKeys][64] per 64 columns
   static constexpr int kVStageBytes = kVSubtileBytes * (kOutCols / 64);
-  static constexpr int kStageBytes = kQKStageBytes > kVStageBytes ? kQKStageBytes : kVStageBytes;
-  static constexpr int kRingBytes = kStages * kStageBytes;
-  static constexpr int kEpilogueBytes = kBlockM * kOutCols * 2;  // O staged as [out/64][M][64]
-  static constexpr int kRingOrEpilogueBytes =
-      kRingBytes > kEpilogueBytes ? kRingBytes : kEpilogueBytes;
+  static constexpr int kStageBytes = kSmem.stage_bytes;
+  static constexpr int kRingOrEpilogueBytes = kSmem.ring_bytes;
   static constexpr bool kSharedP = kWarpsN > 1;
-  static constexpr int kPBytes = kSharedP ? kBlockM * kBlockN * 2 : 0;
-  static constexpr int kRowStatBytes = kSharedP ? kWarpsN * kBlockM * 4 : 0;
-  static constexpr int kSmemBytes = kRingOrEpilogueBytes + kPBytes + kRowStatBytes;
+  static constexpr int kPBytes = kSmem.p_bytes;
+  static constexpr int kSmemBytes = kSmem.total_bytes;
 
   static_assert(kWarpRows == 16 || kWarpRows == 32, "a warp owns one or two m16 tiles");
   static_assert(kOutCols % 64 == 0, "O slices are whole 64-column subtiles");
@@ -124,6 +121,39 @@ __device__ __forceinline__ T opaque(T value) {
     asm volatile("" : "+r"(value));
   }
   return value;
+}
+
+struct MaxOp {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+struct SumOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+// Combines per-row values (already reduced over the 4 threads of a quad) over
+// the warps_n warps that share the rows, through row_stat in shared memory;
+// a no-op when warps_n == 1. values[r] is row warp_m * kWarpRows + 16 * (r / 2)
+// + g + 8 * (r % 2) of the CTA.
+template <class Traits, class Op>
+__device__ __forceinline__ void reduce_across_warps(float (&values)[2 * Traits::kMTiles],
+                                                    float* row_stat, int warp_m, int warp_n, int g,
+                                                    int t, Op op) {
+  if constexpr (Traits::kSharedP) {
+    constexpr int kRows = 2 * Traits::kMTiles;
+    auto row = [&](int r) { return warp_m * Traits::kWarpRows + (r / 2) * 16 + g + (r % 2) * 8; };
+    if (t == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) row_stat[warp_n * Traits::kBlockM + row(r)] = values[r];
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      values[r] = row_stat[row(r)];
+#pragma unroll
+      for (int wn = 1; wn < Traits::kWarpsN; ++wn)
+        values[r] = op(values[r], row_stat[wn * Traits::kBlockM + row(r)]);
+    }
+  }
 }
 
 template <class Traits>
@@ -378,17 +408,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) split_d_forward_kernel(co
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 1));
       tile_max[r] = fmaxf(tile_max[r], __shfl_xor_sync(0xffffffffu, tile_max[r], 2));
     }
-    if constexpr (Traits::kSharedP) {
-      if (t == 0) {
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) row_stat[warp_n * kBlockM + local_row(r)] = tile_max[r];
-      }
-      __syncthreads();
-#pragma unroll
-      for (int wn = 0; wn < kWarpsN; ++wn)
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) tile_max[r] = fmaxf(tile_max[r], row_stat[wn * kBlockM + local_row(r)]);
-    }
+    reduce_across_warps<Traits>(tile_max, row_stat, warp_m, warp_n, g, t, MaxOp{});
     float base[kRows], alpha[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -536,19 +556,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) split_d_forward_kernel(co
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
     row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
   }
-  if constexpr (Traits::kSharedP) {
-    if (t == 0) {
-#pragma unroll
-      for (int r = 0; r < kRows; ++r) row_stat[warp_n * kBlockM + local_row(r)] = row_sum[r];
-    }
-    __syncthreads();
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      row_sum[r] = 0.0f;
-#pragma unroll
-      for (int wn = 0; wn < kWarpsN; ++wn) row_sum[r] += row_stat[wn * kBlockM + local_row(r)];
-    }
-  }
+  reduce_across_warps<Traits>(row_sum, row_stat, warp_m, warp_n, g, t, SumOp{});
   const float keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
   float out_scale[kRows];
 #pragma unroll

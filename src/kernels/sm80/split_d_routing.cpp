@@ -5,12 +5,16 @@
 
 namespace ffpa::detail::sm80 {
 
-SplitDRoute route_split_d(int64_t head_dim) {
+SplitDRoute route_split_d(int64_t head_dim, int smem_limit_bytes) {
+  int largest_fitting = 0;
   for (int i = 0; i < kSplitDInstanceCount; ++i) {
-    if (kSplitDInstances[i].out_cols >= head_dim) return {kSplitDInstances[i].out_cols, 1};
+    const int out_cols = kSplitDInstances[i].out_cols;
+    if (split_d_smem_layout(split_d_tile(out_cols)).total_bytes > smem_limit_bytes) continue;
+    if (out_cols >= head_dim) return {out_cols, 1};
+    largest_fitting = out_cols;
   }
-  const int largest = kSplitDInstances[kSplitDInstanceCount - 1].out_cols;
-  return {largest, static_cast<int>((head_dim + largest - 1) / largest)};
+  if (largest_fitting == 0) return {0, 0};
+  return {largest_fitting, static_cast<int>((head_dim + largest_fitting - 1) / largest_fitting)};
 }
 
 std::string split_d_kernel_name(const AttentionProblem& problem, SplitDRoute route) {
@@ -18,21 +22,20 @@ std::string split_d_kernel_name(const AttentionProblem& problem, SplitDRoute rou
   const char* element = problem.dtype == DType::bf16 ? "bf16" : "f16";
   const char* accumulation = problem.accumulation == Accumulation::f16 ? "f16acc" : "f32acc";
   return std::string("sm80_split_d<") + element + "," + accumulation + ",out" +
-         std::to_string(tile.out_cols) + ",r" + std::to_string(tile.warp_rows) + ",M" + std::to_string(tile.warps_m) + "N" +
-         std::to_string(tile.warps_n) + ",bn" + std::to_string(tile.block_n) + ",pv" +
-         std::to_string(tile.pv_keys) + ",s" + std::to_string(tile.stages) + ">x" +
-         std::to_string(route.value_splits);
+         std::to_string(tile.out_cols) + ",r" + std::to_string(tile.warp_rows) + ",M" +
+         std::to_string(tile.warps_m) + "N" + std::to_string(tile.warps_n) + ",bn" +
+         std::to_string(tile.block_n) + ",pv" + std::to_string(tile.pv_keys) + ",s" +
+         std::to_string(tile.stages) + ">x" + std::to_string(route.value_splits);
 }
 
-Status run_split_d(const AttentionProblem& problem, cudaStream_t stream) {
-  const SplitDRoute route = route_split_d(problem.head_dim);
+Status run_split_d(const AttentionProblem& problem, SplitDRoute route, cudaStream_t stream) {
   for (int i = 0; i < kSplitDInstanceCount; ++i) {
     if (kSplitDInstances[i].out_cols == route.out_cols) {
       return kSplitDInstances[i].launch(problem, route.value_splits, stream);
     }
   }
-  return {StatusCode::impl_unavailable, "impl sm80_split_d: no instance for head dim " +
-                                            std::to_string(problem.head_dim) + " in this build"};
+  return {StatusCode::impl_unavailable, "impl sm80_split_d: no instance with out_cols " +
+                                            std::to_string(route.out_cols) + " in this build"};
 }
 
 }  // namespace ffpa::detail::sm80
