@@ -61,7 +61,8 @@ typedef enum ffpa_status {
   FFPA_INVALID_OPTION = 17,
   FFPA_WORKSPACE_TOO_SMALL = 18,
   FFPA_WRONG_MEMORY_SPACE = 19,
-  FFPA_CUDA_ERROR = 20
+  FFPA_CUDA_ERROR = 20,
+  FFPA_OUT_OF_MEMORY = 21
 } ffpa_status;
 
 typedef struct ffpa_tensor {

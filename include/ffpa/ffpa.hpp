@@ -67,6 +67,7 @@ enum class StatusCode : int32_t {
   workspace_too_small = 18,
   wrong_memory_space = 19,      // host/device pointers do not fit the implementation
   cuda_error = 20,
+  out_of_memory = 21,           // host memory for the CPU reference could not be allocated
 };
 
 struct Status {

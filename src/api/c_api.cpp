@@ -1,8 +1,8 @@
 // The C ABI of <ffpa/ffpa.h>: converts the plain structs to the C++ ones and
 // calls the C++ API. Integer enum values are passed through unchanged, so an
 // out-of-range value reaches validation and is rejected there. No exception
-// leaves these functions: anything thrown below becomes FFPA_CUDA_ERROR with a
-// message starting "internal error: " (the status enum has no better code).
+// leaves these functions: std::bad_alloc becomes FFPA_OUT_OF_MEMORY, anything
+// else thrown below FFPA_CUDA_ERROR with a message starting "internal error: ".
 #include <cuda_runtime_api.h>
 
 #include <cstring>
@@ -53,6 +53,7 @@ FFPA_SAME_VALUE(FFPA_INVALID_OPTION, StatusCode::invalid_option);
 FFPA_SAME_VALUE(FFPA_WORKSPACE_TOO_SMALL, StatusCode::workspace_too_small);
 FFPA_SAME_VALUE(FFPA_WRONG_MEMORY_SPACE, StatusCode::wrong_memory_space);
 FFPA_SAME_VALUE(FFPA_CUDA_ERROR, StatusCode::cuda_error);
+FFPA_SAME_VALUE(FFPA_OUT_OF_MEMORY, StatusCode::out_of_memory);
 
 #undef FFPA_SAME_VALUE
 
@@ -116,7 +117,8 @@ ffpa_status guarded(char* message, size_t message_size, Call&& call) {
   try {
     return call();
   } catch (const std::bad_alloc&) {
-    write_message(message, message_size, "internal error: ", "out of host memory");
+    write_message(message, message_size, "", "out of host memory");
+    return FFPA_OUT_OF_MEMORY;
   } catch (const std::exception& e) {
     write_message(message, message_size, "internal error: ", e.what());
   } catch (...) {

@@ -33,6 +33,7 @@ const char* status_name(StatusCode code) {
     case StatusCode::workspace_too_small: return "workspace_too_small";
     case StatusCode::wrong_memory_space: return "wrong_memory_space";
     case StatusCode::cuda_error: return "cuda_error";
+    case StatusCode::out_of_memory: return "out_of_memory";
   }
   return "unknown_status";
 }

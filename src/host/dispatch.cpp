@@ -1,6 +1,7 @@
 #include "host/dispatch.hpp"
 
 #include <climits>
+#include <new>
 #include <string>
 
 #include "host/cuda_status.hpp"
@@ -32,12 +33,16 @@ Status plan_cpu_reference(MemorySpace space, KernelChoice* choice) {
 
 Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
                          KernelChoice* choice) {
+  int device = 0, major = 0, minor = 0;
+  if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {StatusCode::impl_unavailable, std::string("impl sm80_split_d needs a CUDA device: ") +
+                                              cudaGetErrorString(error)};
+  }
   if (space != MemorySpace::device) {
     return {StatusCode::wrong_memory_space,
             "impl sm80_split_d needs device pointers, but the tensors are in host memory"};
   }
-  int device = 0, major = 0, minor = 0;
-  FFPA_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
   FFPA_RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   FFPA_RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
   if (major < 8) {
@@ -88,7 +93,12 @@ Status run_forward(const AttentionProblem& problem, const KernelChoice& choice,
                    cudaStream_t stream) {
   switch (choice.impl) {
     case Impl::cpu_reference:
-      cpu_attention_forward(problem);
+      try {
+        cpu_attention_forward(problem);
+      } catch (const std::bad_alloc&) {
+        return {StatusCode::out_of_memory,
+                "impl cpu_reference: out of host memory for the converted K/V of one head"};
+      }
       return {};
     case Impl::sm80_split_d:
       return sm80::run_split_d(

@@ -78,18 +78,19 @@ const Sizes kSmall{2, 4, 2, 5, 7, 64};
 
 TEST(CApi, StatusNamesAreDistinctAndMatchTheCppNames) {
   std::set<std::string> names;
-  for (int code = FFPA_OK; code <= FFPA_CUDA_ERROR; ++code) {
+  for (int code = FFPA_OK; code <= FFPA_OUT_OF_MEMORY; ++code) {
     const char* name = ffpa_status_name(static_cast<ffpa_status>(code));
     ASSERT_NE(name, nullptr) << code;
     EXPECT_STRNE(name, "") << code;
     EXPECT_STREQ(name, ffpa::status_name(static_cast<ffpa::StatusCode>(code)));
     names.insert(name);
   }
-  EXPECT_EQ(names.size(), static_cast<size_t>(FFPA_CUDA_ERROR + 1));
+  EXPECT_EQ(names.size(), static_cast<size_t>(FFPA_OUT_OF_MEMORY + 1));
   EXPECT_STREQ(ffpa_status_name(FFPA_OK), "ok");
   EXPECT_STREQ(ffpa_status_name(FFPA_NULL_POINTER), "null_pointer");
   EXPECT_STREQ(ffpa_status_name(FFPA_OUTPUT_OVERLAPS_INPUT), "output_overlaps_input");
   EXPECT_STREQ(ffpa_status_name(FFPA_CUDA_ERROR), "cuda_error");
+  EXPECT_STREQ(ffpa_status_name(FFPA_OUT_OF_MEMORY), "out_of_memory");
 }
 
 TEST(CApi, Version) {
