@@ -35,7 +35,7 @@ extern const int kSplitDInstanceCount;
 SplitDRoute route_split_d(int64_t head_dim, int smem_limit_bytes);
 
 // Human-readable name of the kernel a route runs, e.g.
-// "sm80_split_d<bf16,f32acc,out512,r32,M2N4,bn128,pv32,s4>x1".
+// "sm80_split_d<bf16,f32acc,out512,r32,M2N4,bn128,pv32,s3>x1".
 std::string split_d_kernel_name(const AttentionProblem& problem, SplitDRoute route);
 
 // Runs a routed instance.
