@@ -1,27 +1,34 @@
 #!/usr/bin/env bash
 # The one command for the GPU machine. From a build directory made on the CPU
-# machine it runs, stage by stage: the GPU test suite, compute-sanitizer
+# machine it runs, stage by stage: the GPU test suite, the Python package's
+# pytest suite, compute-sanitizer
 # (memcheck, racecheck) on the suite's small cases, ffpa-bench on a few
-# shapes, and the side-by-side benchmark with PyTorch SDPA; then it writes
-# $OUT/report.json and prints a short summary as its last lines.
+# shapes, and bench/attention_bench.py (ffpa_attn side by side with every
+# PyTorch SDPA backend, from python/ and the build's library: no install
+# needed); then it writes $OUT/report.json and prints a short summary as its
+# last lines.
 #
 #   scripts/gpu_check.sh [--quick] [--only tests|sanitizer|bench] [BUILD_DIR]
 #
 #   BUILD_DIR  default: build (relative to the repository root)
-#   --quick    small benchmark shapes instead of the full sweep
+#   --quick    small benchmark shapes instead of the full sweeps
 #   --only S   run one stage group: tests, sanitizer or bench
 #
 # Each stage runs under a time limit so that the whole script ends well
 # within 9 minutes; a stage that fails or times out is recorded and the next
-# one runs. The GPU tests name their small cases with "Small" in the test
-# name: the sanitizer runs --gtest_filter='*Small*'.
+# one runs. The attention benchmark rewrites its JSON after every case, so a
+# timed-out run still leaves the cases it measured. The GPU tests name their
+# small cases with "Small" in the test name: the sanitizer runs
+# --gtest_filter='*Small*'.
 #
-# Files under $OUT (./gpu_check_out when OUT is unset), seven at most:
-#   gpu_check.log      every stage's output, in order
-#   sanitizer.log      compute-sanitizer's output, memcheck then racecheck
+# Files under $OUT (./gpu_check_out when OUT is unset), eight at most and
+# two folders deep at most, which is what a lent GPU machine sends back:
+#   gpu_check.log      every stage's output in order, compute-sanitizer's too
 #   gpu_tests.json     GoogleTest's report of the GPU suite
 #   ffpa_bench.jsonl   ffpa-bench, one JSON object per point
-#   bench.json, bench.md  bench/sdpa_compare.py's report and table
+#   attention_bench.json, attention_bench.md
+#                      bench/attention_bench.py's report and tables
+#   charts/*.png       its charts: two, one with --quick
 #   report.json        every stage's status, time and numbers
 # Exit status: 0 when every stage that ran passed, 1 otherwise, 2 for a bad
 # command line.
@@ -31,7 +38,7 @@ usage() {
   cat <<'EOF'
 usage: scripts/gpu_check.sh [--quick] [--only tests|sanitizer|bench] [BUILD_DIR]
   BUILD_DIR  the build made on the CPU machine (default: build)
-  --quick    small benchmark shapes instead of the full sweep
+  --quick    small benchmark shapes instead of the full sweeps
   --only S   run one stage group: tests, sanitizer or bench
 EOF
 }
@@ -65,13 +72,15 @@ case "$BUILD" in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 OUT=${OUT:-$ROOT/gpu_check_out}
 mkdir -p "$OUT" || exit 2
 LOG=$OUT/gpu_check.log
-SANITIZER_LOG=$OUT/sanitizer.log
 : >"$LOG"
-: >"$SANITIZER_LOG"
 WORK=$(mktemp -d) || exit 2
 trap 'rm -rf "$WORK"' EXIT
 RECORDS=$WORK/stages.tsv
 : >"$RECORDS"
+# compute-sanitizer's output, memcheck then racecheck, for the report; it
+# also goes into $LOG, so that $OUT keeps within its file count.
+SANITIZER_LOG=$WORK/sanitizer.log
+: >"$SANITIZER_LOG"
 REPORT_TOOL="python3 $ROOT/scripts/gpu_check_report.py"
 
 TESTS=$BUILD/tests/ffpa_gpu_tests
@@ -82,12 +91,17 @@ if [ ! -e "$LIBRARY" ]; then LIBRARY=$(find "$BUILD" -maxdepth 1 -name 'libffpa.
 SMALL_FILTER='*Small*'
 
 # Time limits in seconds: with the device stage and the kill grace periods
-# they add up to about 8 minutes at worst.
+# they add up to about 8 minutes at worst. The attention benchmark gets what
+# the stages before it left of BUDGET_SECONDS, and at least
+# LIMIT_ATTENTION_MIN: its full sweeps take about a minute on an H200 and
+# the earlier stages rarely use their whole limits.
 LIMIT_DEVICE=30
 LIMIT_TESTS=140
+LIMIT_PYTEST=200
 LIMIT_SANITIZER=60  # each of memcheck and racecheck
 LIMIT_FFPA_BENCH=50
-LIMIT_SDPA=100
+LIMIT_ATTENTION_MIN=100
+BUDGET_SECONDS=480
 
 # ffpa-bench points: word-split on purpose (no globs in them).
 if [ "$QUICK" = 1 ]; then
@@ -95,7 +109,7 @@ if [ "$QUICK" = 1 ]; then
     "--seq-q 2048 --dims 128,512"
     "--batch 2 --heads-q 8 --heads-kv 2 --seq-q 777 --seq-kv 1029 --head-dim 320 --mask key-add --causal bottom_right --dropout 0.1 --lse --layout bnhd"
   )
-  SDPA_ARGS=(--cases smoke)
+  ATTENTION_ARGS=(--cases smoke)
 else
   BENCH_POINTS=(
     "--dims 512,1024"
@@ -103,7 +117,7 @@ else
     "--batch 2 --heads-q 8 --heads-kv 2 --seq-q 777 --seq-kv 1029 --head-dim 320 --mask key-add --causal bottom_right --dropout 0.1 --lse --layout bnhd"
     "--dtype f16 --accum f16 --heads-q 16 --seq-q 4096 --head-dim 384 --mask full-bool"
   )
-  SDPA_ARGS=()
+  ATTENTION_ARGS=()
 fi
 
 # record NAME STATUS SECONDS DETAIL: one line of the stage table (no tabs in DETAIL).
@@ -155,6 +169,22 @@ stage_tests() {
   if [ "$rc" != 0 ] || [ "$detail_rc" != 0 ]; then show_tail "$LOG"; fi
 }
 
+# The Python package's suite (python/tests) against this build's library, from
+# the source tree (PYTHONPATH) so nothing is installed; 4 workers when
+# pytest-xdist is there.
+stage_pytest() {
+  local start=$SECONDS pytest_log=$WORK/pytest.log workers=()
+  if [ ! -f "$LIBRARY" ]; then record pytest failed 0 "missing $BUILD/libffpa.so"; return; fi
+  if python3 -c "import xdist" 2>/dev/null; then workers=(-n 4); fi
+  : >"$pytest_log"
+  limited "$LIMIT_PYTEST" "$pytest_log" "$pytest_log" env PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}" \
+    FFPA_LIBRARY="$LIBRARY" python3 -m pytest "$ROOT/python/tests" -q -rs -p no:cacheprovider ${workers[@]+"${workers[@]}"}
+  local rc=$RC
+  cat "$pytest_log" >>"$LOG"
+  record pytest "$(status_of "$rc")" $((SECONDS - start)) "$(grep -E '(passed|failed|error)' "$pytest_log" | tail -n 1) (exit $rc)"
+  if [ "$rc" != 0 ]; then show_tail "$pytest_log" 25; fi
+}
+
 stage_sanitizer() {
   local tool
   if [ ! -x "$TESTS" ]; then record sanitizer failed 0 "missing $TESTS"; return; fi
@@ -170,6 +200,7 @@ stage_sanitizer() {
       "$TESTS" --gtest_filter="$SMALL_FILTER" --gtest_brief=1
     local rc=$RC detail detail_rc
     cat "$tool_log" >>"$SANITIZER_LOG"
+    cat "$tool_log" >>"$LOG"
     detail=$($REPORT_TOOL sanitizer "$tool_log" 2>&1)
     detail_rc=$?
     record "$tool" "$(status_of "$rc" "$detail_rc")" $((SECONDS - start)) "$detail (exit $rc)"
@@ -198,19 +229,24 @@ stage_bench() {
   fi
 
   start=$SECONDS
-  if [ ! -f "$LIBRARY" ]; then record sdpa failed 0 "missing $BUILD/libffpa.so"; return; fi
-  rm -f "$OUT/bench.json" "$OUT/bench.md"
-  limited "$LIMIT_SDPA" "$LOG" "$LOG" env PYTHONUNBUFFERED=1 python3 "$ROOT/bench/sdpa_compare.py" --lib "$LIBRARY" \
-    --json "$OUT/bench.json" --markdown "$OUT/bench.md" ${SDPA_ARGS[@]+"${SDPA_ARGS[@]}"}
-  local rc=$RC detail
-  detail=$($REPORT_TOOL sdpa-rows "$OUT/bench.json" 2>&1)
-  record sdpa "$(status_of "$rc")" $((SECONDS - start)) "$detail (exit $rc)"
-  if [ "$rc" != 0 ]; then show_tail "$LOG"; fi
+  if [ ! -f "$LIBRARY" ]; then record attn-bench failed 0 "missing $BUILD/libffpa.so"; return; fi
+  rm -rf "$OUT/attention_bench.json" "$OUT/attention_bench.md" "$OUT/charts"
+  local limit=$((BUDGET_SECONDS - SECONDS))
+  if [ "$limit" -lt "$LIMIT_ATTENTION_MIN" ]; then limit=$LIMIT_ATTENTION_MIN; fi
+  limited "$limit" "$LOG" "$LOG" env PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}" \
+    FFPA_LIBRARY="$LIBRARY" python3 "$ROOT/bench/attention_bench.py" --json "$OUT/attention_bench.json" \
+    --markdown "$OUT/attention_bench.md" --charts "$OUT/charts" ${ATTENTION_ARGS[@]+"${ATTENTION_ARGS[@]}"}
+  local rc=$RC detail detail_rc
+  detail=$($REPORT_TOOL attention-rows "$OUT/attention_bench.json" "$OUT/charts" 2>&1)
+  detail_rc=$?
+  record attn-bench "$(status_of "$rc" "$detail_rc")" $((SECONDS - start)) "$detail (exit $rc, limit ${limit}s)"
+  if [ "$rc" != 0 ] || [ "$detail_rc" != 0 ]; then show_tail "$LOG"; fi
 }
 
 stage_device
-case "$ONLY" in all | tests) stage_tests ;; esac
+case "$ONLY" in all | tests) stage_tests; stage_pytest ;; esac
 case "$ONLY" in all | sanitizer) stage_sanitizer ;; esac
 case "$ONLY" in all | bench) stage_bench ;; esac
 
-$REPORT_TOOL report --out "$OUT" --stages "$RECORDS" --build "$BUILD" --quick "$QUICK" --only "$ONLY"
+$REPORT_TOOL report --out "$OUT" --stages "$RECORDS" --sanitizer-log "$SANITIZER_LOG" --build "$BUILD" \
+  --quick "$QUICK" --only "$ONLY"

@@ -4,8 +4,9 @@
     gpu_check_report.py tests GPU_TESTS_JSON     counts of a GoogleTest JSON report
     gpu_check_report.py sanitizer LOG            error counts of one compute-sanitizer run
     gpu_check_report.py bench-rows JSONL         ffpa-bench's points
-    gpu_check_report.py sdpa-rows BENCH_JSON     bench/sdpa_compare.py's rows
-    gpu_check_report.py report --out DIR --stages TSV ...
+    gpu_check_report.py attention-rows JSON [CHART_DIR]
+                                                 bench/attention_bench.py's rows (and charts)
+    gpu_check_report.py report --out DIR --stages TSV --sanitizer-log LOG ...
                                                  writes DIR/report.json, prints the summary
 
 The first four print a one-line detail for the stage table and exit 1 when
@@ -91,27 +92,40 @@ def bench_row(p):
     }
 
 
-def sdpa_row(r):
+METRIC_UNITS = {"tflops": "TFLOP/s", "kv_gb_per_s": "K+V GB/s"}
+
+
+def attention_row(r, sweeps):
+    """One attention_bench case in the sweep's metric (TFLOP/s, or GB/s for decode)."""
+    metric = sweeps.get(r["sweep"], {}).get("metric", "tflops")
     ffpa = r["results"].get("ffpa", {})
     best = r["results"].get(r["best_sdpa"], {}) if r.get("best_sdpa") else {}
     return {
+        "sweep": r["sweep"],
         "case": r["case"],
-        "D": r["D"],
-        "causal": r["causal"],
-        "ffpa_tflops": ffpa.get("tflops"),
+        "unit": METRIC_UNITS[metric],
+        "ffpa": ffpa.get(metric),
+        "ffpa_status": ffpa.get("status", "not run"),
         "best_sdpa": r.get("best_sdpa"),
-        "best_sdpa_tflops": best.get("tflops"),
+        "best_sdpa_value": best.get(metric),
         "speedup": r.get("speedup"),
         "ffpa_rel_l2": r.get("ffpa_rel_l2"),
         "passed": r.get("passed"),
+        "error": r.get("error"),
     }
 
 
-def load_sdpa(path):
+def load_json(path):
     if not os.path.exists(path):
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def chart_files(directory):
+    if not directory or not os.path.isdir(directory):
+        return []
+    return sorted(os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(".png"))
 
 
 # --- the stage details ---------------------------------------------------------------
@@ -145,15 +159,22 @@ def detail_bench_rows(path):
     return 1 if failed or not rows else 0
 
 
-def detail_sdpa_rows(path):
-    report = load_sdpa(path)
+def detail_attention_rows(path, chart_dir):
+    report = load_json(path)
     if report is None:
-        print("no bench.json")
+        print(f"no {os.path.basename(path)}: the benchmark stopped before its first case")
         return 1
     rows = report["rows"]
     failed = sum(1 for r in rows if not r.get("passed"))
-    print(f"{len(rows)} rows, {failed} failed")
-    return 1 if failed or not rows else 0
+    text = f"{len(rows)} rows, {failed} failed"
+    complete = report.get("complete", False)
+    if not complete:
+        text += f", incomplete ({len(rows)} of {report.get('cases_planned', '?')} cases)"
+    charts = chart_files(chart_dir)
+    if chart_dir:
+        text += f", {len(charts)} charts"
+    print(text)
+    return 1 if failed or not rows or not complete or (chart_dir and not charts) else 0
 
 
 # --- the report -----------------------------------------------------------------------
@@ -172,14 +193,15 @@ def write_report(args):
 
     out = args.out
     tests_path = os.path.join(out, "gpu_tests.json")
-    sanitizer_path = os.path.join(out, "sanitizer.log")
     sanitizer = {}
-    if os.path.exists(sanitizer_path):
-        with open(sanitizer_path, errors="replace") as f:
+    if args.sanitizer_log and os.path.exists(args.sanitizer_log):
+        with open(args.sanitizer_log, errors="replace") as f:
             sanitizer = {tool: sanitizer_counts(text) for tool, text in sanitizer_sections(f.read()).items()}
     bench = [bench_row(p) for p in read_jsonl(os.path.join(out, "ffpa_bench.jsonl"))]
-    sdpa_report = load_sdpa(os.path.join(out, "bench.json"))
-    sdpa = [sdpa_row(r) for r in sdpa_report["rows"]] if sdpa_report else []
+    attention_report = load_json(os.path.join(out, "attention_bench.json"))
+    attention = []
+    if attention_report:
+        attention = [attention_row(r, attention_report.get("sweeps", {})) for r in attention_report["rows"]]
     device = next((s["detail"] for s in stages if s["name"] == "device"), "unknown")
     failed = [s["name"] for s in stages if s["status"] != "passed"]
 
@@ -194,7 +216,14 @@ def write_report(args):
         "stages": stages,
         "tests": gtest_counts(tests_path) if os.path.exists(tests_path) else None,
         "sanitizer": sanitizer,
-        "bench": {"ffpa_bench": bench, "sdpa_compare": sdpa},
+        "bench": {
+            "ffpa_bench": bench,
+            "attention_bench": {
+                "complete": attention_report.get("complete") if attention_report else None,
+                "charts": [os.path.relpath(p, out) for p in chart_files(os.path.join(out, "charts"))],
+                "rows": attention,
+            },
+        },
     }
     with open(os.path.join(out, "report.json"), "w") as f:
         json.dump(report, f, indent=1)
@@ -206,10 +235,13 @@ def write_report(args):
     for r in bench:
         print(f"ffpa-bench {r['point']}: {fmt(r['tflops'], '%.1f')} TFLOP/s, rel L2 {fmt(r['rel_l2'], '%.1e')}, "
               f"extra device memory {fmt(r['extra_device_bytes'], '%d B')}")
-    for r in sdpa:
-        print(f"sdpa {r['case']} D={r['D']} causal={'yes' if r['causal'] else 'no'}: ffpa "
-              f"{fmt(r['ffpa_tflops'], '%.1f')} vs {r['best_sdpa'] or 'no SDPA backend'} "
-              f"{fmt(r['best_sdpa_tflops'], '%.1f')} TFLOP/s ({fmt(r['speedup'], '%.2fx')}), "
+    for r in attention:
+        if r["error"]:
+            print(f"attn {r['sweep']} {r['case']}: FAIL {r['error']}")
+            continue
+        ffpa = fmt(r["ffpa"], "%.1f") if r["ffpa_status"] == "ok" else r["ffpa_status"]
+        print(f"attn {r['sweep']} {r['case']}: ffpa {ffpa} vs {r['best_sdpa'] or 'no SDPA backend'} "
+              f"{fmt(r['best_sdpa_value'], '%.1f')} {r['unit']} ({fmt(r['speedup'], '%.2fx')}), "
               f"err {fmt(r['ffpa_rel_l2'], '%.1e')}" + ("" if r["passed"] else " FAIL"))
     verdict = "PASSED" if not failed else "FAILED (" + ", ".join(failed) + ")"
     print(f"gpu_check: {verdict}; report in {os.path.join(out, 'report.json')}")
@@ -219,11 +251,15 @@ def write_report(args):
 def main(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    for name in ("tests", "sanitizer", "bench-rows", "sdpa-rows"):
+    for name in ("tests", "sanitizer", "bench-rows"):
         commands.add_parser(name).add_argument("path")
+    attention = commands.add_parser("attention-rows")
+    attention.add_argument("path")
+    attention.add_argument("chart_dir", nargs="?", help="where the charts should be: fails when it holds none")
     report = commands.add_parser("report")
     report.add_argument("--out", required=True)
     report.add_argument("--stages", required=True)
+    report.add_argument("--sanitizer-log", default="", help="compute-sanitizer's output, memcheck then racecheck")
     report.add_argument("--build", default="")
     report.add_argument("--quick", default="0")
     report.add_argument("--only", default="all")
@@ -232,10 +268,11 @@ def main(argv):
         "tests": detail_tests,
         "sanitizer": detail_sanitizer,
         "bench-rows": detail_bench_rows,
-        "sdpa-rows": detail_sdpa_rows,
     }
     if args.command == "report":
         return write_report(args)
+    if args.command == "attention-rows":
+        return detail_attention_rows(args.path, args.chart_dir)
     return details[args.command](args.path)
 
 

@@ -1,0 +1,31 @@
+"""ffpa_attn: exact attention for large head dims (D up to 1024) as a drop-in for PyTorch SDPA.
+
+    from ffpa_attn import ffpa_attn_func, CUDABackend, monkey_patch
+
+ffpa_attn.config and ffpa_attn.decisions work without PyTorch (CI without torch
+tests them); the names that need torch raise ImportError when it is missing.
+"""
+
+__version__ = "0.1.0"
+
+from ._library import library_path
+from .config import CUDABackend
+
+__all__ = ["ffpa_attn_func", "CUDABackend", "monkey_patch", "unpatch", "library_path", "__version__"]
+
+try:
+    import torch  # noqa: F401
+except ModuleNotFoundError as error:
+    if error.name != "torch":
+        raise  # torch is there but broken: say so
+    _torch_missing = error
+else:
+    from .functional import ffpa_attn_func
+    from .patching import monkey_patch, unpatch
+
+
+def __getattr__(name: str) -> object:
+    # Reached only for names not set above: those that need torch when it is missing.
+    if name in ("ffpa_attn_func", "monkey_patch", "unpatch"):
+        raise ImportError(f"ffpa_attn.{name} needs PyTorch, which is not installed") from _torch_missing
+    raise AttributeError(f"module 'ffpa_attn' has no attribute {name!r}")

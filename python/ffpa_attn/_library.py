@@ -1,0 +1,213 @@
+"""ctypes binding of the ffpa C ABI (include/ffpa/ffpa.h), and where the library is found.
+
+Torch-free: the structs take raw pointers, shapes and strides, so the benchmark
+and tests can call the library on any buffer (the C library runs its CPU
+reference on host pointers). The library is looked up, in order, at:
+  1. the file named by the environment variable FFPA_LIBRARY,
+  2. ffpa_attn/lib/libffpa.so* (where `pip install ./python` puts it),
+  3. ctypes.util.find_library("ffpa") (the system's library path).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import enum
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+LIBRARY_ENV = "FFPA_LIBRARY"
+PACKAGE_LIBRARY_DIR = Path(__file__).resolve().parent / "lib"
+MESSAGE_BYTES = 2048
+
+
+# --- the C ABI's enums (ffpa.h); the names match CUDABackend's strings, upper-cased ---
+
+
+class DType(enum.IntEnum):
+    F16 = 0
+    BF16 = 1
+    F32 = 2
+    BOOL = 3  # 1 byte, nonzero = attend
+
+
+class Causal(enum.IntEnum):
+    NONE = 0
+    TOP_LEFT = 1
+    BOTTOM_RIGHT = 2
+
+
+class Accumulation(enum.IntEnum):
+    F32 = 0
+    F16 = 1
+
+
+class Impl(enum.IntEnum):
+    AUTO = 0
+    CPU_REFERENCE = 1
+    SM80_SPLIT_D = 2
+
+
+# --- the C ABI's structs, field by field ---
+
+
+class FfpaTensor(ctypes.Structure):
+    """ffpa_tensor; a zero-initialised one (data NULL) is an absent mask or lse."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int32),
+        ("rank", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * 4),
+        ("stride", ctypes.c_int64 * 4),  # in elements
+    ]
+
+
+class FfpaOptions(ctypes.Structure):
+    _fields_ = [
+        ("has_scale", ctypes.c_int32),  # 0: scale = 1/sqrt(D)
+        ("scale", ctypes.c_float),
+        ("causal", ctypes.c_int32),
+        ("dropout_p", ctypes.c_float),
+        ("dropout_seed", ctypes.c_uint64),
+        ("dropout_offset", ctypes.c_uint64),
+        ("accumulation", ctypes.c_int32),
+        ("impl", ctypes.c_int32),
+    ]
+
+
+class FfpaForwardParams(ctypes.Structure):
+    _fields_ = [
+        ("q", FfpaTensor),
+        ("k", FfpaTensor),
+        ("v", FfpaTensor),
+        ("o", FfpaTensor),
+        ("mask", FfpaTensor),
+        ("lse", FfpaTensor),
+        ("options", FfpaOptions),
+        ("stream", ctypes.c_void_p),  # cudaStream_t; NULL: the default stream
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+    ]
+
+
+# The sizes the C compiler gives these structs on x86-64 and aarch64: a field
+# added on one side only would shift every later field silently.
+assert ctypes.sizeof(FfpaTensor) == 80
+assert ctypes.sizeof(FfpaOptions) == 40
+assert ctypes.sizeof(FfpaForwardParams) == 544
+
+
+def tensor(data: int, dtype: DType, shape: Sequence[int], strides: Sequence[int]) -> FfpaTensor:
+    """An ffpa_tensor for the buffer at address `data` (strides in elements)."""
+    if len(shape) != len(strides) or not 1 <= len(shape) <= 4:
+        raise ValueError(f"shape {tuple(shape)} and strides {tuple(strides)} must have one length in [1, 4]")
+    return FfpaTensor(data=data, dtype=dtype, rank=len(shape), shape=tuple(shape), stride=tuple(strides))
+
+
+# --- errors ---
+
+
+class FFPAError(RuntimeError):
+    """A non-zero ffpa_status: status_name (e.g. "FFPA_MISALIGNED") and the library's message."""
+
+    def __init__(self, status_name: str, message: str) -> None:
+        super().__init__(f"{status_name}: {message}")
+        self.status_name = status_name
+        self.message = message
+
+
+class LibraryNotFoundError(ImportError):
+    """No loadable ffpa C library at any of the places load_library() looks."""
+
+
+# --- the loaded library ---
+
+
+class Library:
+    """The ffpa shared library, opened with ctypes, with its entry points typed."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._dll = ctypes.CDLL(path)
+        self._dll.ffpa_forward.argtypes = [ctypes.POINTER(FfpaForwardParams), ctypes.c_char_p, ctypes.c_size_t]
+        self._dll.ffpa_forward.restype = ctypes.c_int
+        self._dll.ffpa_status_name.argtypes = [ctypes.c_int]
+        self._dll.ffpa_status_name.restype = ctypes.c_char_p
+        self._dll.ffpa_version.argtypes = []
+        self._dll.ffpa_version.restype = ctypes.c_char_p
+
+    def version(self) -> str:
+        return self._dll.ffpa_version().decode()
+
+    def status_name(self, status: int) -> str:
+        return self._dll.ffpa_status_name(status).decode()
+
+    def forward(self, params: FfpaForwardParams) -> None:
+        """ffpa_forward; raises FFPAError on a non-zero status."""
+        # A buffer per call: calls from several threads must not share one.
+        message = ctypes.create_string_buffer(MESSAGE_BYTES)
+        status = self._dll.ffpa_forward(ctypes.byref(params), message, MESSAGE_BYTES)
+        if status != 0:
+            raise FFPAError(self.status_name(status), message.value.decode(errors="replace"))
+
+
+_loaded: Library | None = None
+_load_lock = threading.Lock()
+
+
+def load_library() -> Library:
+    """The ffpa library, opened on the first call (see the module docstring for where)."""
+    global _loaded
+    with _load_lock:
+        if _loaded is None:
+            _loaded = _open_library()
+        return _loaded
+
+
+def library_path() -> str:
+    """The path (or, when found by the system, the name) of the loaded ffpa library."""
+    return load_library().path
+
+
+def forward(params: FfpaForwardParams) -> None:
+    """ffpa_forward on the loaded library; raises FFPAError on a non-zero status."""
+    load_library().forward(params)
+
+
+def _open_library() -> Library:
+    named = os.environ.get(LIBRARY_ENV)
+    if named:
+        # An explicit choice that fails is an error, not a reason to load another copy.
+        try:
+            return Library(named)
+        except (OSError, AttributeError) as error:
+            raise LibraryNotFoundError(f"ffpa_attn: cannot load {LIBRARY_ENV}={named!r}: {error}") from error
+
+    tried = []
+    packaged = sorted(PACKAGE_LIBRARY_DIR.glob("libffpa.so*"))
+    for path in packaged:
+        try:
+            return Library(str(path))
+        except (OSError, AttributeError) as error:
+            tried.append(f"{path}: {error}")
+    if not packaged:
+        tried.append(f"{PACKAGE_LIBRARY_DIR}/libffpa.so*: no such file")
+
+    system_name = ctypes.util.find_library("ffpa")
+    if system_name is None:
+        tried.append('ctypes.util.find_library("ffpa"): not found')
+    else:
+        try:
+            return Library(system_name)
+        except (OSError, AttributeError) as error:
+            tried.append(f"{system_name} (from ctypes.util.find_library): {error}")
+
+    raise LibraryNotFoundError(
+        f"ffpa_attn: cannot find the ffpa C library. {LIBRARY_ENV} is not set, and:\n"
+        + "".join(f"  - {entry}\n" for entry in tried)
+        + f"Install with `pip install ./python` (builds the library), or set {LIBRARY_ENV} "
+        "to the path of a prebuilt libffpa.so."
+    )

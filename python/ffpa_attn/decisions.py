@@ -1,0 +1,126 @@
+"""Which calls the ffpa library serves, decided from tensor metadata alone.
+
+Torch-free, so that CI without PyTorch can test the decisions, and cheap, since
+it also runs while torch.compile traces (on fake tensors). Whatever the library
+cannot serve goes to SDPA, which raises its own errors for invalid calls: a
+call is served only when SDPA would accept it and the library computes the
+same answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SERVED_DTYPES = ("float16", "bfloat16")
+MIN_HEAD_DIM, MAX_HEAD_DIM, HEAD_DIM_MULTIPLE = 8, 1024, 8
+
+# The C ABI takes dropout_p and scale as float32 (round to nearest even): from
+# 1 - 2**-25 on, p rounds to 1.0, and from 2**128 - 2**103 on, |scale| rounds to
+# inf. Bounds rather than a float32 conversion, which torch.compile cannot trace.
+DROPOUT_P_BOUND = 1 - 2**-25
+SCALE_BOUND = 2**128 - 2**103
+
+
+@dataclass(frozen=True)
+class CallSpec:
+    """The metadata of one ffpa_attn_func call (dtype names without "torch.")."""
+
+    device_type: str  # "cuda", "cpu", "meta", ...
+    same_device: bool  # q, k, v (and the mask) on one device
+    dtype: str  # q's dtype, e.g. "bfloat16"
+    kv_dtypes_match: bool  # k's and v's dtypes equal q's
+    q_shape: tuple[int, ...]
+    k_shape: tuple[int, ...]
+    v_shape: tuple[int, ...]
+    mask_dtype: str | None
+    mask_shape: tuple[int, ...] | None
+    dropout_p: float
+    enable_gqa: bool
+    needs_grad: bool  # grad mode on and an input requires grad
+    nested: bool  # an input is a nested tensor
+    is_causal: bool = False
+    scale: float | None = None
+
+
+def fallback_reason(spec: CallSpec) -> str | None:
+    """None when the library serves the call, else why SDPA gets it (short, human)."""
+    for check in (_tensor_kind_reason, _shape_reason, _mask_reason, _option_reason):
+        reason = check(spec)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _tensor_kind_reason(spec: CallSpec) -> str | None:
+    if spec.nested:
+        return "nested tensors are not served"
+    if spec.needs_grad:
+        return "an input requires grad and ffpa has no backward pass yet"
+    if spec.device_type != "cuda":
+        return f"tensors on {spec.device_type}, not CUDA"
+    if not spec.same_device:
+        return "query, key, value and attn_mask are not on one device"
+    if spec.dtype not in SERVED_DTYPES:
+        return f"dtype {spec.dtype} is not served (float16, bfloat16)"
+    if not spec.kv_dtypes_match:
+        return f"key or value dtype differs from query's {spec.dtype}"
+    return None
+
+
+def _shape_reason(spec: CallSpec) -> str | None:
+    ranks = (len(spec.q_shape), len(spec.k_shape), len(spec.v_shape))
+    if ranks != (4, 4, 4):
+        return f"query, key, value ranks are {ranks}; served: 4-D [B, H, N, D]"
+    (batch, heads_q, _, head_dim), (k_batch, heads_kv, seq_kv, k_dim) = spec.q_shape, spec.k_shape
+    if not batch == k_batch == spec.v_shape[0]:
+        return f"batch sizes differ: query {batch}, key {k_batch}, value {spec.v_shape[0]}"
+    if spec.v_shape[1:3] != spec.k_shape[1:3]:
+        return f"value shape {spec.v_shape} does not match key shape {spec.k_shape} in heads and length"
+    if not head_dim == k_dim == spec.v_shape[3]:
+        return f"head dims differ: query {head_dim}, key {k_dim}, value {spec.v_shape[3]}"
+    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM or head_dim % HEAD_DIM_MULTIPLE != 0:
+        return f"head dim {head_dim} is not a multiple of {HEAD_DIM_MULTIPLE} in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]"
+    if seq_kv < 1:
+        return "key length is 0"
+    if heads_kv < 1:
+        return "key has 0 heads"
+    if heads_q != heads_kv and not (spec.enable_gqa and heads_q % heads_kv == 0):
+        if spec.enable_gqa:
+            return f"query heads {heads_q} are not a multiple of key heads {heads_kv}"
+        return f"query heads {heads_q} differ from key heads {heads_kv} without enable_gqa=True"
+    return None
+
+
+def _mask_reason(spec: CallSpec) -> str | None:
+    if spec.mask_shape is None:
+        return None
+    if spec.is_causal:
+        return "is_causal=True with attn_mask (SDPA rejects it)"
+    # SDPA's rule: a bool mask, a float32 mask or a mask of the query's dtype.
+    if spec.mask_dtype not in ("bool", "float32", spec.dtype):
+        return f"attn_mask dtype {spec.mask_dtype} is neither bool, float32 nor the query's {spec.dtype}"
+    batch, heads_q, seq_q, _ = spec.q_shape
+    scores_shape = (batch, heads_q, seq_q, spec.k_shape[2])
+    # SDPA's CPU backend choice reads dim -2 of the mask and raises for a 0-D or
+    # 1-D one; such masks stay SDPA's, whatever it does with them on CUDA.
+    if not 2 <= len(spec.mask_shape) <= 4 or not _broadcasts_to(spec.mask_shape, scores_shape):
+        return f"attn_mask shape {spec.mask_shape} does not broadcast to [B, Hq, Nq, Nkv] = {list(scores_shape)}"
+    return None
+
+
+def _option_reason(spec: CallSpec) -> str | None:
+    # The negated comparisons also catch NaN.
+    if not (_is_real(spec.dropout_p) and 0 <= spec.dropout_p < DROPOUT_P_BOUND):
+        return f"dropout_p = {spec.dropout_p!r} is outside [0, 1) as a float32"
+    if spec.scale is not None and not (_is_real(spec.scale) and abs(spec.scale) < SCALE_BOUND):
+        return f"scale = {spec.scale!r} is not a finite float32"
+    return None
+
+
+def _broadcasts_to(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Broadcasting as torch does it: trailing dims aligned, size-1 dims stretch."""
+    return len(shape) <= len(target) and all(s == 1 or s == t for s, t in zip(reversed(shape), reversed(target)))
+
+
+def _is_real(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -1,0 +1,93 @@
+"""The custom op on CPU tensors runs the library's CPU reference (host pointers):
+without a GPU this checks the ctypes plumbing (strides, broadcast masks, enums, lse)
+against SDPA, and that the tests' Philox keep-mask is exactly the library's."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ffpa_attn import _library  # noqa: E402
+
+try:
+    _library.load_library()
+except _library.LibraryNotFoundError as error:
+    pytest.skip(f"the ffpa C library does not load (set FFPA_LIBRARY): {error}", allow_module_level=True)
+
+from attention_inputs import MASK_PATTERNS, identity_values, random_mask, random_qkv, uniform  # noqa: E402
+from attention_reference import (  # noqa: E402
+    CAUSAL_ALIGNMENTS,
+    assert_lse_close,
+    assert_output_close,
+    causal_mask,
+    logsumexp_float64,
+    sdpa_float32,
+)
+from philox_reference import dropout_keep_mask  # noqa: E402 - imports numpy only when called
+
+import ffpa_attn.ops  # noqa: E402,F401 - registers torch.ops.ffpa_attn.forward
+
+CPU = "cpu"
+
+
+def reference_op(q, k, v, mask=None, causal=None, scale=None, dropout_p=0.0, seed=0, offset=0):
+    """torch.ops.ffpa_attn.forward with impl cpu_reference: (o, lse)."""
+    return torch.ops.ffpa_attn.forward(
+        q,
+        k,
+        v,
+        mask,
+        dropout_p,
+        _library.Causal[causal.upper()] if causal else _library.Causal.NONE,
+        q.shape[-1] ** -0.5 if scale is None else scale,
+        _library.Accumulation.F32,
+        _library.Impl.CPU_REFERENCE,
+        seed,
+        offset,
+        True,
+    )
+
+
+@pytest.mark.parametrize("layout", ["bhnd", "bnhd", "padded-rows"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_layouts_and_gqa(rng, dtype, layout):
+    b, hq, hkv, nq, nkv, d = 2, 4, 2, 23, 31, rng.choice([8, 72, 136])
+    q, k, v = random_qkv(b, hq, hkv, nq, nkv, d, dtype, CPU, layout)
+    o, lse = reference_op(q, k, v, scale=0.2)
+    assert o.stride() == torch.empty_like(q).stride()
+    assert_output_close(o, sdpa_float32(q, k, v, scale=0.2, enable_gqa=True), dtype)
+    assert_lse_close(lse, logsumexp_float64(q, k, scale=0.2))
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("pattern", MASK_PATTERNS)
+def test_masks(pattern, mask_dtype):
+    b, h, nq, nkv, d = 2, 3, 21, 29, 64
+    q, k, v = random_qkv(b, h, h, nq, nkv, d, torch.bfloat16, CPU)
+    mask = random_mask(pattern, mask_dtype, b, h, nq, nkv, CPU)
+    o, lse = reference_op(q, k, v, mask)
+    assert_output_close(o, sdpa_float32(q, k, v, attn_mask=mask), torch.bfloat16)
+    assert_lse_close(lse, logsumexp_float64(q, k, mask))
+
+
+@pytest.mark.parametrize(("nq", "nkv"), [(13, 29), (29, 13)])
+@pytest.mark.parametrize("alignment", CAUSAL_ALIGNMENTS)
+def test_causal(alignment, nq, nkv):
+    q, k, v = random_qkv(1, 2, 2, nq, nkv, 32, torch.float16, CPU)
+    o, lse = reference_op(q, k, v, causal=alignment)
+    assert_output_close(o, sdpa_float32(q, k, v, attn_mask=causal_mask(nq, nkv, alignment, CPU)), torch.float16)
+    assert_lse_close(lse, logsumexp_float64(q, k, causal=alignment))
+
+
+@pytest.mark.parametrize("dropout_p", [0.1, 0.5, 0.9])
+def test_dropout_keep_mask_is_the_library_mask(rng, dropout_p):
+    pytest.importorskip("numpy")
+    b, h, nq, nkv, d = 2, 3, 37, 101, 128
+    seed, offset = rng.getrandbits(63), rng.getrandbits(63)
+    q = uniform((b, h, nq, d), -0.5, 0.5, torch.bfloat16, CPU)
+    k = uniform((b, h, nkv, d), -0.5, 0.5, torch.bfloat16, CPU)
+    o, _ = reference_op(
+        q, k, identity_values(b, h, nkv, d, torch.bfloat16, CPU), dropout_p=dropout_p, seed=seed, offset=offset
+    )
+    kept = o[..., :nkv] != 0
+    keep = torch.from_numpy(dropout_keep_mask(seed, offset, b, h, nq, nkv, dropout_p))
+    assert torch.equal(kept, keep), f"{(kept != keep).sum().item()} of {keep.numel()} keep decisions differ"
