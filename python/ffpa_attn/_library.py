@@ -111,7 +111,7 @@ def tensor(data: int, dtype: DType, shape: Sequence[int], strides: Sequence[int]
 
 
 class FFPAError(RuntimeError):
-    """A non-zero ffpa_status: status_name (e.g. "FFPA_MISALIGNED") and the library's message."""
+    """A non-zero ffpa_status: status_name (e.g. "misaligned", from ffpa_status_name) and the library's message."""
 
     def __init__(self, status_name: str, message: str) -> None:
         super().__init__(f"{status_name}: {message}")
