@@ -37,7 +37,8 @@ typedef enum ffpa_accumulation { FFPA_ACCUM_F32 = 0, FFPA_ACCUM_F16 = 1 } ffpa_a
 typedef enum ffpa_impl {
   FFPA_IMPL_AUTO = 0,
   FFPA_IMPL_CPU_REFERENCE = 1,
-  FFPA_IMPL_SM80_SPLIT_D = 2
+  FFPA_IMPL_SM80_SPLIT_D = 2,
+  FFPA_IMPL_SM90_WGMMA = 3
 } ffpa_impl;
 
 typedef enum ffpa_status {

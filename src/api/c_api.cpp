@@ -32,6 +32,7 @@ FFPA_SAME_VALUE(FFPA_ACCUM_F16, ffpa::Accumulation::f16);
 FFPA_SAME_VALUE(FFPA_IMPL_AUTO, ffpa::Impl::automatic);
 FFPA_SAME_VALUE(FFPA_IMPL_CPU_REFERENCE, ffpa::Impl::cpu_reference);
 FFPA_SAME_VALUE(FFPA_IMPL_SM80_SPLIT_D, ffpa::Impl::sm80_split_d);
+FFPA_SAME_VALUE(FFPA_IMPL_SM90_WGMMA, ffpa::Impl::sm90_wgmma);
 FFPA_SAME_VALUE(FFPA_OK, StatusCode::ok);
 FFPA_SAME_VALUE(FFPA_NULL_POINTER, StatusCode::null_pointer);
 FFPA_SAME_VALUE(FFPA_INVALID_RANK, StatusCode::invalid_rank);

@@ -7,6 +7,7 @@
 #include "host/cuda_status.hpp"
 #include "host/memory_space.hpp"
 #include "kernels/sm80/split_d.hpp"
+#include "kernels/sm90/seesaw.hpp"
 #include "reference/cpu_attention.hpp"
 
 namespace ffpa::detail {
@@ -17,6 +18,7 @@ const char* impl_name(Impl impl) {
     case Impl::automatic: return "auto";
     case Impl::cpu_reference: return "cpu_reference";
     case Impl::sm80_split_d: return "sm80_split_d";
+    case Impl::sm90_wgmma: return "sm90_wgmma";
   }
   return "unknown";
 }
@@ -72,6 +74,49 @@ Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
   return {};
 }
 
+// The sm90 family runs sm_90a code: compute capability 9.0 exactly.
+Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, KernelChoice* choice) {
+  int device = 0, major = 0, minor = 0;
+  if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {StatusCode::impl_unavailable, std::string("impl sm90_wgmma needs a CUDA device: ") +
+                                              cudaGetErrorString(error)};
+  }
+  if (space != MemorySpace::device) {
+    return {StatusCode::wrong_memory_space,
+            "impl sm90_wgmma needs device pointers, but the tensors are in host memory"};
+  }
+  FFPA_RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  FFPA_RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (major != 9 || minor != 0) {
+    return {StatusCode::impl_unavailable, "impl sm90_wgmma needs compute capability 9.0; device " +
+                                              std::to_string(device) + " has " +
+                                              std::to_string(major) + "." + std::to_string(minor)};
+  }
+  std::string reason;
+  const sm90::SeesawInstance* instance = sm90::route_seesaw(problem, &reason);
+  if (instance == nullptr) {
+    return {StatusCode::impl_unavailable, "impl sm90_wgmma does not serve this call: " + reason};
+  }
+  choice->impl = Impl::sm90_wgmma;
+  choice->kernel = sm90::seesaw_kernel_name(problem, *instance);
+  choice->padded_head_dim = instance->head_dim;
+  choice->value_splits = 1;
+  return {};
+}
+
+// Device pointers under Impl::automatic: the sm90 family where it serves the
+// call and is measured faster (docs/kernels/sm90_wgmma.md), else split-D.
+Status plan_automatic_device(const AttentionProblem& problem, KernelChoice* choice) {
+  constexpr int64_t kSm90MinHeadDim = 129;  // below, split-D is as fast (measured on H200)
+  if (problem.head_dim >= kSm90MinHeadDim &&
+      plan_sm90_wgmma(problem, MemorySpace::device, choice).ok()) {
+    return {};
+  }
+  (void)cudaGetLastError();
+  return plan_sm80_split_d(problem, MemorySpace::device, choice);
+}
+
 }  // namespace
 
 Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoice* choice) {
@@ -81,9 +126,10 @@ Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoic
   switch (requested) {
     case Impl::cpu_reference: return plan_cpu_reference(space, choice);
     case Impl::sm80_split_d: return plan_sm80_split_d(problem, space, choice);
+    case Impl::sm90_wgmma: return plan_sm90_wgmma(problem, space, choice);
     case Impl::automatic:
       return space == MemorySpace::host ? plan_cpu_reference(space, choice)
-                                        : plan_sm80_split_d(problem, space, choice);
+                                        : plan_automatic_device(problem, choice);
   }
   return {StatusCode::invalid_option,
           "options.impl = " + std::to_string(static_cast<int>(requested)) + " is not an Impl"};
@@ -104,6 +150,12 @@ Status run_forward(const AttentionProblem& problem, const KernelChoice& choice,
       return sm80::run_split_d(
           problem, sm80::SplitDRoute{static_cast<int>(choice.padded_head_dim), choice.value_splits},
           stream);
+    case Impl::sm90_wgmma:
+      for (int i = 0; i < sm90::kSeesawInstanceCount; ++i) {
+        if (sm90::kSeesawInstances[i].head_dim == choice.padded_head_dim)
+          return sm90::kSeesawInstances[i].launch(problem, stream);
+      }
+      break;
     case Impl::automatic: break;
   }
   return {StatusCode::impl_unavailable,

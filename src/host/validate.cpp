@@ -353,9 +353,9 @@ Status check_options(const ForwardParams& p) {
     return fail(StatusCode::invalid_option, "options.accumulation = ", accumulation,
                 " is not an Accumulation value (0 f32, 1 f16)");
   const auto impl = static_cast<int32_t>(opt.impl);
-  if (impl < 0 || impl > static_cast<int32_t>(Impl::sm80_split_d))
+  if (impl < 0 || impl > static_cast<int32_t>(Impl::sm90_wgmma))
     return fail(StatusCode::invalid_option, "options.impl = ", impl,
-                " is not an Impl value (0 automatic, 1 cpu_reference, 2 sm80_split_d)");
+                " is not an Impl value (0 automatic, 1 cpu_reference, 2 sm80_split_d, 3 sm90_wgmma)");
   if (opt.scale && !std::isfinite(*opt.scale))
     return fail(StatusCode::invalid_option, "options.scale = ", *opt.scale, " is not finite");
   if (!std::isfinite(opt.dropout_p) || opt.dropout_p < 0.0f || opt.dropout_p >= 1.0f)

@@ -1,8 +1,8 @@
 // ffpa_gpu_tests: every GPU path of forward() against the fp64 CPU reference,
 // on fresh random inputs, with NaN-poisoned outputs and row gaps.
 //
-// Each parameterized case runs Impl::automatic and Impl::sm80_split_d and
-// checks, for both: no NaN anywhere in o or lse, the gaps between padded rows
+// Each parameterized case runs Impl::automatic, Impl::sm80_split_d and (on an
+// sm_90 device) Impl::sm90_wgmma and checks, for each: no NaN anywhere in o or lse, the gaps between padded rows
 // still poisoned, rows with no attended key exactly 0 with lse = -inf, the
 // relative L2 error of o over the checked rows (bf16 <= 1e-2, f16 <= 5e-3), no
 // row much worse than that, and |lse - ref| <= 2e-3 * max(1, |ref|).
@@ -32,13 +32,14 @@
 #include "gpu/device_tensor.hpp"
 #include "gpu/forward_case.hpp"
 #include "host/validate.hpp"
+#include "kernels/sm90/seesaw.hpp"
 #include "reference/cpu_attention.hpp"
 #include "support/host_tensors.hpp"
 
 namespace ffpa::testing {
 namespace {
 
-constexpr Impl kGpuImpls[] = {Impl::automatic, Impl::sm80_split_d};
+constexpr Impl kGpuImpls[] = {Impl::automatic, Impl::sm80_split_d, Impl::sm90_wgmma};
 
 // Relative L2 error of o against the fp64 reference, over all checked rows.
 double o_tolerance(DType dtype) { return dtype == DType::bf16 ? 1e-2 : 5e-3; }
@@ -53,6 +54,7 @@ const char* impl_label(Impl impl) {
     case Impl::automatic: return "automatic";
     case Impl::cpu_reference: return "cpu_reference";
     case Impl::sm80_split_d: return "sm80_split_d";
+    case Impl::sm90_wgmma: return "sm90_wgmma";
   }
   return "unknown";
 }
@@ -88,6 +90,25 @@ std::optional<std::string> query_gpu_unavailable_reason() {
 const std::optional<std::string>& gpu_unavailable_reason() {
   static const std::optional<std::string> reason = query_gpu_unavailable_reason();
   return reason;
+}
+
+// Whether device 0 runs the sm90 family at all (compute capability 9.0 and a
+// build with sm_90a kernels).
+bool device_runs_sm90() {
+  static const bool runs = [] {
+    int major = 0, minor = 0;
+    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess;
+    (void)cudaGetLastError();
+    return ok && major == 9 && minor == 0 && detail::sm90::kSeesawInstanceCount > 0;
+  }();
+  return runs;
+}
+
+// Whether the sm90 family serves the case (see kernels/sm90/seesaw_routing.cpp).
+bool sm90_serves(const ForwardCase& c) {
+  if (!device_runs_sm90() || c.accumulation == Accumulation::f16) return false;
+  return c.head_dim <= detail::sm90::kSeesawInstances[detail::sm90::kSeesawInstanceCount - 1].head_dim;
 }
 
 uint64_t fnv1a(const std::string& text) {
@@ -325,6 +346,13 @@ void run_and_compare(const ForwardCase& c, HostProblem* host, const DeviceInputs
 
   KernelChoice choice;
   const Status selected = select_kernel(params, &choice);
+  if (impl == Impl::sm90_wgmma && !sm90_serves(c)) {
+    // Refused with a reason, nothing written.
+    EXPECT_EQ(selected.code, StatusCode::impl_unavailable) << status_text(selected);
+    EXPECT_NE(selected.message.find("sm90_wgmma"), std::string::npos) << selected.message;
+    EXPECT_EQ(forward(params).code, StatusCode::impl_unavailable);
+    return;
+  }
   ASSERT_TRUE(selected.ok()) << "select_kernel: " << status_text(selected);
   const std::string kernel = describe(choice);
   SCOPED_TRACE("impl " + std::string(impl_label(impl)) + " runs " + kernel);

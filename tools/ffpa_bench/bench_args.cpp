@@ -59,7 +59,8 @@ constexpr Choice<MaskChoice> kMasks[] = {
     {"full-add-f32", MaskChoice::full_add_f32}};
 constexpr Choice<Layout> kLayouts[] = {{"bhnd", Layout::bhnd}, {"bnhd", Layout::bnhd}};
 constexpr Choice<Impl> kImpls[] = {
-    {"auto", Impl::automatic}, {"cpu", Impl::cpu_reference}, {"sm80", Impl::sm80_split_d}};
+    {"auto", Impl::automatic}, {"cpu", Impl::cpu_reference}, {"sm80", Impl::sm80_split_d},
+    {"sm90", Impl::sm90_wgmma}};
 constexpr Choice<Accumulation> kAccumulations[] = {{"f32", Accumulation::f32}, {"f16", Accumulation::f16}};
 
 template <typename Enum, size_t N>
@@ -260,7 +261,7 @@ Data and options
   --scale S              softmax scale (default 1/sqrt(D))
   --accum f32|f16        accumulation precision; f16 needs --dtype f16
   --lse                  also write the log-sum-exp and check it
-  --impl auto|cpu|sm80   implementation (default auto); cpu runs the CPU
+  --impl auto|cpu|sm80|sm90  implementation (default auto); cpu runs the CPU
                          reference on host memory, on the small default shape
 
 Measurement

@@ -331,8 +331,9 @@ int run_benchmarks(const BenchArgs& args) {
   try {
     std::string why_no_device;
     const std::optional<Device> device = find_device(&why_no_device);
-    if (!device && args.impl == Impl::sm80_split_d)
-      throw CallFailure("no CUDA device (" + why_no_device + "): --impl sm80 needs one");
+    if (!device && (args.impl == Impl::sm80_split_d || args.impl == Impl::sm90_wgmma))
+      throw CallFailure("no CUDA device (" + why_no_device + "): --impl " +
+                        (args.impl == Impl::sm80_split_d ? "sm80" : "sm90") + " needs one");
     if (!device)
       std::fprintf(text, "no CUDA device: running the CPU reference on a small default shape (%s)\n",
                    why_no_device.c_str());

@@ -24,6 +24,8 @@
 
 #include "common/attention_problem.hpp"
 #include "common/philox.hpp"
+#include "kernels/common/compiler_hints.cuh"
+#include "kernels/common/tile_elementwise.cuh"
 #include "kernels/sm80/ptx.cuh"
 #include "kernels/sm80/split_d_tiles.hpp"
 
@@ -97,31 +99,6 @@ struct SplitDArgs {
   int64_t block_offset;  // first linear CTA index of this launch
   float scale_log2;      // scale * log2(e)
 };
-
-// An element of the mask as a log2-domain additive term.
-template <typename T>
-__device__ __forceinline__ float mask_term(const T* base, int64_t offset) {
-  constexpr float kLog2e = 1.4426950408889634f;
-  const T value = base[offset];
-  if constexpr (std::is_same_v<T, uint8_t>) {
-    return value ? 0.0f : -INFINITY;
-  } else {
-    return static_cast<float>(value) * kLog2e;
-  }
-}
-
-// A value the compiler must treat as unknown at this point: what is derived
-// from it is computed here, not hoisted out of the enclosing loops (where it
-// would pin registers next to the O accumulator for the whole kernel).
-template <typename T>
-__device__ __forceinline__ T opaque(T value) {
-  if constexpr (sizeof(T) == 8) {
-    asm volatile("" : "+l"(value));
-  } else {
-    asm volatile("" : "+r"(value));
-  }
-  return value;
-}
 
 struct MaxOp {
   __device__ float operator()(float a, float b) const { return fmaxf(a, b); }

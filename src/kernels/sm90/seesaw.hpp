@@ -1,0 +1,40 @@
+// Host-side interface of the sm90 family (TMA + wgmma, sm_90a): the compiled
+// instances (one per instantiated head dim, listed by CMake), what the family
+// does not serve and why, and running an instance.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "common/attention_problem.hpp"
+#include "ffpa/ffpa.hpp"
+
+namespace ffpa::detail::sm90 {
+
+using SeesawLauncher = Status (*)(const AttentionProblem&, cudaStream_t);
+
+// Defined in seesaw_launch.cuh, explicitly instantiated per head dim in the
+// generated seesaw_d<D>.cu translation units (compiled for sm_90a only).
+template <int kHeadDim>
+Status launch_seesaw_instance(const AttentionProblem& problem, cudaStream_t stream);
+
+struct SeesawInstance {
+  int head_dim;  // a multiple of 64; serves every D up to it
+  SeesawLauncher launch;
+};
+
+// Generated from FFPA_SM90_HEAD_DIMS (seesaw_registry.cpp.in), ascending head_dim;
+// empty when the build has no sm_90a target.
+extern const SeesawInstance kSeesawInstances[];
+extern const int kSeesawInstanceCount;
+
+// The compiled instance that serves the call (the smallest head_dim >= D), or
+// nullptr when the family does not serve it; then *reason says why. Every
+// call this family declines is decided here.
+const SeesawInstance* route_seesaw(const AttentionProblem& problem, std::string* reason);
+
+// Human-readable name of an instance, e.g. "sm90_seesaw<bf16,d512,m64,n128,s4>".
+std::string seesaw_kernel_name(const AttentionProblem& problem, const SeesawInstance& instance);
+
+}  // namespace ffpa::detail::sm90

@@ -1,0 +1,58 @@
+// Which calls the sm90 family serves, and naming its kernels.
+#include <climits>
+#include <string>
+
+#include "kernels/sm90/seesaw.hpp"
+#include "kernels/sm90/tensor_map.hpp"
+
+namespace ffpa::detail::sm90 {
+
+const SeesawInstance* route_seesaw(const AttentionProblem& problem, std::string* reason) {
+  if (kSeesawInstanceCount == 0) {
+    *reason = "this build has no sm_90a kernels (add 90a-real to FFPA_CUDA_ARCHITECTURES)";
+    return nullptr;
+  }
+  if (problem.accumulation == Accumulation::f16) {
+    *reason = "fp16 accumulation is served by sm80_split_d only";
+    return nullptr;
+  }
+  const int largest = kSeesawInstances[kSeesawInstanceCount - 1].head_dim;
+  if (problem.head_dim > largest) {
+    *reason = "head dim " + std::to_string(problem.head_dim) + " is above " +
+              std::to_string(largest) +
+              ", the largest this build compiles (two warpgroups hold O in registers)";
+    return nullptr;
+  }
+  constexpr int64_t kMaxSequence = INT_MAX - 1024;  // positions are 32-bit in the kernel
+  if (problem.seq_q > kMaxSequence || problem.seq_kv > kMaxSequence) {
+    *reason = "sequence lengths above " + std::to_string(kMaxSequence);
+    return nullptr;
+  }
+  const int64_t row_blocks = (problem.seq_q + 63) / 64;
+  if (problem.batch * problem.heads_q * row_blocks > INT_MAX) {
+    *reason = "more than 2^31 - 1 tiles of 64 query rows (B x Hq x ceil(Nq / 64))";
+    return nullptr;
+  }
+  const TensorMapShape tensors[4] = {
+      {problem.q, problem.dtype, problem.batch, problem.heads_q, problem.seq_q, problem.head_dim, problem.q_stride},
+      {problem.k, problem.dtype, problem.batch, problem.heads_kv, problem.seq_kv, problem.head_dim, problem.k_stride},
+      {problem.v, problem.dtype, problem.batch, problem.heads_kv, problem.seq_kv, problem.head_dim, problem.v_stride},
+      {problem.o, problem.dtype, problem.batch, problem.heads_q, problem.seq_q, problem.head_dim, problem.o_stride}};
+  for (const TensorMapShape& tensor : tensors) {
+    if (!tensor_map_addressable(tensor)) {
+      *reason = "TMA needs 16-byte aligned base addresses and strides";
+      return nullptr;
+    }
+  }
+  for (int i = 0; i < kSeesawInstanceCount; ++i) {
+    if (kSeesawInstances[i].head_dim >= problem.head_dim) return &kSeesawInstances[i];
+  }
+  return nullptr;  // unreachable: head_dim <= largest
+}
+
+std::string seesaw_kernel_name(const AttentionProblem& problem, const SeesawInstance& instance) {
+  return std::string("sm90_seesaw<") + (problem.dtype == DType::bf16 ? "bf16" : "f16") + ",d" +
+         std::to_string(instance.head_dim) + ",m64,n128,s4>";
+}
+
+}  // namespace ffpa::detail::sm90
