@@ -7,6 +7,7 @@
 #include <cuda.h>  // CUtensorMap (header only: the driver call is made on the host)
 
 #include <cstdint>
+#include <cstdio>
 
 namespace ffpa::detail::sm90 {
 
@@ -34,8 +35,26 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t
                : "memory");
 }
 
+__device__ __forceinline__ bool mbarrier_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done) : "r"(bar), "r"(parity) : "memory");
+  return done != 0;
+}
+
 // Waits until the phase with the given parity has completed.
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+#ifdef FFPA_SM90_HANG_WATCHDOG
+  const long long start = clock64();
+  while (!mbarrier_try_wait(bar, parity)) {
+    if (clock64() - start > 4000000000ll) {
+      printf("HANG block %d thread %d bar 0x%x parity %u\n", blockIdx.x, threadIdx.x, bar, parity);
+      __trap();
+    }
+  }
+  return;
+#endif
   asm volatile(
       "{\n"
       ".reg .pred done;\n"

@@ -18,6 +18,16 @@
 // 4 stages of [64 keys][kHalfCols columns], one per (key half, consumer).
 // Every stage has exactly one consumer warpgroup, which frees it (empty
 // barrier, one arrival per warp) once its wgmmas have read it.
+//
+// Why two full barriers per stage: the consumers take positions out of order
+// (consumer 1 waits for K_1 while consumer 0 has not received K_0), so a
+// consumer may wait for position p before position p - kStages, in the same
+// stage, has landed. A parity wait on a per-stage barrier would then see the
+// previous phase as complete and read early. With 2 * kStages barriers, p
+// shares its barrier with p - 2 * kStages, which has always landed: a
+// consumer's consecutive positions are less than 2 * kStages apart (at most
+// kKStages + 2, from its half of V_{j-1} to its half of V_j), and its previous
+// one has landed.
 #pragma once
 
 #include <cuda.h>
@@ -64,13 +74,15 @@ struct SeesawTraits {
   static constexpr int kRowSumOffset = kStatsOffset + 2 * 2 * kBlockM * 4;        // float [2][64]
   static constexpr int kTileOffset = kRowSumOffset + 2 * kBlockM * 4;  // TileCoordinates
   static constexpr int kBarrierOffset = kTileOffset + 32;
-  // q_full, full[kStages], empty[kStages], p_full[2], p_empty[2]
-  static constexpr int kBarriers = 1 + 2 * kStages + 4;
+  // q_full, full[kFullBarriers], empty[kStages], p_full[2], p_empty[2]
+  static constexpr int kFullBarriers = 2 * kStages;
+  static constexpr int kBarriers = 1 + kFullBarriers + kStages + 4;
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
 
   static_assert(kHalfCols % 64 == 0 && kHalfCols >= 128 && kHalfCols <= 256,
                 "O halves are whole 64-column boxes, N = 128..256");
   static_assert(kQKChunks >= 1 && kQKChunks <= 8, "S covers up to 512 columns");
+  static_assert(kKStages + 2 < kFullBarriers, "a consumer never waits two phases ahead");
   static_assert(kSmemBytes <= 232448, "fits the 227 KB a Hopper block may opt into");
 };
 
@@ -127,10 +139,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   float* const row_sums = reinterpret_cast<float*>(smem + Traits::kRowSumOffset);
   const uint32_t barriers = smem_address(smem + Traits::kBarrierOffset);
   const uint32_t q_full = barriers;
-  auto full = [&](int stage) { return barriers + 8 * (1 + stage); };
-  auto empty = [&](int stage) { return barriers + 8 * (1 + kStages + stage); };
-  auto p_full = [&](int buffer) { return barriers + 8 * (1 + 2 * kStages + buffer); };
-  auto p_empty = [&](int buffer) { return barriers + 8 * (3 + 2 * kStages + buffer); };
+  // Ring position p lives in stage p % kStages and completes on full barrier
+  // p % kFullBarriers: see "Why two full barriers per stage" above.
+  constexpr int kFull = Traits::kFullBarriers;
+  auto full = [&](int position) { return barriers + 8 * (1 + position % kFull); };
+  auto full_parity = [&](int position) { return static_cast<uint32_t>((position / kFull) & 1); };
+  auto empty = [&](int stage) { return barriers + 8 * (1 + kFull + stage); };
+  auto p_full = [&](int buffer) { return barriers + 8 * (1 + kFull + kStages + buffer); };
+  auto p_empty = [&](int buffer) { return barriers + 8 * (3 + kFull + kStages + buffer); };
 
   const AttentionProblem& p = args.p;
   // --- which tile: row block fastest (CTAs of one head run together and share
@@ -156,10 +172,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      mbarrier_init(full(s), 1);
-      mbarrier_init(empty(s), 4);  // one arrival per warp of the consuming warpgroup
-    }
+    for (int f = 0; f < kFull; ++f) mbarrier_init(full(f), 1);
+    for (int s = 0; s < kStages; ++s) mbarrier_init(empty(s), 4);  // a warp of the consumer each
     for (int b = 0; b < 2; ++b) {
       mbarrier_init(p_full(b), 128);  // every thread of the owner writes part of P
       mbarrier_init(p_empty(b), 4);   // the other consumer's warps have read P
@@ -185,7 +199,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       auto acquire = [&](uint32_t bytes) {
         const int stage = position % kStages;
         mbarrier_wait(empty(stage), ((position / kStages) & 1) ^ 1);
-        mbarrier_arrive_expect_tx(full(stage), bytes);
+        mbarrier_arrive_expect_tx(full(position), bytes);
         ++position;
         return stage;
       };
@@ -196,7 +210,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           const int boxes = ks + 1 < kKStages ? 2 : kLast;
           const int stage = acquire(boxes * Traits::kKBoxBytes);
           for (int b = 0; b < boxes; ++b)
-            tma_load_4d(ring + stage * kStageBytes + b * Traits::kKBoxBytes, &k_map, full(stage),
+            tma_load_4d(ring + stage * kStageBytes + b * Traits::kKBoxBytes, &k_map, full(position - 1),
                         (2 * ks + b) * 64, j * kBlockN, kv_head, batch);
         }
       };
@@ -205,7 +219,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           for (int w = 0; w < 2; ++w) {
             const int stage = acquire(Traits::kVStageBytes);
             for (int box = 0; box < kHalfCols / 64; ++box)
-              tma_load_4d(ring + stage * kStageBytes + box * kTileBytes, &v_map, full(stage),
+              tma_load_4d(ring + stage * kStageBytes + box * kTileBytes, &v_map, full(position - 1),
                           w * kHalfCols + box * 64, j * kBlockN + key_half * 64, kv_head, batch);
           }
       };
@@ -254,7 +268,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     for (int ks = 0; ks < kKStages; ++ks) {
       const int position = first + ks;
       const int stage = position % kStages;
-      mbarrier_wait(full(stage), (position / kStages) & 1);
+      mbarrier_wait(full(position), full_parity(position));
       wgmma_fence();
       constexpr int kLast = Traits::kQKChunks - 2 * (kKStages - 1);
 #pragma unroll
@@ -296,13 +310,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
     }
-    const int first = 2 * kKStages + j * kBlockStride;
+    // V_j follows K_{j+1}; the last V block follows the V block before it.
+    const int first = (j + 1 < tile->n_blocks ? 2 : 1) * kKStages + j * kBlockStride;
     fence_operands(o_acc);
 #pragma unroll
     for (int key_half = 0; key_half < 2; ++key_half) {
       const int position = first + 2 * key_half + w;
       const int stage = position % kStages;
-      mbarrier_wait(full(stage), (position / kStages) & 1);
+      mbarrier_wait(full(position), full_parity(position));
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {
