@@ -1,5 +1,6 @@
-// Dispatch: the head-dim routing table of the split-D family, kernel naming,
-// and the choice of implementation from the call's options and memory space.
+// Dispatch: the head-dim routing tables of the split-D and sm90 families,
+// kernel naming, and the choice of implementation from the call's options and
+// memory space.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -7,6 +8,7 @@
 
 #include "ffpa/ffpa.hpp"
 #include "kernels/sm80/split_d.hpp"
+#include "kernels/sm90/seesaw.hpp"
 #include "support/host_tensors.hpp"
 
 namespace {
@@ -93,6 +95,69 @@ HostCall host_call(int64_t d, DType dtype = DType::bf16) {
   c.params.v = c.v.tensor;
   c.params.o = c.o.tensor;
   return c;
+}
+
+// --- sm90 family: what it serves and why it declines ------------------------------
+
+// A contiguous [1, 8, 1000, D] bf16 problem (device pointers are not needed:
+// routing reads shapes, strides and alignment only).
+ffpa::detail::AttentionProblem sm90_problem(int64_t head_dim) {
+  ffpa::detail::AttentionProblem p;
+  p.batch = 1, p.heads_q = p.heads_kv = 8, p.seq_q = p.seq_kv = 1000, p.head_dim = head_dim;
+  alignas(16) static unsigned char buffer[16];
+  p.q = p.k = p.v = buffer;
+  p.o = buffer;
+  for (int64_t* stride : {p.q_stride, p.k_stride, p.v_stride, p.o_stride}) {
+    stride[2] = head_dim, stride[1] = 1000 * head_dim, stride[0] = 8 * 1000 * head_dim;
+  }
+  return p;
+}
+
+TEST(Sm90Routing, ServesEachHeadDimWithTheSmallestInstanceThatHoldsIt) {
+  if (ffpa::detail::sm90::kSeesawInstanceCount == 0) GTEST_SKIP() << "built without sm_90a";
+  const int largest =
+      ffpa::detail::sm90::kSeesawInstances[ffpa::detail::sm90::kSeesawInstanceCount - 1].head_dim;
+  for (int d = 8; d <= largest; d += 8) {
+    SCOPED_TRACE("D = " + std::to_string(d));
+    std::string reason;
+    const auto* instance = ffpa::detail::sm90::route_seesaw(sm90_problem(d), &reason);
+    ASSERT_NE(instance, nullptr) << reason;
+    EXPECT_GE(instance->head_dim, d);
+    for (int i = 0; i < ffpa::detail::sm90::kSeesawInstanceCount; ++i) {
+      const int other = ffpa::detail::sm90::kSeesawInstances[i].head_dim;
+      if (other >= d) EXPECT_GE(other, instance->head_dim) << "a smaller instance holds D";
+    }
+  }
+}
+
+TEST(Sm90Routing, DeclinesWithAReason) {
+  if (ffpa::detail::sm90::kSeesawInstanceCount == 0) GTEST_SKIP() << "built without sm_90a";
+  std::string reason;
+  EXPECT_EQ(ffpa::detail::sm90::route_seesaw(sm90_problem(1024), &reason), nullptr);
+  EXPECT_NE(reason.find("head dim 1024"), std::string::npos) << reason;
+
+  auto f16_accumulation = sm90_problem(512);
+  f16_accumulation.dtype = DType::f16;
+  f16_accumulation.accumulation = Accumulation::f16;
+  EXPECT_EQ(ffpa::detail::sm90::route_seesaw(f16_accumulation, &reason), nullptr);
+  EXPECT_NE(reason.find("fp16 accumulation"), std::string::npos) << reason;
+
+  auto odd_rows = sm90_problem(512);
+  odd_rows.k_stride[2] = 516;  // 1032-byte rows: not a multiple of 16 bytes
+  EXPECT_EQ(ffpa::detail::sm90::route_seesaw(odd_rows, &reason), nullptr);
+  EXPECT_NE(reason.find("TMA"), std::string::npos) << reason;
+}
+
+TEST(Sm90Routing, ExplicitImplOnHostPointersIsRefused) {
+  HostCall c = host_call(64);
+  c.params.options.impl = Impl::sm90_wgmma;
+  KernelChoice choice;
+  const Status status = select_kernel(c.params, &choice);
+  EXPECT_TRUE(status.code == StatusCode::impl_unavailable ||
+              status.code == StatusCode::wrong_memory_space)
+      << status_name(status.code);
+  EXPECT_NE(status.message.find("sm90_wgmma"), std::string::npos) << status.message;
+  EXPECT_EQ(forward(c.params).code, status.code);
 }
 
 TEST(Dispatch, AutomaticOnHostPointersIsTheCpuReference) {
