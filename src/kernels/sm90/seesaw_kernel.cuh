@@ -2,10 +2,8 @@
 //
 // One CTA: 64 query rows of one (batch, head), all of O. Three warpgroups:
 //   - a producer (one thread issues TMA loads into a ring of shared-memory stages);
-//   - two consumers; consumer 0 owns columns [0, kCols0) of O and consumer 1
-//     [kCols0, kCols0 + kCols1) (fp32 in registers: 64 x 512 does not fit one
-//     warpgroup). The split is even, or 64 columns apart when D / 64 is odd,
-//     so no wgmma computes padding (D = 320: 192 + 128).
+//   - two consumers; consumer w owns columns [w * kHalfCols, (w + 1) * kHalfCols)
+//     of O (fp32 in registers: 64 x 512 does not fit one warpgroup).
 // KV blocks of 128 keys alternate between the consumers ("seesaw"): consumer
 // j % 2 computes S_j = Q K_j^T (wgmma over the head dim), runs the online
 // softmax (bounds, causal, mask, dropout), writes P_j and the row statistics
@@ -17,7 +15,7 @@
 // The ring carries, in order, K_0, K_1, V_0, K_2, V_1, ..., K_{n-1}, V_{n-2},
 // V_{n-1}: K runs one block ahead of V, so S_{j+1} never waits for P_j. A K
 // block is ceil(chunks / 2) stages of [128 keys][2 x 64 columns]; a V block is
-// 4 stages of [64 keys][consumer's columns], one per (key half, consumer).
+// 4 stages of [64 keys][kHalfCols columns], one per (key half, consumer).
 // Every stage has exactly one consumer warpgroup, which frees it (empty
 // barrier, one arrival per warp) once its wgmmas have read it.
 //
@@ -48,13 +46,12 @@
 
 namespace ffpa::detail::sm90 {
 
-template <typename Element_, int kQKChunks_, int kCols0_, int kCols1_>
+template <typename Element_, int kQKChunks_, int kHalfCols_>
 struct SeesawTraits {
   using Element = Element_;
   static constexpr int kQKChunks = kQKChunks_;  // 64-column chunks of the head dim in S = Q K^T
-  static constexpr int kCols0 = kCols0_, kCols1 = kCols1_;  // columns of O per consumer
-  static constexpr int kMaxCols = kCols0 > kCols1 ? kCols0 : kCols1;
-  static constexpr int kOutCols = kCols0 + kCols1;
+  static constexpr int kHalfCols = kHalfCols_;  // columns of O per consumer warpgroup
+  static constexpr int kOutCols = 2 * kHalfCols;
   static constexpr int kBlockM = 64;   // query rows: one wgmma M
   static constexpr int kBlockN = 128;  // keys per KV block: the N of S
   static constexpr int kThreads = 384;
@@ -64,7 +61,7 @@ struct SeesawTraits {
 
   static constexpr int kTileBytes = 64 * 128;        // [64 rows][64 columns]: Q, P, O, V boxes
   static constexpr int kKBoxBytes = kBlockN * 128;   // [128 keys][64 columns]
-  static constexpr int kVStageBytes = (kMaxCols / 64) * kTileBytes;
+  static constexpr int kVStageBytes = (kHalfCols / 64) * kTileBytes;
   static constexpr int kStageBytes = 2 * kKBoxBytes > kVStageBytes ? 2 * kKBoxBytes : kVStageBytes;
   // Q, then (after the last S) the O staging of the TMA stores.
   static constexpr int kQTiles = kQKChunks > kOutCols / 64 ? kQKChunks : kOutCols / 64;
@@ -82,9 +79,8 @@ struct SeesawTraits {
   static constexpr int kBarriers = 1 + kFullBarriers + kStages + 4;
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
 
-  static_assert(kCols0 % 64 == 0 && kCols0 >= 128 && kCols0 <= 256 && kCols1 % 64 == 0 &&
-                    kCols1 >= 128 && kCols1 <= kCols0,
-                "O parts are whole 64-column boxes, N = 128..256, the larger first");
+  static_assert(kHalfCols % 64 == 0 && kHalfCols >= 128 && kHalfCols <= 256,
+                "O halves are whole 64-column boxes, N = 128..256");
   static_assert(kQKChunks >= 1 && kQKChunks <= 8, "S covers up to 512 columns");
   static_assert(kKStages + 2 < kFullBarriers, "a consumer never waits two phases ahead");
   static_assert(kSmemBytes <= 232448, "fits the 227 KB a Hopper block may opt into");
@@ -126,8 +122,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using Element = typename Traits::Element;
   constexpr int kStages = Traits::kStages, kKStages = Traits::kKStages;
-  constexpr int kCols0 = Traits::kCols0, kCols1 = Traits::kCols1, kBlockN = Traits::kBlockN;
-  constexpr int kMaxCols = Traits::kMaxCols;
+  constexpr int kHalfCols = Traits::kHalfCols, kBlockN = Traits::kBlockN;
   constexpr int kTileBytes = Traits::kTileBytes, kStageBytes = Traits::kStageBytes;
   constexpr int kBlockStride = kKStages + Traits::kVStages;  // ring positions per KV block
 
@@ -222,11 +217,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       auto load_v = [&](int j) {
         for (int key_half = 0; key_half < 2; ++key_half)
           for (int w = 0; w < 2; ++w) {
-            const int boxes = (w == 0 ? kCols0 : kCols1) / 64;
-            const int stage = acquire(boxes * kTileBytes);
-            for (int box = 0; box < boxes; ++box)
+            const int stage = acquire(Traits::kVStageBytes);
+            for (int box = 0; box < kHalfCols / 64; ++box)
               tma_load_4d(ring + stage * kStageBytes + box * kTileBytes, &v_map, full(position - 1),
-                          w * kCols0 + box * 64, j * kBlockN + key_half * 64, kv_head, batch);
+                          w * kHalfCols + box * 64, j * kBlockN + key_half * 64, kv_head, batch);
           }
       };
       if (n_blocks > 0) {
@@ -256,10 +250,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // t = quad_lane() is read afresh in each phase.
   auto row = [&](int h) { return warp * 16 + g + 8 * h; };
 
-  // Consumer 1 uses the first kCols1 / 2 registers when its part is narrower.
-  float o_acc[kMaxCols / 2];
+  float o_acc[kHalfCols / 2];
 #pragma unroll
-  for (int i = 0; i < kMaxCols / 2; ++i) o_acc[i] = 0.0f;
+  for (int i = 0; i < kHalfCols / 2; ++i) o_acc[i] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY};
   if (quad_lane() == 0) row_sums[w * 64 + row(0)] = row_sums[w * 64 + row(1)] = 0.0f;
 
@@ -311,7 +304,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         row_max[h] = stats[buffer * 128 + row(h)];
         if (t == 0) row_sums[w * 64 + row(h)] *= scale;
 #pragma unroll
-        for (int i = 0; i < kMaxCols / 8; ++i) {
+        for (int i = 0; i < kHalfCols / 8; ++i) {
           o_acc[4 * i + 2 * h] *= scale;
           o_acc[4 * i + 2 * h + 1] *= scale;
         }
@@ -331,13 +324,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         const uint64_t a = smem_descriptor(
             p_tiles + buffer * Traits::kPBytes + key_half * kTileBytes + kk * 32, 16, 1024);
         const uint64_t v = smem_descriptor(ring + stage * kStageBytes + kk * 16 * 128, kTileBytes, 1024);
-        if constexpr (kCols0 == kCols1) {
-          wgmma_ss<Element, kCols0, true>(o_acc, a, v, 1);
-        } else if (w == 0) {
-          wgmma_ss<Element, kCols0, true>(o_acc, a, v, 1);
-        } else {
-          wgmma_ss<Element, kCols1, true>(*reinterpret_cast<float(*)[kCols1 / 2]>(o_acc), a, v, 1);
-        }
+        wgmma_ss<Element, kHalfCols, true>(o_acc, a, v, 1);
       }
       wgmma_commit();
     }
@@ -468,7 +455,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int i = 0; i < kMaxCols / 8; ++i) {
+      for (int i = 0; i < kHalfCols / 8; ++i) {
         o_acc[4 * i + 2 * h] *= scale[h];
         o_acc[4 * i + 2 * h + 1] *= scale[h];
       }
@@ -502,11 +489,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   }
   unsigned char* const o_tiles = smem + Traits::kQOffset;
 #pragma unroll
-  for (int i = 0; i < kMaxCols / 8; ++i)
+  for (int i = 0; i < kHalfCols / 8; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if (w == 1 && 8 * i >= kCols1) continue;
-      const int col = w * kCols0 + 8 * i + 2 * t;
+      const int col = w * kHalfCols + 8 * i + 2 * t;
       *reinterpret_cast<uint32_t*>(o_tiles + (col / 64) * kTileBytes + swizzle128(row(h), col % 64)) =
           pack2<Element>(o_acc[4 * i + 2 * h] * out_scale[h], o_acc[4 * i + 2 * h + 1] * out_scale[h]);
     }
@@ -514,8 +500,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   named_barrier_sync(2 + w, 128);
   if (thread == 0) {
     const int head_dim = static_cast<int>(p.head_dim);
-    for (int box = 0; box < (w == 0 ? kCols0 : kCols1) / 64; ++box) {
-      const int col = w * kCols0 + box * 64;
+    for (int box = 0; box < kHalfCols / 64; ++box) {
+      const int col = w * kHalfCols + box * 64;
       if (col < head_dim)
         tma_store_4d(&o_map, smem_address(o_tiles + (col / 64) * kTileBytes), col, tile->q0, tile->head, tile->batch);
     }

@@ -59,18 +59,16 @@ Status launch_seesaw(const AttentionProblem& problem, cudaStream_t stream) {
   return {};
 }
 
-// D up to kHeadDim: S over kHeadDim / 64 chunks; O split between the two
-// consumers in whole 64-column boxes, the first taking the larger part, each
-// at least 128 columns (the smallest instantiated wgmma N).
+// D up to kHeadDim: S over ceil(D / 64) chunks, O split in two halves of whole
+// 64-column boxes (at least 128 columns: the smallest instantiated wgmma N).
 template <int kHeadDim>
 Status launch_seesaw_instance(const AttentionProblem& problem, cudaStream_t stream) {
   static_assert(kHeadDim % 64 == 0);
   constexpr int kQKChunks = kHeadDim / 64;
-  constexpr int kCols0 = std::max(128, (kHeadDim + 127) / 128 * 64);
-  constexpr int kCols1 = std::max(128, kHeadDim - kCols0);
+  constexpr int kHalfCols = std::max(128, (kHeadDim + 127) / 128 * 64);
   if (problem.dtype == DType::bf16)
-    return launch_seesaw<SeesawTraits<__nv_bfloat16, kQKChunks, kCols0, kCols1>>(problem, stream);
-  return launch_seesaw<SeesawTraits<__half, kQKChunks, kCols0, kCols1>>(problem, stream);
+    return launch_seesaw<SeesawTraits<__nv_bfloat16, kQKChunks, kHalfCols>>(problem, stream);
+  return launch_seesaw<SeesawTraits<__half, kQKChunks, kHalfCols>>(problem, stream);
 }
 
 }  // namespace ffpa::detail::sm90
