@@ -48,6 +48,7 @@ class Impl(enum.IntEnum):
     AUTO = 0
     CPU_REFERENCE = 1
     SM80_SPLIT_D = 2
+    SM90_WGMMA = 3
 
 
 # --- the C ABI's structs, field by field ---

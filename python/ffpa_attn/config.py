@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-IMPLS = ("auto", "sm80_split_d")
+IMPLS = ("auto", "sm80_split_d", "sm90_wgmma")
 ACCUMULATIONS = ("f32", "f16")
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 
@@ -20,8 +20,8 @@ class CUDABackend:
     """How the ffpa library serves a call; validated on construction.
 
     impl: "auto" picks the fastest path and falls back to SDPA for calls the
-        library cannot serve; an explicit impl ("sm80_split_d") runs that path
-        or raises NotImplementedError saying why it cannot.
+        library cannot serve; an explicit impl ("sm80_split_d", or "sm90_wgmma"
+        on Hopper for D <= 512) runs that path or raises saying why it cannot.
     accumulation: "f32", or "f16" for float16 inputs only.
     causal_alignment: what is_causal=True means: "top_left" (SDPA's j <= i) or
         "bottom_right" (FlashAttention's j <= i + Nkv - Nq).

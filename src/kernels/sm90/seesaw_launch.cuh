@@ -1,4 +1,4 @@
-// Launching the seesaw kernel: tensor maps, shared-memory opt-in, chunked grid.
+// Launching the seesaw kernel: tensor maps, shared-memory opt-in, persistent grid.
 // Included only by the generated per-head-dim translation units.
 #pragma once
 
@@ -52,9 +52,13 @@ Status launch_seesaw(const AttentionProblem& problem, cudaStream_t stream) {
   args.p = problem;
   args.row_blocks = static_cast<int>((problem.seq_q + Traits::kBlockM - 1) / Traits::kBlockM);
   args.scale_log2 = problem.scale * 1.4426950408889634f;
-  const int64_t blocks = problem.batch * problem.heads_q * args.row_blocks;  // < 2^31 (routing)
-  kernel<<<static_cast<unsigned>(blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(
-      args, q_map, k_map, v_map, o_map);
+  // Persistent: one CTA per SM, each running tiles blockIdx.x, + gridDim.x, ...
+  args.tiles = static_cast<int>(problem.batch * problem.heads_q * args.row_blocks);  // < 2^31 (routing)
+  int device = 0, sms = 0;
+  FFPA_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
+  FFPA_RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int grid = std::min(args.tiles, sms);
+  kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args, q_map, k_map, v_map, o_map);
   FFPA_RETURN_IF_CUDA_ERROR(cudaGetLastError());
   return {};
 }
