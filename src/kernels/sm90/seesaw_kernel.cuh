@@ -1,8 +1,10 @@
 // The sm90 seesaw attention forward kernel (sm_90a: TMA + wgmma, warp-specialized).
 //
-// Persistent: one CTA per SM runs tiles blockIdx.x, + gridDim.x, ... (see
-// tile_coordinates for the order). A tile is 64 query rows of one (batch,
-// head) and all of O. Three warpgroups:
+// Persistent: one CTA per SM; CTA i runs tile i, then takes the next tile in
+// order from a global counter when its producer has issued the last load of
+// the current one (dynamic, so CTAs stay on neighbouring tiles of one head and
+// causal tiles run longest first; see tile_coordinates). A tile is 64 query
+// rows of one (batch, head) and all of O. Three warpgroups:
 //   - a producer (one thread issues TMA loads into a ring of shared-memory stages);
 //   - two consumers; consumer w owns columns [w * kHalfCols, (w + 1) * kHalfCols)
 //     of O (fp32 in registers: 64 x 512 does not fit one warpgroup).
@@ -94,14 +96,16 @@ struct SeesawTraits {
 
 struct SeesawArgs {
   AttentionProblem p;
-  int row_blocks;    // ceil(Nq / 64)
-  int tiles;         // row_blocks x Hq x B (< 2^31); CTA i runs tiles i, i + grid, ...
-  float scale_log2;  // scale * log2(e)
+  int row_blocks;     // ceil(Nq / 64)
+  int tiles;          // row_blocks x Hq x B (< 2^31)
+  int* tile_counter;  // zero at launch; CTAs take tiles gridDim.x, gridDim.x + 1, ... from it
+  float scale_log2;   // scale * log2(e)
 };
 
 struct TileCoordinates {
   int q0, head, batch, kv_head;
-  int n_blocks;        // KV blocks this row block attends (causal: up to the diagonal)
+  int n_blocks;        // KV blocks this row block attends (causal: up to the diagonal);
+                       // -1: no tile left, the consumers stop
   int first_position;  // ring position of its K_0 (the ring runs on across tiles)
   int first_block;     // global index of its KV block 0: picks P buffers and owners
 };
@@ -236,16 +240,29 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           }
       };
       int blocks = 0;  // KV blocks of the previous tiles
-      for (int tile = blockIdx.x, it = 0; tile < args.tiles; tile += gridDim.x, ++it) {
-        TileCoordinates c = tile_coordinates<Traits::kBlockM, kBlockN>(args, tile);
+      for (int it = 0;; ++it) {
+        const int tile = it == 0 ? static_cast<int>(blockIdx.x)
+                                 : static_cast<int>(gridDim.x) + atomicAdd(args.tile_counter, 1);
+        // Written to its buffer now and read back where used (the producer
+        // has 24 registers). The consumers are done with the tile two back,
+        // and see this one after the arrive on q_full.
+        TileCoordinates& c = tile_buffers[it & 1];
+        if (tile < args.tiles) {
+          c = tile_coordinates<Traits::kBlockM, kBlockN>(args, tile);
+        } else {
+          c.n_blocks = -1;
+        }
         c.first_position = position;
         c.first_block = blocks;
-        blocks += c.n_blocks;
         // K_0 first: its stages are freed by the previous tile's last V block,
         // so it loads while the consumers finish that tile.
         if (c.n_blocks > 0) load_k(0, c);
         if (it > 0) mbarrier_wait(q_empty, (it - 1) & 1);
-        tile_buffers[it & 1] = c;  // published by the arrive on q_full
+        if (c.n_blocks < 0) {
+          mbarrier_arrive(q_full);
+          break;
+        }
+        blocks += c.n_blocks;
         mbarrier_arrive_expect_tx(q_full, Traits::kQKChunks * kTileBytes);
         for (int chunk = 0; chunk < Traits::kQKChunks; ++chunk)
           tma_load_4d(q_tiles + chunk * kTileBytes, &q_map, q_full, chunk * 64, c.q0, c.head, c.batch);
@@ -279,8 +296,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // The running tile's coordinates and row sums (shared memory, by tile parity).
   // Its first_block picks the P buffers and, by parity, the owner of each KV
   // block: the seesaw runs on across tiles.
+  // parity: which buffer the running tile uses; tile points to its coordinates.
+  int parity = 0;
   const TileCoordinates* tile = tile_buffers;
-  float* row_sums = row_sums_buffers;
+  // The running sum of row row(h), consumer consumer_w, addressed afresh at each use.
+  auto row_sum = [&](int h, int consumer_w = -1) {
+    return row_sums_buffers + opaque(parity) * 128 + (consumer_w < 0 ? w : consumer_w) * 64 + row(h);
+  };
 
   auto release = [&](int position) {
     if (lane == 0) mbarrier_arrive(empty(position % kStages));
@@ -329,7 +351,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       for (int h = 0; h < 2; ++h) {
         const float scale = stats[buffer * 128 + 64 + row(h)];
         row_max[h] = stats[buffer * 128 + row(h)];
-        if (t == 0) row_sums[w * 64 + row(h)] *= scale;
+        if (t == 0) *row_sum(h) *= scale;
 #pragma unroll
         for (int i = 0; i < kHalfCols / 8; ++i) {
           o_acc[4 * i + 2 * h] *= scale;
@@ -436,7 +458,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, 1);
       tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, 2);
-      if (t == 0) row_sums[w * 64 + row(h)] = row_sums[w * 64 + row(h)] * scale[h] + tile_sum;
+      if (t == 0) *row_sum(h) = *row_sum(h) * scale[h] + tile_sum;
     }
     const int global_j = tile->first_block + j;
     const int buffer = global_j & 1;
@@ -489,15 +511,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
   };
 
-  for (int tile_index = blockIdx.x, it = 0; tile_index < args.tiles;
-       tile_index += gridDim.x, ++it) {
-    mbarrier_wait(q_full, it & 1);
-    tile = tile_buffers + (it & 1);
-    row_sums = row_sums_buffers + (it & 1) * 128;
+  for (;; parity ^= 1) {
+    mbarrier_wait(q_full, parity);
+    tile = tile_buffers + parity;
+    if (tile->n_blocks < 0) break;
 #pragma unroll
     for (int i = 0; i < kHalfCols / 2; ++i) o_acc[i] = 0.0f;
     row_max[0] = row_max[1] = -INFINITY;
-    if (quad_lane() == 0) row_sums[w * 64 + row(0)] = row_sums[w * 64 + row(1)] = 0.0f;
+    if (quad_lane() == 0) *row_sum(0) = *row_sum(1) = 0.0f;
 
     for (int j = (tile->first_block & 1) == w ? 0 : 1;; j += 2) {
       const bool own = j < tile->n_blocks;
@@ -516,7 +537,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     float out_scale[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float total = row_sums[row(h)] + row_sums[64 + row(h)];
+      const float total = *row_sum(h, 0) + *row_sum(h, 1);
       out_scale[h] = total > 0.0f ? keep_scale / total : 0.0f;
       const int r = tile->q0 + row(h);
       if (p.lse != nullptr && w == 0 && t == 0 && r < seq_q) {
