@@ -26,15 +26,7 @@ Status workspace_size(const ForwardParams& params, size_t* bytes) {
   if (bytes == nullptr) return {StatusCode::null_pointer, "bytes is null"};
   detail::AttentionProblem problem;
   if (Status status = detail::validate_forward(params, &problem); !status.ok()) return status;
-  *bytes = 0;
-  if (is_empty(problem)) return {};
-  problem.workspace = nullptr;  // the size needed, whatever the call gives
-  problem.workspace_bytes = 0;
-  KernelChoice choice;
-  if (Status status = detail::plan_forward(problem, params.options.impl, &choice); !status.ok()) {
-    return status;
-  }
-  *bytes = detail::workspace_bytes(choice);
+  *bytes = 0;  // no implementation needs temporary memory yet
   return {};
 }
 

@@ -4,7 +4,6 @@
 // is contiguous), so [B, N, H, D] buffers run through the same code unchanged.
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 
 #include "common/host_device.hpp"
@@ -37,9 +36,6 @@ struct AttentionProblem {
   uint32_t dropout_threshold = 0;  // see common/philox.hpp
   uint64_t dropout_seed = 0, dropout_offset = 0;
   Accumulation accumulation = Accumulation::f32;
-
-  void* workspace = nullptr;  // caller-provided temporary memory, or null
-  size_t workspace_bytes = 0;
 
   FFPA_HOST_DEVICE int64_t group_size() const { return heads_q / heads_kv; }  // query heads per kv head
   FFPA_HOST_DEVICE bool has_dropout() const { return dropout_p > 0.0f; }

@@ -98,15 +98,6 @@ Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, Kerne
   if (instance == nullptr) {
     return {StatusCode::impl_unavailable, "impl sm90_wgmma does not serve this call: " + reason};
   }
-  if (problem.workspace != nullptr && reinterpret_cast<uintptr_t>(problem.workspace) % 4 != 0) {
-    return {StatusCode::misaligned, "impl sm90_wgmma: the workspace must be 4-byte aligned"};
-  }
-  if (problem.workspace != nullptr && problem.workspace_bytes < sm90::kSeesawWorkspaceBytes) {
-    return {StatusCode::workspace_too_small,
-            "impl sm90_wgmma needs " + std::to_string(sm90::kSeesawWorkspaceBytes) +
-                " bytes of workspace (its tile counter); the call gives " +
-                std::to_string(problem.workspace_bytes)};
-  }
   choice->impl = Impl::sm90_wgmma;
   choice->kernel = sm90::seesaw_kernel_name(problem, *instance);
   choice->padded_head_dim = instance->head_dim;
@@ -115,13 +106,14 @@ Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, Kerne
 }
 
 // Device pointers under Impl::automatic: the sm90 family where it serves the
-// call and is measured faster (docs/kernels/sm90_wgmma.md), else split-D. A
-// workspace too small for the sm90 family is an error, not a reason to switch.
+// call and is measured faster (docs/kernels/sm90_wgmma.md), else split-D.
 Status plan_automatic_device(const AttentionProblem& problem, KernelChoice* choice) {
-  constexpr int64_t kSm90MinHeadDim = 129;  // D = 128: split-D 218, sm90 137 TFLOP/s (H200)
-  if (problem.head_dim >= kSm90MinHeadDim) {
-    const Status sm90 = plan_sm90_wgmma(problem, MemorySpace::device, choice);
-    if (sm90.ok() || sm90.code == StatusCode::workspace_too_small) return sm90;
+  // H200, N = 8192, bf16 (docs/kernels/sm90_wgmma.md): D = 128 split-D 218 vs
+  // sm90 137 TFLOP/s; D = 256 split-D 249 vs sm90 451.
+  constexpr int64_t kSm90MinHeadDim = 129;
+  if (problem.head_dim >= kSm90MinHeadDim &&
+      plan_sm90_wgmma(problem, MemorySpace::device, choice).ok()) {
+    return {};
   }
   (void)cudaGetLastError();
   return plan_sm80_split_d(problem, MemorySpace::device, choice);
@@ -143,10 +135,6 @@ Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoic
   }
   return {StatusCode::invalid_option,
           "options.impl = " + std::to_string(static_cast<int>(requested)) + " is not an Impl"};
-}
-
-size_t workspace_bytes(const KernelChoice& choice) {
-  return choice.impl == Impl::sm90_wgmma ? sm90::kSeesawWorkspaceBytes : 0;
 }
 
 Status run_forward(const AttentionProblem& problem, const KernelChoice& choice,

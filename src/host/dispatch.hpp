@@ -13,9 +13,6 @@ namespace ffpa::detail {
 // implementation cannot serve the call; never substitutes another one.
 Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoice* choice);
 
-// Bytes of workspace a planned call uses (the sm90 family's tile counter).
-size_t workspace_bytes(const KernelChoice& choice);
-
 // Runs a planned call (asynchronously on `stream` for GPU implementations).
 Status run_forward(const AttentionProblem& problem, const KernelChoice& choice,
                    cudaStream_t stream);

@@ -443,8 +443,6 @@ AttentionProblem make_problem(const ForwardParams& p) {
   problem.dropout_seed = opt.dropout_seed;
   problem.dropout_offset = opt.dropout_offset;
   problem.accumulation = opt.accumulation;
-  problem.workspace = p.workspace;
-  problem.workspace_bytes = p.workspace_bytes;
   return problem;
 }
 

@@ -20,7 +20,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <cstring>
 #include <iostream>
 #include <limits>
 #include <map>
@@ -629,67 +628,6 @@ TEST_F(GpuForwardSmall, ExplicitSm80SplitDWithHostPointersIsWrongMemorySpace) {
   EXPECT_FALSE(status.message.empty());
   expect_untouched(host.o.buffer, "o");
   expect_untouched(host.lse.buffer, "lse");
-}
-
-// The sm90 family takes its tile counter from the caller's workspace: too
-// small or misaligned is refused (for auto too) and writes nothing; a valid
-// one gives the same bits as the stream-ordered counter.
-TEST_F(GpuForwardSmall, Sm90Workspace) {
-  if (!device_runs_sm90()) GTEST_SKIP() << "needs an sm_90 device and sm_90a kernels";
-  const ForwardCase c = shape_case(bf16, 1, 4, 2, 129, 100, 512);
-  const TestSeed seed = fresh_test_seed();
-  SCOPED_TRACE(seed.note);
-  HostProblem host = make_host_problem(c, seed.value);
-  DeviceInputs inputs;
-  ASSERT_NO_FATAL_FAILURE(upload_inputs(host, &inputs));
-  DeviceTensor o;
-  fill_nan(host.o.buffer);
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(host.o.buffer, host.o.view, &o));
-  DeviceBuffer workspace;
-  ASSERT_NO_FATAL_FAILURE(workspace.allocate(64));
-  ForwardParams params = host_params(host);
-  params.q = inputs.q.tensor;
-  params.k = inputs.k.tensor;
-  params.v = inputs.v.tensor;
-  params.o = o.tensor;
-  params.lse = Tensor{};
-
-  size_t needed = 0;
-  params.options.impl = Impl::sm90_wgmma;
-  ASSERT_TRUE(workspace_size(params, &needed).ok());
-  EXPECT_EQ(needed, 4u);
-  for (Impl impl : {Impl::automatic, Impl::sm90_wgmma}) {
-    SCOPED_TRACE(std::string("impl ") + impl_label(impl));
-    params.options.impl = impl;
-    params.workspace = workspace.data();
-    params.workspace_bytes = 2;
-    EXPECT_EQ(forward(params).code, StatusCode::workspace_too_small);
-    params.workspace = static_cast<unsigned char*>(workspace.data()) + 2;
-    params.workspace_bytes = 8;
-    EXPECT_EQ(forward(params).code, StatusCode::misaligned);
-  }
-  FFPA_ASSERT_CUDA(cudaDeviceSynchronize());
-  HostTensor untouched = host.o.buffer;
-  ASSERT_NO_FATAL_FAILURE(copy_to_host(o, &untouched, nullptr));
-  expect_untouched(untouched, "o");
-
-  params.options.impl = Impl::sm90_wgmma;
-  params.workspace = nullptr;
-  params.workspace_bytes = 0;
-  ASSERT_TRUE(forward(params).ok());
-  HostTensor without_workspace = host.o.buffer;
-  ASSERT_NO_FATAL_FAILURE(copy_to_host(o, &without_workspace, nullptr));
-  params.workspace = workspace.data();
-  params.workspace_bytes = 64;
-  for (int run = 0; run < 2; ++run) {  // the counter is reset by every call
-    ASSERT_TRUE(forward(params).ok());
-    HostTensor with_workspace = host.o.buffer;
-    ASSERT_NO_FATAL_FAILURE(copy_to_host(o, &with_workspace, nullptr));
-    EXPECT_EQ(std::memcmp(with_workspace.tensor.data, without_workspace.tensor.data,
-                          without_workspace.bytes()),
-              0)
-        << "run " << run;
-  }
 }
 
 // o in host memory, everything else on the device: an error for every impl,

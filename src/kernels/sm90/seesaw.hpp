@@ -12,10 +12,6 @@
 
 namespace ffpa::detail::sm90 {
 
-// The persistent kernel's tile counter (an int the CTAs take tiles from): from
-// the call's workspace, else allocated stream-ordered around the launch.
-constexpr size_t kSeesawWorkspaceBytes = 4;
-
 using SeesawLauncher = Status (*)(const AttentionProblem&, cudaStream_t);
 
 // Defined in seesaw_launch.cuh, explicitly instantiated per head dim in the

@@ -1,10 +1,6 @@
 // The sm90 seesaw attention forward kernel (sm_90a: TMA + wgmma, warp-specialized).
 //
-// Persistent: one CTA per SM; CTA i runs tile i, then takes the next tile in
-// order from a global counter when its producer has issued the last load of
-// the current one (dynamic, so CTAs stay on neighbouring tiles of one head and
-// causal tiles run longest first; see tile_coordinates). A tile is 64 query
-// rows of one (batch, head) and all of O. Three warpgroups:
+// One CTA: 64 query rows of one (batch, head), all of O. Three warpgroups:
 //   - a producer (one thread issues TMA loads into a ring of shared-memory stages);
 //   - two consumers; consumer w owns columns [w * kHalfCols, (w + 1) * kHalfCols)
 //     of O (fp32 in registers: 64 x 512 does not fit one warpgroup).
@@ -29,13 +25,9 @@
 // stage, has landed. A parity wait on a per-stage barrier would then see the
 // previous phase as complete and read early. With 2 * kStages barriers, p
 // shares its barrier with p - 2 * kStages, which has always landed: a
-// consumer's consecutive positions are at most kKStages + 2 apart (from its
-// part of V_{j-1} to its part of V_j, or across a tile boundary), and its
-// previous one has landed.
-//
-// Across tiles the ring, the block index (P buffers, owners) and the barrier
-// phases run on; the Q region, which the epilogue reuses to stage O for the TMA
-// stores, is refilled once both consumers' stores have read it (q_empty).
+// consumer's consecutive positions are less than 2 * kStages apart (at most
+// kKStages + 2, from its half of V_{j-1} to its half of V_j), and its previous
+// one has landed.
 #pragma once
 
 #include <cuda.h>
@@ -78,13 +70,13 @@ struct SeesawTraits {
   static constexpr int kQOffset = 0;
   static constexpr int kPOffset = kQOffset + kQTiles * kTileBytes;                 // 2 buffers
   static constexpr int kRingOffset = kPOffset + 2 * kPBytes;
-  static constexpr int kStatsOffset = kRingOffset + kStages * kStageBytes;  // float [2][2][64]
-  static constexpr int kRowSumOffset = kStatsOffset + 2 * 2 * kBlockM * 4;  // float [2][2][64]
-  static constexpr int kTileOffset = kRowSumOffset + 2 * 2 * kBlockM * 4;   // TileCoordinates[2]
-  static constexpr int kBarrierOffset = kTileOffset + 2 * 32;
-  // q_full, q_empty, full[kFullBarriers], empty[kStages], p_full[2], p_empty[2]
+  static constexpr int kStatsOffset = kRingOffset + kStages * kStageBytes;        // float [2][2][64]
+  static constexpr int kRowSumOffset = kStatsOffset + 2 * 2 * kBlockM * 4;        // float [2][64]
+  static constexpr int kTileOffset = kRowSumOffset + 2 * kBlockM * 4;  // TileCoordinates
+  static constexpr int kBarrierOffset = kTileOffset + 32;
+  // q_full, full[kFullBarriers], empty[kStages], p_full[2], p_empty[2]
   static constexpr int kFullBarriers = 2 * kStages;
-  static constexpr int kBarriers = 2 + kFullBarriers + kStages + 4;
+  static constexpr int kBarriers = 1 + kFullBarriers + kStages + 4;
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
 
   static_assert(kHalfCols % 64 == 0 && kHalfCols >= 128 && kHalfCols <= 256,
@@ -96,42 +88,14 @@ struct SeesawTraits {
 
 struct SeesawArgs {
   AttentionProblem p;
-  int row_blocks;     // ceil(Nq / 64)
-  int tiles;          // row_blocks x Hq x B (< 2^31)
-  int* tile_counter;  // zero at launch; CTAs take tiles gridDim.x, gridDim.x + 1, ... from it
-  float scale_log2;   // scale * log2(e)
+  int row_blocks;    // ceil(Nq / 64); the grid is row_blocks x Hq x B CTAs (< 2^31)
+  float scale_log2;  // scale * log2(e)
 };
 
 struct TileCoordinates {
   int q0, head, batch, kv_head;
-  int n_blocks;        // KV blocks this row block attends (causal: up to the diagonal);
-                       // -1: no tile left, the consumers stop
-  int first_position;  // ring position of its K_0 (the ring runs on across tiles)
-  int first_block;     // global index of its KV block 0: picks P buffers and owners
+  int n_blocks;  // KV blocks this row block attends (causal: up to the diagonal)
 };
-
-// Tile t: row block fastest, then head, then batch, so the CTAs running at
-// the same time work on one head and share its K/V in L2. Causal: the row
-// blocks of a head run last-first, the longest (most KV blocks) first.
-template <int kBlockM, int kBlockN>
-__device__ __forceinline__ TileCoordinates tile_coordinates(const SeesawArgs& args, int t) {
-  const AttentionProblem& p = args.p;
-  TileCoordinates c;
-  int row_block = t % args.row_blocks;
-  t /= args.row_blocks;
-  c.head = t % static_cast<int>(p.heads_q);
-  c.batch = t / static_cast<int>(p.heads_q);
-  c.kv_head = c.head / static_cast<int>(p.heads_q / p.heads_kv);
-  if (p.causal != Causal::none) row_block = args.row_blocks - 1 - row_block;
-  c.q0 = row_block * kBlockM;
-  const int last_row = min(c.q0 + kBlockM, static_cast<int>(p.seq_q)) - 1;
-  const int kv_end = p.causal == Causal::none
-                         ? static_cast<int>(p.seq_kv)
-                         : max(0, min(static_cast<int>(p.seq_kv),
-                                      last_row + static_cast<int>(p.causal_shift()) + 1));
-  c.n_blocks = (kv_end + kBlockN - 1) / kBlockN;
-  return c;
-}
 
 // This thread's index within its quad (the column pair of the wgmma
 // accumulator layout), re-read at every use: an asm volatile read is not
@@ -170,29 +134,44 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t p_tiles = smem_address(smem + Traits::kPOffset);
   const uint32_t ring = smem_address(smem + Traits::kRingOffset);
   float* const stats = reinterpret_cast<float*>(smem + Traits::kStatsOffset);  // [buffer][max|scale][row]
-  // Running softmax denominators, [tile parity][consumer][row]: each consumer
-  // sums the P of its own blocks. In shared memory, not registers: S and O
-  // fill those. Double-buffered, like the tile coordinates, so a consumer may
-  // start the next tile while the other still reads this one's.
-  float* const row_sums_buffers = reinterpret_cast<float*>(smem + Traits::kRowSumOffset);
-  TileCoordinates* const tile_buffers = reinterpret_cast<TileCoordinates*>(smem + Traits::kTileOffset);
+  // Running softmax denominators, [consumer][row]: each consumer sums the P of
+  // its own blocks. In shared memory, not registers: S and O fill those.
+  float* const row_sums = reinterpret_cast<float*>(smem + Traits::kRowSumOffset);
   const uint32_t barriers = smem_address(smem + Traits::kBarrierOffset);
-  const uint32_t q_full = barriers;       // Q of the tile has landed
-  const uint32_t q_empty = barriers + 8;  // both consumers' O stores have read the Q region
+  const uint32_t q_full = barriers;
   // Ring position p lives in stage p % kStages and completes on full barrier
   // p % kFullBarriers: see "Why two full barriers per stage" above.
   constexpr int kFull = Traits::kFullBarriers;
-  auto full = [&](int position) { return barriers + 8 * (2 + position % kFull); };
+  auto full = [&](int position) { return barriers + 8 * (1 + position % kFull); };
   auto full_parity = [&](int position) { return static_cast<uint32_t>((position / kFull) & 1); };
-  auto empty = [&](int stage) { return barriers + 8 * (2 + kFull + stage); };
-  auto p_full = [&](int buffer) { return barriers + 8 * (2 + kFull + kStages + buffer); };
-  auto p_empty = [&](int buffer) { return barriers + 8 * (4 + kFull + kStages + buffer); };
+  auto empty = [&](int stage) { return barriers + 8 * (1 + kFull + stage); };
+  auto p_full = [&](int buffer) { return barriers + 8 * (1 + kFull + kStages + buffer); };
+  auto p_empty = [&](int buffer) { return barriers + 8 * (3 + kFull + kStages + buffer); };
 
   const AttentionProblem& p = args.p;
+  // --- which tile: row block fastest (CTAs of one head run together and share
+  // its K/V in L2), then head, batch. Computed once into shared memory and read
+  // where used, so the consumers do not carry it in registers. -------------------
+  TileCoordinates* const tile = reinterpret_cast<TileCoordinates*>(smem + Traits::kTileOffset);
+  if (threadIdx.x == 0) {
+    int block = blockIdx.x;
+    int row_block = block % args.row_blocks;
+    block /= args.row_blocks;
+    tile->head = block % static_cast<int>(p.heads_q);
+    tile->batch = block / static_cast<int>(p.heads_q);
+    tile->kv_head = tile->head / static_cast<int>(p.heads_q / p.heads_kv);
+    if (p.causal != Causal::none) row_block = args.row_blocks - 1 - row_block;  // longest first
+    tile->q0 = row_block * Traits::kBlockM;
+    const int last_row = min(tile->q0 + Traits::kBlockM, static_cast<int>(p.seq_q)) - 1;
+    const int kv_end = p.causal == Causal::none
+                           ? static_cast<int>(p.seq_kv)
+                           : max(0, min(static_cast<int>(p.seq_kv),
+                                        last_row + static_cast<int>(p.causal_shift()) + 1));
+    tile->n_blocks = (kv_end + kBlockN - 1) / kBlockN;
+  }
 
   if (threadIdx.x == 0) {
     mbarrier_init(q_full, 1);
-    mbarrier_init(q_empty, 2);  // one thread of each consumer
     for (int f = 0; f < kFull; ++f) mbarrier_init(full(f), 1);
     for (int s = 0; s < kStages; ++s) mbarrier_init(empty(s), 4);  // a warp of the consumer each
     for (int b = 0; b < 2; ++b) {
@@ -208,10 +187,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // ================================ producer ======================================
     setmaxnreg_decrease<24>();
     if (threadIdx.x == 0) {
+      const int q0 = tile->q0, head = tile->head, batch = tile->batch, kv_head = tile->kv_head;
+      const int n_blocks = tile->n_blocks;
       prefetch_tensor_map(&q_map);
       prefetch_tensor_map(&k_map);
       prefetch_tensor_map(&v_map);
-      int position = 0;  // ring position, continuous across tiles
+      mbarrier_arrive_expect_tx(q_full, Traits::kQKChunks * kTileBytes);
+      for (int c = 0; c < Traits::kQKChunks; ++c)
+        tma_load_4d(q_tiles + c * kTileBytes, &q_map, q_full, c * 64, q0, head, batch);
+      int position = 0;
       auto acquire = [&](uint32_t bytes) {
         const int stage = position % kStages;
         mbarrier_wait(empty(stage), ((position / kStages) & 1) ^ 1);
@@ -219,7 +203,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         ++position;
         return stage;
       };
-      auto load_k = [&](int j, const TileCoordinates& c) {
+      auto load_k = [&](int j) {
 #pragma unroll
         for (int ks = 0; ks < kKStages; ++ks) {
           constexpr int kLast = Traits::kQKChunks - 2 * (kKStages - 1);
@@ -227,50 +211,25 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           const int stage = acquire(boxes * Traits::kKBoxBytes);
           for (int b = 0; b < boxes; ++b)
             tma_load_4d(ring + stage * kStageBytes + b * Traits::kKBoxBytes, &k_map, full(position - 1),
-                        (2 * ks + b) * 64, j * kBlockN, c.kv_head, c.batch);
+                        (2 * ks + b) * 64, j * kBlockN, kv_head, batch);
         }
       };
-      auto load_v = [&](int j, const TileCoordinates& c) {
+      auto load_v = [&](int j) {
         for (int key_half = 0; key_half < 2; ++key_half)
           for (int w = 0; w < 2; ++w) {
             const int stage = acquire(Traits::kVStageBytes);
             for (int box = 0; box < kHalfCols / 64; ++box)
               tma_load_4d(ring + stage * kStageBytes + box * kTileBytes, &v_map, full(position - 1),
-                          w * kHalfCols + box * 64, j * kBlockN + key_half * 64, c.kv_head, c.batch);
+                          w * kHalfCols + box * 64, j * kBlockN + key_half * 64, kv_head, batch);
           }
       };
-      int blocks = 0;  // KV blocks of the previous tiles
-      for (int it = 0;; ++it) {
-        const int tile = it == 0 ? static_cast<int>(blockIdx.x)
-                                 : static_cast<int>(gridDim.x) + atomicAdd(args.tile_counter, 1);
-        // Written to its buffer now and read back where used (the producer
-        // has 24 registers). The consumers are done with the tile two back,
-        // and see this one after the arrive on q_full.
-        TileCoordinates& c = tile_buffers[it & 1];
-        if (tile < args.tiles) {
-          c = tile_coordinates<Traits::kBlockM, kBlockN>(args, tile);
-        } else {
-          c.n_blocks = -1;
+      if (n_blocks > 0) {
+        load_k(0);
+        for (int j = 1; j < n_blocks; ++j) {
+          load_k(j);
+          load_v(j - 1);
         }
-        c.first_position = position;
-        c.first_block = blocks;
-        // K_0 first: its stages are freed by the previous tile's last V block,
-        // so it loads while the consumers finish that tile.
-        if (c.n_blocks > 0) load_k(0, c);
-        if (it > 0) mbarrier_wait(q_empty, (it - 1) & 1);
-        if (c.n_blocks < 0) {
-          mbarrier_arrive(q_full);
-          break;
-        }
-        blocks += c.n_blocks;
-        mbarrier_arrive_expect_tx(q_full, Traits::kQKChunks * kTileBytes);
-        for (int chunk = 0; chunk < Traits::kQKChunks; ++chunk)
-          tma_load_4d(q_tiles + chunk * kTileBytes, &q_map, q_full, chunk * 64, c.q0, c.head, c.batch);
-        for (int j = 1; j < c.n_blocks; ++j) {
-          load_k(j, c);
-          load_v(j - 1, c);
-        }
-        if (c.n_blocks > 0) load_v(c.n_blocks - 1, c);
+        load_v(n_blocks - 1);
       }
     }
     return;
@@ -292,17 +251,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto row = [&](int h) { return warp * 16 + g + 8 * h; };
 
   float o_acc[kHalfCols / 2];
-  float row_max[2];
-  // The running tile's coordinates and row sums (shared memory, by tile parity).
-  // Its first_block picks the P buffers and, by parity, the owner of each KV
-  // block: the seesaw runs on across tiles.
-  // parity: which buffer the running tile uses; tile points to its coordinates.
-  int parity = 0;
-  const TileCoordinates* tile = tile_buffers;
-  // The running sum of row row(h), consumer consumer_w, addressed afresh at each use.
-  auto row_sum = [&](int h, int consumer_w = -1) {
-    return row_sums_buffers + opaque(parity) * 128 + (consumer_w < 0 ? w : consumer_w) * 64 + row(h);
-  };
+#pragma unroll
+  for (int i = 0; i < kHalfCols / 2; ++i) o_acc[i] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  if (quad_lane() == 0) row_sums[w * 64 + row(0)] = row_sums[w * 64 + row(1)] = 0.0f;
 
   auto release = [&](int position) {
     if (lane == 0) mbarrier_arrive(empty(position % kStages));
@@ -310,7 +262,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   // S_j = Q K_j^T (fp32, 64 x 128), streaming K through the ring.
   auto compute_s = [&](int j, float (&s)[64]) {
-    const int first = tile->first_position + (j == 0 ? 0 : j * kBlockStride - Traits::kVStages);
+    const int first = j == 0 ? 0 : j * kBlockStride - Traits::kVStages;
     fence_operands(s);
 #pragma unroll
     for (int ks = 0; ks < kKStages; ++ks) {
@@ -342,16 +294,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // O_w += P_j V_j[:, half w]; the owner has already rescaled O, the other
   // consumer rescales by the owner's published factors first.
   auto accumulate_pv = [&](int j, bool own) {
-    const int global_j = tile->first_block + j;
-    const int buffer = global_j & 1;
-    mbarrier_wait(p_full(buffer), (global_j >> 1) & 1);
+    const int buffer = j & 1;
+    mbarrier_wait(p_full(buffer), (j >> 1) & 1);
     if (!own) {
       const int t = quad_lane();
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float scale = stats[buffer * 128 + 64 + row(h)];
         row_max[h] = stats[buffer * 128 + row(h)];
-        if (t == 0) *row_sum(h) *= scale;
+        if (t == 0) row_sums[w * 64 + row(h)] *= scale;
 #pragma unroll
         for (int i = 0; i < kHalfCols / 8; ++i) {
           o_acc[4 * i + 2 * h] *= scale;
@@ -360,7 +311,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     }
     // V_j follows K_{j+1}; the last V block follows the V block before it.
-    const int first = tile->first_position + (j + 1 < tile->n_blocks ? 2 : 1) * kKStages + j * kBlockStride;
+    const int first = (j + 1 < tile->n_blocks ? 2 : 1) * kKStages + j * kBlockStride;
     fence_operands(o_acc);
 #pragma unroll
     for (int key_half = 0; key_half < 2; ++key_half) {
@@ -458,11 +409,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, 1);
       tile_sum += __shfl_xor_sync(0xffffffffu, tile_sum, 2);
-      if (t == 0) *row_sum(h) = *row_sum(h) * scale[h] + tile_sum;
+      if (t == 0) row_sums[w * 64 + row(h)] = row_sums[w * 64 + row(h)] * scale[h] + tile_sum;
     }
-    const int global_j = tile->first_block + j;
-    const int buffer = global_j & 1;
-    if (global_j >= 2) mbarrier_wait(p_empty(buffer), ((global_j >> 1) - 1) & 1);
+    const int buffer = j & 1;
+    if (j >= 2) mbarrier_wait(p_empty(buffer), ((j >> 1) - 1) & 1);
     unsigned char* const p_tile = smem + Traits::kPOffset + buffer * Traits::kPBytes;
 #pragma unroll
     for (int i = 0; i < 16; ++i)
@@ -511,62 +461,52 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
   };
 
-  for (;; parity ^= 1) {
-    mbarrier_wait(q_full, parity);
-    tile = tile_buffers + parity;
-    if (tile->n_blocks < 0) break;
+  mbarrier_wait(q_full, 0);
+  for (int j = w;; j += 2) {
+    const bool own = j < tile->n_blocks;
+    float s[64];
+    if (own) compute_s(j, s);
+    if (j >= 1 && j - 1 < tile->n_blocks) accumulate_pv(j - 1, false);
+    if (!own) break;
+    softmax_publish(j, s);
+    accumulate_pv(j, true);
+  }
+
+  // ---- epilogue: combine the row sums, normalize, LSE, O through TMA stores --------
+  named_barrier_sync(1, 256);  // both consumers: every wgmma has retired, Q is free
+  const int t = quad_lane();
+  const float keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
+  float out_scale[2];
 #pragma unroll
-    for (int i = 0; i < kHalfCols / 2; ++i) o_acc[i] = 0.0f;
-    row_max[0] = row_max[1] = -INFINITY;
-    if (quad_lane() == 0) *row_sum(0) = *row_sum(1) = 0.0f;
-
-    for (int j = (tile->first_block & 1) == w ? 0 : 1;; j += 2) {
-      const bool own = j < tile->n_blocks;
-      float s[64];
-      if (own) compute_s(j, s);
-      if (j >= 1 && j - 1 < tile->n_blocks) accumulate_pv(j - 1, false);
-      if (!own) break;
-      softmax_publish(j, s);
-      accumulate_pv(j, true);
+  for (int h = 0; h < 2; ++h) {
+    const float total = row_sums[row(h)] + row_sums[64 + row(h)];
+    out_scale[h] = total > 0.0f ? keep_scale / total : 0.0f;
+    const int r = tile->q0 + row(h);
+    if (p.lse != nullptr && w == 0 && t == 0 && r < seq_q) {
+      p.lse[tile->batch * p.lse_stride[0] + tile->head * p.lse_stride[1] + r * p.lse_stride[2]] =
+          total > 0.0f ? row_max[h] * 0.6931471805599453f + logf(total) : -INFINITY;
     }
-
-    // ---- epilogue: combine the row sums, normalize, LSE, O through TMA stores --------
-    named_barrier_sync(1, 256);  // both consumers: every wgmma of the tile has retired, Q is free
-    const int t = quad_lane();
-    const float keep_scale = p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
-    float out_scale[2];
+  }
+  unsigned char* const o_tiles = smem + Traits::kQOffset;
+#pragma unroll
+  for (int i = 0; i < kHalfCols / 8; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float total = *row_sum(h, 0) + *row_sum(h, 1);
-      out_scale[h] = total > 0.0f ? keep_scale / total : 0.0f;
-      const int r = tile->q0 + row(h);
-      if (p.lse != nullptr && w == 0 && t == 0 && r < seq_q) {
-        p.lse[tile->batch * p.lse_stride[0] + tile->head * p.lse_stride[1] + r * p.lse_stride[2]] =
-            total > 0.0f ? row_max[h] * 0.6931471805599453f + logf(total) : -INFINITY;
-      }
+      const int col = w * kHalfCols + 8 * i + 2 * t;
+      *reinterpret_cast<uint32_t*>(o_tiles + (col / 64) * kTileBytes + swizzle128(row(h), col % 64)) =
+          pack2<Element>(o_acc[4 * i + 2 * h] * out_scale[h], o_acc[4 * i + 2 * h + 1] * out_scale[h]);
     }
-    unsigned char* const o_tiles = smem + Traits::kQOffset;
-#pragma unroll
-    for (int i = 0; i < kHalfCols / 8; ++i)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int col = w * kHalfCols + 8 * i + 2 * t;
-        *reinterpret_cast<uint32_t*>(o_tiles + (col / 64) * kTileBytes + swizzle128(row(h), col % 64)) =
-            pack2<Element>(o_acc[4 * i + 2 * h] * out_scale[h], o_acc[4 * i + 2 * h + 1] * out_scale[h]);
-      }
-    fence_proxy_async();
-    named_barrier_sync(2 + w, 128);
-    if (thread == 0) {
-      const int head_dim = static_cast<int>(p.head_dim);
-      for (int box = 0; box < kHalfCols / 64; ++box) {
-        const int col = w * kHalfCols + box * 64;
-        if (col < head_dim)
-          tma_store_4d(&o_map, smem_address(o_tiles + (col / 64) * kTileBytes), col, tile->q0, tile->head, tile->batch);
-      }
-      tma_store_commit();
-      tma_store_wait_read();
-      mbarrier_arrive(q_empty);
+  fence_proxy_async();
+  named_barrier_sync(2 + w, 128);
+  if (thread == 0) {
+    const int head_dim = static_cast<int>(p.head_dim);
+    for (int box = 0; box < kHalfCols / 64; ++box) {
+      const int col = w * kHalfCols + box * 64;
+      if (col < head_dim)
+        tma_store_4d(&o_map, smem_address(o_tiles + (col / 64) * kTileBytes), col, tile->q0, tile->head, tile->batch);
     }
+    tma_store_commit();
+    tma_store_wait_read();
   }
 #endif
 }

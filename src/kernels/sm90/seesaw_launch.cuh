@@ -1,4 +1,4 @@
-// Launching the seesaw kernel: tensor maps, shared-memory opt-in, persistent grid.
+// Launching the seesaw kernel: tensor maps, shared-memory opt-in, chunked grid.
 // Included only by the generated per-head-dim translation units.
 #pragma once
 
@@ -52,33 +52,10 @@ Status launch_seesaw(const AttentionProblem& problem, cudaStream_t stream) {
   args.p = problem;
   args.row_blocks = static_cast<int>((problem.seq_q + Traits::kBlockM - 1) / Traits::kBlockM);
   args.scale_log2 = problem.scale * 1.4426950408889634f;
-  // Persistent: one CTA per SM; after their first tile the CTAs take tiles
-  // from a counter in the workspace (or in stream-ordered memory around the launch).
-  args.tiles = static_cast<int>(problem.batch * problem.heads_q * args.row_blocks);  // < 2^31 (routing)
-  int device = 0, sms = 0;
-  FFPA_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
-  FFPA_RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int grid = std::min(args.tiles, sms);
-  void* counter = problem.workspace;
-  if (counter == nullptr) {
-    const cudaError_t allocated = cudaMallocAsync(&counter, kSeesawWorkspaceBytes, stream);
-    if (allocated == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
-      return {StatusCode::out_of_memory, "impl sm90_wgmma: no device memory for its 4-byte tile counter"};
-    }
-    FFPA_RETURN_IF_CUDA_ERROR(allocated);
-  }
-  args.tile_counter = static_cast<int*>(counter);
-  cudaError_t error = cudaMemsetAsync(counter, 0, kSeesawWorkspaceBytes, stream);
-  if (error == cudaSuccess) {
-    kernel<<<grid, Traits::kThreads, Traits::kSmemBytes, stream>>>(args, q_map, k_map, v_map, o_map);
-    error = cudaGetLastError();
-  }
-  if (problem.workspace == nullptr) {
-    const cudaError_t freed = cudaFreeAsync(counter, stream);
-    if (error == cudaSuccess) error = freed;
-  }
-  FFPA_RETURN_IF_CUDA_ERROR(error);
+  const int64_t blocks = problem.batch * problem.heads_q * args.row_blocks;  // < 2^31 (routing)
+  kernel<<<static_cast<unsigned>(blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(
+      args, q_map, k_map, v_map, o_map);
+  FFPA_RETURN_IF_CUDA_ERROR(cudaGetLastError());
   return {};
 }
 
