@@ -13,7 +13,7 @@ import math
 import torch
 
 from . import ops  # noqa: F401  (registers torch.ops.ffpa_attn.forward)
-from ._library import Accumulation, Causal, Impl
+from ._library import Accumulation, Causal, FFPAError, Impl
 from .config import CUDABackend
 from .decisions import CallSpec, fallback_reason
 
@@ -71,7 +71,31 @@ def ffpa_attn_func(
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, backend.causal_alignment, return_lse
         )
 
-    out, lse = torch.ops.ffpa_attn.forward(
+    try:
+        out, lse = _forward_op(query, key, value, attn_mask, dropout_p, is_causal, scale, backend, return_lse)
+    except FFPAError as error:
+        # An explicit impl the library cannot route this call to: the documented refusal.
+        if error.status_name == "impl_unavailable" and backend.impl != "auto":
+            raise NotImplementedError(
+                f"ffpa_attn: backend.impl = {backend.impl!r} cannot serve this call: {error.message}"
+            ) from error
+        raise
+    return (out, lse) if return_lse else out
+
+
+def _forward_op(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    backend: CUDABackend,
+    return_lse: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The custom op with the call's options in the C ABI's encoding."""
+    return torch.ops.ffpa_attn.forward(
         query,
         key,
         value,
@@ -85,7 +109,6 @@ def ffpa_attn_func(
         backend.dropout_offset,
         return_lse,
     )
-    return (out, lse) if return_lse else out
 
 
 def _invalid_sdpa_arguments(query: torch.Tensor, key: torch.Tensor, dropout_p: float) -> str | None:

@@ -236,7 +236,7 @@ def test_explicit_sm90_impl_serves_large_head_dim(rng):
 @pytest.mark.skipif(not torch.cuda.is_available() or not is_sm90(), reason="needs an sm_90 GPU")
 def test_explicit_sm90_impl_refuses_head_dim_above_512(rng):
     q, k, v = random_qkv(1, 2, 2, 17, 17, 1024, torch.bfloat16, CUDA)
-    with pytest.raises(RuntimeError, match="sm90_wgmma"):
+    with pytest.raises(NotImplementedError, match="sm90_wgmma"):
         ffpa_attn_func(q, k, v, backend=CUDABackend(impl="sm90_wgmma"))
 
 
