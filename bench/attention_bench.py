@@ -212,10 +212,22 @@ class ImplementationRegistry:
         self.implementations.append(implementation)
 
 
+LIBRARY_CHOICE = "library"  # --ffpa-impl: what the C library's auto picks, never the package's SDPA fallback
+
+
 def ffpa_implementation(ffpa_attn: Any, impl: str) -> Implementation:
-    backend = ffpa_attn.CUDABackend(impl=impl)  # explicit: raises NotImplementedError instead of falling back
+    # An explicit impl raises NotImplementedError instead of falling back; "library"
+    # runs impl auto and refuses the calls the package would hand to SDPA.
+    backend = ffpa_attn.CUDABackend(impl="auto" if impl == LIBRARY_CHOICE else impl)
 
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, case: Case) -> torch.Tensor:
+        if impl == LIBRARY_CHOICE:
+            from ffpa_attn.decisions import fallback_reason
+            from ffpa_attn.functional import _call_spec
+
+            reason = fallback_reason(_call_spec(q, k, v, None, 0.0, case.causal, None, case.gqa))
+            if reason is not None:
+                raise NotImplementedError(f"ffpa_attn would hand this call to SDPA: {reason}")
         return ffpa_attn.ffpa_attn_func(q, k, v, is_causal=case.causal, enable_gqa=case.gqa, backend=backend)
 
     return Implementation("ffpa", forward, kind="ffpa")
@@ -781,9 +793,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", type=parse_sweep_names, default=DEFAULT_SWEEPS,
                         help=f"comma-separated sweeps: all (default), {', '.join(SWEEPS)}")
-    parser.add_argument("--ffpa-impl", default="sm80_split_d",
-                        help="CUDABackend.impl of the ffpa column (default sm80_split_d; auto is refused: it may "
-                             "fall back to SDPA silently)")
+    parser.add_argument("--ffpa-impl", default=LIBRARY_CHOICE,
+                        help="the ffpa column: library (default: the kernel the C library's auto picks for the "
+                             "device and shape; a call the package would hand to SDPA is n/a), or a "
+                             "CUDABackend.impl (sm80_split_d, sm90_wgmma); auto is refused: it may fall back to "
+                             "SDPA silently")
     parser.add_argument("--with-math", action="store_true", help="also time SDPA's math backend (slow)")
     parser.add_argument("--plugin", action="append", default=[], metavar="FILE",
                         help="a Python file whose register(registry) adds columns (repeatable)")
