@@ -72,7 +72,20 @@ def ffpa_attn_func(
         )
 
     try:
-        out, lse = _forward_op(query, key, value, attn_mask, dropout_p, is_causal, scale, backend, return_lse)
+        out, lse = torch.ops.ffpa_attn.forward(
+            query,
+            key,
+            value,
+            attn_mask,
+            float(dropout_p),
+            Causal[backend.causal_alignment.upper()] if is_causal else Causal.NONE,
+            1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale),
+            Accumulation[backend.accumulation.upper()],
+            Impl[backend.impl.upper()],
+            _dropout_seed(backend, dropout_p),
+            backend.dropout_offset,
+            return_lse,
+        )
     except FFPAError as error:
         # An explicit impl the library cannot route this call to: the documented refusal.
         if error.status_name == "impl_unavailable" and backend.impl != "auto":
@@ -81,34 +94,6 @@ def ffpa_attn_func(
             ) from error
         raise
     return (out, lse) if return_lse else out
-
-
-def _forward_op(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attn_mask: torch.Tensor | None,
-    dropout_p: float,
-    is_causal: bool,
-    scale: float | None,
-    backend: CUDABackend,
-    return_lse: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The custom op with the call's options in the C ABI's encoding."""
-    return torch.ops.ffpa_attn.forward(
-        query,
-        key,
-        value,
-        attn_mask,
-        float(dropout_p),
-        Causal[backend.causal_alignment.upper()] if is_causal else Causal.NONE,
-        1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale),
-        Accumulation[backend.accumulation.upper()],
-        Impl[backend.impl.upper()],
-        _dropout_seed(backend, dropout_p),
-        backend.dropout_offset,
-        return_lse,
-    )
 
 
 def _invalid_sdpa_arguments(query: torch.Tensor, key: torch.Tensor, dropout_p: float) -> str | None:

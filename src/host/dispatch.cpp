@@ -33,24 +33,41 @@ Status plan_cpu_reference(MemorySpace space, KernelChoice* choice) {
   return {};
 }
 
-Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
-                         KernelChoice* choice) {
+struct DeviceInfo {
   int device = 0, major = 0, minor = 0;
-  if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) {
+  std::string compute_capability() const {
+    return "device " + std::to_string(device) + " has " + std::to_string(major) + "." +
+           std::to_string(minor);
+  }
+};
+
+// The current device of a GPU implementation, once it is known that there is
+// one and that the tensors live in device memory.
+Status current_device(Impl impl, MemorySpace space, DeviceInfo* info) {
+  if (const cudaError_t error = cudaGetDevice(&info->device); error != cudaSuccess) {
     (void)cudaGetLastError();
-    return {StatusCode::impl_unavailable, std::string("impl sm80_split_d needs a CUDA device: ") +
-                                              cudaGetErrorString(error)};
+    return {StatusCode::impl_unavailable, std::string("impl ") + impl_name(impl) +
+                                              " needs a CUDA device: " + cudaGetErrorString(error)};
   }
   if (space != MemorySpace::device) {
-    return {StatusCode::wrong_memory_space,
-            "impl sm80_split_d needs device pointers, but the tensors are in host memory"};
+    return {StatusCode::wrong_memory_space, std::string("impl ") + impl_name(impl) +
+                                                " needs device pointers, but the tensors are in host memory"};
   }
-  FFPA_RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  FFPA_RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major < 8) {
-    return {StatusCode::impl_unavailable, "impl sm80_split_d needs compute capability 8.0 or newer; device " +
-                                              std::to_string(device) + " has " +
-                                              std::to_string(major) + "." + std::to_string(minor)};
+  FFPA_RETURN_IF_CUDA_ERROR(
+      cudaDeviceGetAttribute(&info->major, cudaDevAttrComputeCapabilityMajor, info->device));
+  FFPA_RETURN_IF_CUDA_ERROR(
+      cudaDeviceGetAttribute(&info->minor, cudaDevAttrComputeCapabilityMinor, info->device));
+  return {};
+}
+
+Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
+                         KernelChoice* choice) {
+  DeviceInfo info;
+  if (Status status = current_device(Impl::sm80_split_d, space, &info); !status.ok()) return status;
+  const int device = info.device;
+  if (info.major < 8) {
+    return {StatusCode::impl_unavailable,
+            "impl sm80_split_d needs compute capability 8.0 or newer; " + info.compute_capability()};
   }
   // Sequence positions are 32-bit in the kernel (addresses are 64-bit).
   constexpr int64_t kMaxSequence = INT_MAX - 1024;
@@ -76,22 +93,11 @@ Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
 
 // The sm90 family runs sm_90a code: compute capability 9.0 exactly.
 Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, KernelChoice* choice) {
-  int device = 0, major = 0, minor = 0;
-  if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) {
-    (void)cudaGetLastError();
-    return {StatusCode::impl_unavailable, std::string("impl sm90_wgmma needs a CUDA device: ") +
-                                              cudaGetErrorString(error)};
-  }
-  if (space != MemorySpace::device) {
-    return {StatusCode::wrong_memory_space,
-            "impl sm90_wgmma needs device pointers, but the tensors are in host memory"};
-  }
-  FFPA_RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  FFPA_RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (major != 9 || minor != 0) {
-    return {StatusCode::impl_unavailable, "impl sm90_wgmma needs compute capability 9.0; device " +
-                                              std::to_string(device) + " has " +
-                                              std::to_string(major) + "." + std::to_string(minor)};
+  DeviceInfo info;
+  if (Status status = current_device(Impl::sm90_wgmma, space, &info); !status.ok()) return status;
+  if (info.major != 9 || info.minor != 0) {
+    return {StatusCode::impl_unavailable,
+            "impl sm90_wgmma needs compute capability 9.0; " + info.compute_capability()};
   }
   std::string reason;
   const sm90::SeesawInstance* instance = sm90::route_seesaw(problem, &reason);

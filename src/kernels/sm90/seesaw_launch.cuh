@@ -27,26 +27,14 @@ Status launch_seesaw(const AttentionProblem& problem, cudaStream_t stream) {
   }
   FFPA_RETURN_IF_CUDA_ERROR(set_smem);
 
-  CUtensorMap q_map, k_map, v_map, o_map;
-  const auto shape = [&](const void* base, int64_t heads, int64_t seq, const int64_t* stride) {
-    return TensorMapShape{base, problem.dtype, problem.batch, heads, seq, problem.head_dim, stride};
-  };
-  if (Status s = encode_tensor_map(shape(problem.q, problem.heads_q, problem.seq_q, problem.q_stride),
-                                   Traits::kBlockM, &q_map);
-      !s.ok())
-    return s;
-  if (Status s = encode_tensor_map(shape(problem.k, problem.heads_kv, problem.seq_kv, problem.k_stride),
-                                   Traits::kBlockN, &k_map);
-      !s.ok())
-    return s;
-  if (Status s = encode_tensor_map(shape(problem.v, problem.heads_kv, problem.seq_kv, problem.v_stride),
-                                   64, &v_map);
-      !s.ok())
-    return s;
-  if (Status s = encode_tensor_map(shape(problem.o, problem.heads_q, problem.seq_q, problem.o_stride),
-                                   Traits::kBlockM, &o_map);
-      !s.ok())
-    return s;
+  // Q and O in boxes of 64 rows (one CTA's), K of 128 (a KV block), V of 64
+  // (half a block: one ring stage per key half and consumer).
+  const std::array<TensorMapShape, 4> shapes = attention_tensor_shapes(problem);
+  constexpr int kBoxRows[4] = {Traits::kBlockM, Traits::kBlockN, 64, Traits::kBlockM};
+  CUtensorMap maps[4];
+  for (int i = 0; i < 4; ++i) {
+    if (Status status = encode_tensor_map(shapes[i], kBoxRows[i], &maps[i]); !status.ok()) return status;
+  }
 
   SeesawArgs args{};
   args.p = problem;
@@ -54,7 +42,7 @@ Status launch_seesaw(const AttentionProblem& problem, cudaStream_t stream) {
   args.scale_log2 = problem.scale * 1.4426950408889634f;
   const int64_t blocks = problem.batch * problem.heads_q * args.row_blocks;  // < 2^31 (routing)
   kernel<<<static_cast<unsigned>(blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(
-      args, q_map, k_map, v_map, o_map);
+      args, maps[0], maps[1], maps[2], maps[3]);
   FFPA_RETURN_IF_CUDA_ERROR(cudaGetLastError());
   return {};
 }

@@ -33,12 +33,7 @@ const SeesawInstance* route_seesaw(const AttentionProblem& problem, std::string*
     *reason = "more than 2^31 - 1 tiles of 64 query rows (B x Hq x ceil(Nq / 64))";
     return nullptr;
   }
-  const TensorMapShape tensors[4] = {
-      {problem.q, problem.dtype, problem.batch, problem.heads_q, problem.seq_q, problem.head_dim, problem.q_stride},
-      {problem.k, problem.dtype, problem.batch, problem.heads_kv, problem.seq_kv, problem.head_dim, problem.k_stride},
-      {problem.v, problem.dtype, problem.batch, problem.heads_kv, problem.seq_kv, problem.head_dim, problem.v_stride},
-      {problem.o, problem.dtype, problem.batch, problem.heads_q, problem.seq_q, problem.head_dim, problem.o_stride}};
-  for (const TensorMapShape& tensor : tensors) {
+  for (const TensorMapShape& tensor : attention_tensor_shapes(problem)) {
     if (!tensor_map_addressable(tensor)) {
       *reason = "TMA needs 16-byte aligned base addresses and strides";
       return nullptr;

@@ -5,8 +5,10 @@
 
 #include <cuda.h>
 
+#include <array>
 #include <cstdint>
 
+#include "common/attention_problem.hpp"
 #include "ffpa/ffpa.hpp"
 
 namespace ffpa::detail::sm90 {
@@ -17,6 +19,9 @@ struct TensorMapShape {
   int64_t batch, heads, seq, head_dim;
   const int64_t* stride;  // elements: b, h, n
 };
+
+// The call's q, k, v and o, in that order.
+std::array<TensorMapShape, 4> attention_tensor_shapes(const AttentionProblem& problem);
 
 // True when TMA can address the tensor: 16-byte aligned base and strides.
 bool tensor_map_addressable(const TensorMapShape& shape);
