@@ -19,15 +19,16 @@
 // Every stage has exactly one consumer warpgroup, which frees it (empty
 // barrier, one arrival per warp) once its wgmmas have read it.
 //
-// Why two full barriers per stage: the consumers take positions out of order
-// (consumer 1 waits for K_1 while consumer 0 has not received K_0), so a
-// consumer may wait for position p before position p - kStages, in the same
-// stage, has landed. A parity wait on a per-stage barrier would then see the
-// previous phase as complete and read early. With 2 * kStages barriers, p
-// shares its barrier with p - 2 * kStages, which has always landed: a
-// consumer's consecutive positions are less than 2 * kStages apart (at most
-// kKStages + 2, from its half of V_{j-1} to its half of V_j), and its previous
-// one has landed.
+// Why more full barriers than stages: the consumers take positions out of
+// order (consumer 1 waits for K_1 while consumer 0 has not received K_0), so a
+// consumer may wait for position p before the position that last used p's
+// barrier has landed; a parity wait would then see that phase's predecessor
+// as complete and read early. Position p completes on barrier p % kFull, and
+// p - kFull has always landed when p is waited for: the consumer's previous
+// position q has been issued, so every position up to q - kStages has been
+// released (the producer refills a stage only then), and p - q is at most
+// kKStages + 2 (from its part of V_{j-1} to its part of V_j). Hence
+// kFull = kKStages + 2 + kStages.
 #pragma once
 
 #include <cuda.h>
@@ -74,15 +75,15 @@ struct SeesawTraits {
   static constexpr int kRowSumOffset = kStatsOffset + 2 * 2 * kBlockM * 4;        // float [2][64]
   static constexpr int kTileOffset = kRowSumOffset + 2 * kBlockM * 4;  // TileCoordinates
   static constexpr int kBarrierOffset = kTileOffset + 32;
-  // q_full, full[kFullBarriers], empty[kStages], p_full[2], p_empty[2]
-  static constexpr int kFullBarriers = 2 * kStages;
+  // q_full, full[kFullBarriers], empty[kStages], p_full[2], p_empty[2]. See
+  // "Why more full barriers than stages" for the count.
+  static constexpr int kFullBarriers = kKStages + 2 + kStages;
   static constexpr int kBarriers = 1 + kFullBarriers + kStages + 4;
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
 
   static_assert(kHalfCols % 64 == 0 && kHalfCols >= 128 && kHalfCols <= 256,
                 "O halves are whole 64-column boxes, N = 128..256");
   static_assert(kQKChunks >= 1 && kQKChunks <= 8, "S covers up to 512 columns");
-  static_assert(kKStages + 2 < kFullBarriers, "a consumer never waits two phases ahead");
   static_assert(kSmemBytes <= 232448, "fits the 227 KB a Hopper block may opt into");
 };
 
@@ -140,7 +141,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const uint32_t barriers = smem_address(smem + Traits::kBarrierOffset);
   const uint32_t q_full = barriers;
   // Ring position p lives in stage p % kStages and completes on full barrier
-  // p % kFullBarriers: see "Why two full barriers per stage" above.
+  // p % kFullBarriers: see "Why more full barriers than stages" above.
   constexpr int kFull = Traits::kFullBarriers;
   auto full = [&](int position) { return barriers + 8 * (1 + position % kFull); };
   auto full_parity = [&](int position) { return static_cast<uint32_t>((position / kFull) & 1); };
