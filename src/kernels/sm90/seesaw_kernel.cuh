@@ -77,7 +77,8 @@ struct SeesawTraits {
   static constexpr int kBarrierOffset = kTileOffset + 32;
   // q_full, full[kFullBarriers], empty[kStages], p_full[2], p_empty[2]. See
   // "Why more full barriers than stages" for the count.
-  static constexpr int kFullBarriers = kKStages + 2 + kStages;
+  static constexpr int kFullBarriers = 16;  // >= kKStages + 2 + kStages; a power of two: cheap p % 16
+  static_assert(kFullBarriers >= kKStages + 2 + kStages, "see Why more full barriers than stages");
   static constexpr int kBarriers = 1 + kFullBarriers + kStages + 4;
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
 
