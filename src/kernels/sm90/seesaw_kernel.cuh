@@ -28,7 +28,12 @@
 // position q has been issued, so every position up to q - kStages has been
 // released (the producer refills a stage only then), and p - q is at most
 // kKStages + 2 (from its part of V_{j-1} to its part of V_j). Hence
-// kFull = kKStages + 2 + kStages.
+// kFull >= kKStages + 2 + kStages (16).
+//
+// Launch: one CTA per tile, row block fastest, so the CTAs the hardware runs
+// at once are neighbouring row blocks of one head and share its K/V in L2;
+// causal row blocks are enumerated longest first. (Persistent variants were
+// measured slower: docs/kernels/sm90_wgmma.md.)
 #pragma once
 
 #include <cuda.h>
