@@ -48,6 +48,7 @@
 #include "kernels/common/compiler_hints.cuh"
 #include "kernels/common/tile_elementwise.cuh"
 #include "kernels/sm90/ptx.cuh"
+#include "kernels/sm90/seesaw_ring.hpp"
 #include "kernels/sm90/wgmma.cuh"
 
 namespace ffpa::detail::sm90 {
@@ -63,7 +64,7 @@ struct SeesawTraits {
   static constexpr int kThreads = 384;
   static constexpr int kStages = 4;
   static constexpr int kKStages = (kQKChunks + 1) / 2;  // ring stages per K block
-  static constexpr int kVStages = 4;                    // ring stages per V block
+  static constexpr int kVStages = kSeesawVStages;       // ring stages per V block
 
   static constexpr int kTileBytes = 64 * 128;        // [64 rows][64 columns]: Q, P, O, V boxes
   static constexpr int kKBoxBytes = kBlockN * 128;   // [128 keys][64 columns]
@@ -131,7 +132,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kStages = Traits::kStages, kKStages = Traits::kKStages;
   constexpr int kHalfCols = Traits::kHalfCols, kBlockN = Traits::kBlockN;
   constexpr int kTileBytes = Traits::kTileBytes, kStageBytes = Traits::kStageBytes;
-  constexpr int kBlockStride = kKStages + Traits::kVStages;  // ring positions per KV block
 
   // wgmma and TMA swizzle atoms need 1024-byte alignment. Dynamic shared memory
   // starts the block's window (there is no static shared memory), so the
@@ -269,7 +269,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   // S_j = Q K_j^T (fp32, 64 x 128), streaming K through the ring.
   auto compute_s = [&](int j, float (&s)[64]) {
-    const int first = j == 0 ? 0 : j * kBlockStride - Traits::kVStages;
+    const int first = seesaw_k_position(j, kKStages);
     fence_operands(s);
 #pragma unroll
     for (int ks = 0; ks < kKStages; ++ks) {
@@ -317,12 +317,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
       }
     }
-    // V_j follows K_{j+1}; the last V block follows the V block before it.
-    const int first = (j + 1 < tile->n_blocks ? 2 : 1) * kKStages + j * kBlockStride;
+    // This consumer's part of key half h of V_j is at position first + 2 * h.
+    const int first = seesaw_v_part_position(j, tile->n_blocks, kKStages, 0, w);
     fence_operands(o_acc);
 #pragma unroll
     for (int key_half = 0; key_half < 2; ++key_half) {
-      const int position = first + 2 * key_half + w;
+      const int position = first + 2 * key_half;
       const int stage = position % kStages;
       mbarrier_wait(full(position), full_parity(position));
       wgmma_fence();
@@ -337,8 +337,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     }
     wgmma_wait<0>();
     fence_operands(o_acc);
-    release(first + w);
-    release(first + 2 + w);
+    release(first);
+    release(first + 2);
     if (!own && lane == 0) mbarrier_arrive(p_empty(buffer));
   };
 
