@@ -5,7 +5,8 @@ Reads a build's log (ninja output with the library's `-Xptxas=-v`) for each
 seesaw kernel's registers, stack and spills, and the SASS of its object files
 (cuobjdump, from the CUDA toolkit or any copy on PATH) for the wgmma
 instructions (HGMMA) and local-memory accesses (STL/LDL). Prints a markdown
-table.
+table, and the number of ptxas C7518 warnings (wgmma serialized: a DEPBAR
+after every HGMMA), which must be 0.
 
     ninja -C build > build.log
     python3 scripts/sm90_kernel_report.py build.log build
@@ -62,7 +63,9 @@ def main() -> int:
         print(__doc__, file=sys.stderr)
         return 2
     with open(sys.argv[1]) as f:
-        rows = ptxas_rows(f.read())
+        log = f.read()
+    rows = ptxas_rows(log)
+    serialized = log.count("(C7518)")
     sass = sass_counts(sys.argv[2])
     print("| arch | instance | dtype | registers at launch | stack | spill stores | spill loads | HGMMA in SASS (shapes) | STL/LDL in SASS |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -72,6 +75,8 @@ def main() -> int:
         print(f"| {row['arch']} | d{head_dim}: S over {head_dim // 64} chunks, O {half} + {half} | {dtype} | "
               f"{row['registers']} | {row['stack']} | {row['spill_stores']} | {row['spill_loads']} | "
               f"{s['hgmma']} ({', '.join(sorted(s['shapes']))}) | {s['local']} |")
+    print()
+    print(f"ptxas C7518 (wgmma serialized) warnings: {serialized}")
     return 0
 
 
