@@ -218,16 +218,19 @@ LIBRARY_CHOICE = "library"  # --ffpa-impl: what the C library's auto picks, neve
 def ffpa_implementation(ffpa_attn: Any, impl: str) -> Implementation:
     # An explicit impl raises NotImplementedError instead of falling back; "library"
     # runs impl auto and refuses the calls the package would hand to SDPA.
+    # The fallback check is decided once per case, outside the timed calls after the first.
     backend = ffpa_attn.CUDABackend(impl="auto" if impl == LIBRARY_CHOICE else impl)
+    refusals: dict[Case, str | None] = {}
 
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, case: Case) -> torch.Tensor:
         if impl == LIBRARY_CHOICE:
-            from ffpa_attn.decisions import fallback_reason
-            from ffpa_attn.functional import _call_spec
+            if case not in refusals:
+                from ffpa_attn.decisions import fallback_reason
+                from ffpa_attn.functional import _call_spec
 
-            reason = fallback_reason(_call_spec(q, k, v, None, 0.0, case.causal, None, case.gqa))
-            if reason is not None:
-                raise NotImplementedError(f"ffpa_attn would hand this call to SDPA: {reason}")
+                refusals[case] = fallback_reason(_call_spec(q, k, v, None, 0.0, case.causal, None, case.gqa))
+            if refusals[case] is not None:
+                raise NotImplementedError(f"ffpa_attn would hand this call to SDPA: {refusals[case]}")
         return ffpa_attn.ffpa_attn_func(q, k, v, is_causal=case.causal, enable_gqa=case.gqa, backend=backend)
 
     return Implementation("ffpa", forward, kind="ffpa")

@@ -159,11 +159,7 @@ Status run_forward(const AttentionProblem& problem, const KernelChoice& choice,
           problem, sm80::SplitDRoute{static_cast<int>(choice.padded_head_dim), choice.value_splits},
           stream);
     case Impl::sm90_wgmma:
-      for (int i = 0; i < sm90::kSeesawInstanceCount; ++i) {
-        if (sm90::kSeesawInstances[i].head_dim == choice.padded_head_dim)
-          return sm90::kSeesawInstances[i].launch(problem, stream);
-      }
-      break;
+      return sm90::run_seesaw(problem, static_cast<int>(choice.padded_head_dim), stream);
     case Impl::automatic: break;
   }
   return {StatusCode::impl_unavailable,

@@ -34,6 +34,9 @@ extern const int kSeesawInstanceCount;
 // call this family declines is decided here.
 const SeesawInstance* route_seesaw(const AttentionProblem& problem, std::string* reason);
 
+// Runs the instance for head_dim (a planned call's padded_head_dim).
+Status run_seesaw(const AttentionProblem& problem, int head_dim, cudaStream_t stream);
+
 // Human-readable name of an instance, e.g. "sm90_seesaw<bf16,d512,m64,n128,s4>".
 std::string seesaw_kernel_name(const AttentionProblem& problem, const SeesawInstance& instance);
 

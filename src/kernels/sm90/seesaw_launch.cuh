@@ -1,4 +1,4 @@
-// Launching the seesaw kernel: tensor maps, shared-memory opt-in, chunked grid.
+// Launching the seesaw kernel: tensor maps, shared-memory opt-in, one CTA per tile.
 // Included only by the generated per-head-dim translation units.
 #pragma once
 

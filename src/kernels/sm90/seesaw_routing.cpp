@@ -45,6 +45,14 @@ const SeesawInstance* route_seesaw(const AttentionProblem& problem, std::string*
   return nullptr;  // unreachable: head_dim <= largest
 }
 
+Status run_seesaw(const AttentionProblem& problem, int head_dim, cudaStream_t stream) {
+  for (int i = 0; i < kSeesawInstanceCount; ++i) {
+    if (kSeesawInstances[i].head_dim == head_dim) return kSeesawInstances[i].launch(problem, stream);
+  }
+  return {StatusCode::impl_unavailable, "impl sm90_wgmma: no instance for head dim " +
+                                            std::to_string(head_dim) + " in this build"};
+}
+
 std::string seesaw_kernel_name(const AttentionProblem& problem, const SeesawInstance& instance) {
   return std::string("sm90_seesaw<") + (problem.dtype == DType::bf16 ? "bf16" : "f16") + ",d" +
          std::to_string(instance.head_dim) + ",m64,n128,s4>";

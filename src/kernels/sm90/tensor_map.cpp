@@ -46,8 +46,8 @@ bool tensor_map_addressable(const TensorMapShape& shape) {
   if (reinterpret_cast<uintptr_t>(shape.base) % 16 != 0) return false;
   const int64_t extents[3] = {shape.batch, shape.heads, shape.seq};
   for (int i = 0; i < 3; ++i) {
-    if (dimension_stride_bytes(extents[i], shape.stride[i]) % 16 != 0) return false;
-    if (dimension_stride_bytes(extents[i], shape.stride[i]) >= (uint64_t{1} << 40)) return false;
+    const uint64_t stride = dimension_stride_bytes(extents[i], shape.stride[i]);
+    if (stride % 16 != 0 || stride >= (uint64_t{1} << 40)) return false;
   }
   return true;
 }
