@@ -19,6 +19,14 @@
 // Every stage has exactly one consumer warpgroup, which frees it (empty
 // barrier, one arrival per warp) once its wgmmas have read it.
 //
+// D > 512 (kSplit = 2): a cluster of two CTAs per tile. CTA r holds columns
+// [r * D / 2, (r + 1) * D / 2) of Q and K and of O, so each computes a
+// partial S over its half of D; the S owner of each CTA sends its partial to
+// the peer through distributed shared memory and adds the peer's (x_full,
+// x_empty: one phase per KV block), and both run the same softmax on the same
+// sum (a + b == b + a). The ring drops to 3 stages to make room for the
+// 32 KB exchange slot.
+//
 // Why more full barriers than stages: the consumers take positions out of
 // order (consumer 1 waits for K_1 while consumer 0 has not received K_0), so a
 // consumer may wait for position p before the position that last used p's
@@ -53,16 +61,17 @@
 
 namespace ffpa::detail::sm90 {
 
-template <typename Element_, int kQKChunks_, int kHalfCols_>
+template <typename Element_, int kQKChunks_, int kHalfCols_, int kSplit_>
 struct SeesawTraits {
   using Element = Element_;
-  static constexpr int kQKChunks = kQKChunks_;  // 64-column chunks of the head dim in S = Q K^T
+  static constexpr int kQKChunks = kQKChunks_;  // 64-column chunks of this CTA's part of S = Q K^T
   static constexpr int kHalfCols = kHalfCols_;  // columns of O per consumer warpgroup
-  static constexpr int kOutCols = 2 * kHalfCols;
+  static constexpr int kSplit = kSplit_;        // CTAs of a cluster sharing one tile (1 or 2)
+  static constexpr int kOutCols = 2 * kHalfCols;  // columns of O per CTA
   static constexpr int kBlockM = 64;   // query rows: one wgmma M
   static constexpr int kBlockN = 128;  // keys per KV block: the N of S
   static constexpr int kThreads = 384;
-  static constexpr int kStages = 4;
+  static constexpr int kStages = kSplit == 1 ? 4 : 3;
   static constexpr int kKStages = (kQKChunks + 1) / 2;  // ring stages per K block
   static constexpr int kVStages = kSeesawVStages;       // ring stages per V block
 
@@ -77,7 +86,10 @@ struct SeesawTraits {
   static constexpr int kQOffset = 0;
   static constexpr int kPOffset = kQOffset + kQTiles * kTileBytes;                 // 2 buffers
   static constexpr int kRingOffset = kPOffset + 2 * kPBytes;
-  static constexpr int kStatsOffset = kRingOffset + kStages * kStageBytes;        // float [2][2][64]
+  // The peer's partial S: float4 [16][128 threads] (kSplit = 2).
+  static constexpr int kExchangeBytes = kSplit == 1 ? 0 : 64 * 128 * 4;
+  static constexpr int kExchangeOffset = kRingOffset + kStages * kStageBytes;
+  static constexpr int kStatsOffset = kExchangeOffset + kExchangeBytes;          // float [2][2][64]
   static constexpr int kRowSumOffset = kStatsOffset + 2 * 2 * kBlockM * 4;        // float [2][64]
   static constexpr int kTileOffset = kRowSumOffset + 2 * kBlockM * 4;  // TileCoordinates
   static constexpr int kBarrierOffset = kTileOffset + 32;
@@ -90,7 +102,8 @@ struct SeesawTraits {
 
   static_assert(kHalfCols % 64 == 0 && kHalfCols >= 128 && kHalfCols <= 256,
                 "O halves are whole 64-column boxes, N = 128..256");
-  static_assert(kQKChunks >= 1 && kQKChunks <= 8, "S covers up to 512 columns");
+  static_assert(kQKChunks >= 1 && kQKChunks <= 8, "a CTA's part of S covers up to 512 columns");
+  static_assert(kSplit == 1 || kSplit == 2, "one CTA per tile, or a cluster of two");
   static_assert(kSmemBytes <= 232448, "fits the 227 KB a Hopper block may opt into");
 };
 
@@ -104,6 +117,16 @@ struct TileCoordinates {
   int q0, head, batch, kv_head;
   int n_blocks;  // KV blocks this row block attends (causal: up to the diagonal)
 };
+
+// This CTA's rank in its cluster (0 without a cluster).
+template <int kSplit>
+__device__ __forceinline__ int split_rank() {
+  if constexpr (kSplit == 1) {
+    return 0;
+  } else {
+    return static_cast<int>(cluster_cta_rank());
+  }
+}
 
 // This thread's index within its quad (the column pair of the wgmma
 // accumulator layout), re-read at every use: an asm volatile read is not
@@ -154,6 +177,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   auto empty = [&](int stage) { return barriers + 8 * (1 + kFull + stage); };
   auto p_full = [&](int buffer) { return barriers + 8 * (1 + kFull + kStages + buffer); };
   auto p_empty = [&](int buffer) { return barriers + 8 * (3 + kFull + kStages + buffer); };
+  // kSplit = 2: the peer's partial S has landed here / this CTA's has been read there.
+  const uint32_t x_full = barriers + 8 * (5 + kFull + kStages);
+  const uint32_t x_empty = x_full + 8;
+  // Column offsets of this CTA's part of Q/K (S) and of V/O.
+  constexpr int kSplit = Traits::kSplit;
+  auto qk_col0 = [&]() { return split_rank<kSplit>() * Traits::kQKChunks * 64; };
+  auto vo_col0 = [&]() { return split_rank<kSplit>() * Traits::kOutCols; };
 
   const AttentionProblem& p = args.p;
   // --- which tile: row block fastest (CTAs of one head run together and share
@@ -161,7 +191,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // where used, so the consumers do not carry it in registers. -------------------
   TileCoordinates* const tile = reinterpret_cast<TileCoordinates*>(smem + Traits::kTileOffset);
   if (threadIdx.x == 0) {
-    int block = blockIdx.x;
+    int block = blockIdx.x / kSplit;  // the CTAs of a cluster share the tile
     int row_block = block % args.row_blocks;
     block /= args.row_blocks;
     tile->head = block % static_cast<int>(p.heads_q);
@@ -185,23 +215,33 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       mbarrier_init(p_full(b), 128);  // every thread of the owner writes part of P
       mbarrier_init(p_empty(b), 4);   // the other consumer's warps have read P
     }
+    if constexpr (kSplit == 2) {
+      mbarrier_init(x_full, 128);   // every thread of the peer's S owner
+      mbarrier_init(x_empty, 128);
+    }
     fence_barrier_init();
   }
-  __syncthreads();
+  if constexpr (kSplit == 1) {
+    __syncthreads();
+  } else {
+    cluster_sync();  // the peer's barriers exist before anyone arrives on them
+  }
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     // ================================ producer ======================================
     setmaxnreg_decrease<24>();
     if (threadIdx.x == 0) {
-      const int q0 = tile->q0, head = tile->head, batch = tile->batch, kv_head = tile->kv_head;
-      const int n_blocks = tile->n_blocks;
+      // Tile coordinates are read from shared memory where used: the producer
+      // runs in 24 registers.
       prefetch_tensor_map(&q_map);
       prefetch_tensor_map(&k_map);
       prefetch_tensor_map(&v_map);
       mbarrier_arrive_expect_tx(q_full, Traits::kQKChunks * kTileBytes);
+#pragma unroll 1
       for (int c = 0; c < Traits::kQKChunks; ++c)
-        tma_load_4d(q_tiles + c * kTileBytes, &q_map, q_full, c * 64, q0, head, batch);
+        tma_load_4d(q_tiles + c * kTileBytes, &q_map, q_full, qk_col0() + c * 64, tile->q0, tile->head,
+                    tile->batch);
       int position = 0;
       auto acquire = [&](uint32_t bytes) {
         const int stage = position % kStages;
@@ -218,7 +258,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           const int stage = acquire(boxes * Traits::kKBoxBytes);
           for (int b = 0; b < boxes; ++b)
             tma_load_4d(ring + stage * kStageBytes + b * Traits::kKBoxBytes, &k_map, full(position - 1),
-                        (2 * ks + b) * 64, j * kBlockN, kv_head, batch);
+                        qk_col0() + (2 * ks + b) * 64, j * kBlockN, tile->kv_head, tile->batch);
         }
       };
       auto load_v = [&](int j) {
@@ -227,18 +267,20 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
             const int stage = acquire(Traits::kVStageBytes);
             for (int box = 0; box < kHalfCols / 64; ++box)
               tma_load_4d(ring + stage * kStageBytes + box * kTileBytes, &v_map, full(position - 1),
-                          w * kHalfCols + box * 64, j * kBlockN + key_half * 64, kv_head, batch);
+                          vo_col0() + w * kHalfCols + box * 64, j * kBlockN + key_half * 64,
+                          tile->kv_head, tile->batch);
           }
       };
-      if (n_blocks > 0) {
+      if (tile->n_blocks > 0) {
         load_k(0);
-        for (int j = 1; j < n_blocks; ++j) {
+        for (int j = 1; j < tile->n_blocks; ++j) {
           load_k(j);
           load_v(j - 1);
         }
-        load_v(n_blocks - 1);
+        load_v(tile->n_blocks - 1);
       }
     }
+    if constexpr (kSplit == 2) cluster_sync();  // every thread of the cluster, producers too
     return;
   }
 
@@ -260,7 +302,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   float o_acc[kHalfCols / 2];
 #pragma unroll
   for (int i = 0; i < kHalfCols / 2; ++i) o_acc[i] = 0.0f;
-  float row_max[2] = {-INFINITY, -INFINITY};
+  // The running row maxima are not kept in registers: after block j they are
+  // the ones published with P_j (stats), which stay until P_{j+2} is written,
+  // and that needs this consumer's P_{j+1} first.
+  auto running_max = [&](int j, int h) {
+    return j < 0 ? -INFINITY : stats[(j & 1) * 128 + row(h)];
+  };
   if (quad_lane() == 0) row_sums[w * 64 + row(0)] = row_sums[w * 64 + row(1)] = 0.0f;
 
   auto release = [&](int position) {
@@ -308,7 +355,6 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const float scale = stats[buffer * 128 + 64 + row(h)];
-        row_max[h] = stats[buffer * 128 + row(h)];
         if (t == 0) row_sums[w * 64 + row(h)] *= scale;
 #pragma unroll
         for (int i = 0; i < kHalfCols / 8; ++i) {
@@ -342,9 +388,39 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (!own && lane == 0) mbarrier_arrive(p_empty(buffer));
   };
 
+  // kSplit = 2: S_j += the peer CTA's partial S_j. Thread i sends its 64
+  // accumulators to slot [q][i] of the peer (float4 q of 16: conflict-free)
+  // and adds what the peer's thread i sent it. Called by the S owner after
+  // it has waited for P_{j-1}, so the other consumer's exchange of block j-1
+  // is complete and the barriers are at most one phase behind.
+  auto exchange_s = [&](int j, float (&s)[64]) {
+    const uint32_t peer = static_cast<uint32_t>(1 - split_rank<kSplit>());
+    const uint32_t slot = smem_address(smem + Traits::kExchangeOffset) + thread * 16;
+    if (j >= 1) mbarrier_wait_cluster(x_empty, (j - 1) & 1);  // the peer has read our S_{j-1}
+    const uint32_t remote = peer_address(slot, peer);
+#pragma unroll
+    for (int q = 0; q < 16; ++q)
+      store_cluster_f32x4(remote + q * 128 * 16, s[4 * q], s[4 * q + 1], s[4 * q + 2], s[4 * q + 3]);
+    mbarrier_arrive_cluster(peer_address(x_full, peer));
+    mbarrier_wait_cluster(x_full, j & 1);
+    const float4* const mine = reinterpret_cast<const float4*>(smem + Traits::kExchangeOffset) + thread;
+    // Two loads in flight at a time: all sixteen at once would spill S or O.
+#pragma unroll
+    for (int q0 = 0; q0 < 16; q0 += 2) {
+#pragma unroll
+      for (int q = q0; q < q0 + 2; ++q) {
+        const float4 v = mine[q * 128];
+        s[4 * q] += v.x, s[4 * q + 1] += v.y, s[4 * q + 2] += v.z, s[4 * q + 3] += v.w;
+      }
+      asm volatile("" ::: "memory");
+    }
+    mbarrier_arrive_cluster(peer_address(x_empty, peer));  // our slot may take S_{j+1}
+  };
+
   // Online softmax of S_j (log2 domain), P_j and the row statistics to shared
   // memory, then this consumer's rescale of O.
   auto softmax_publish = [&](int j, float (&s)[64]) {
+    if constexpr (kSplit == 2) exchange_s(j, s);
     const int t = quad_lane();
     const int kv0 = j * kBlockN;
 #pragma unroll
@@ -393,7 +469,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
     }
 
-    float scale[2];
+    float scale[2], new_max[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float tile_max = -INFINITY;
@@ -401,10 +477,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       for (int i = 0; i < 16; ++i) tile_max = fmaxf(tile_max, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
       tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(row_max[h], tile_max);
-      const float base = new_max == -INFINITY ? 0.0f : new_max;  // nothing attended yet: exp2(-inf) = 0
-      scale[h] = exp2f(row_max[h] - base);
-      row_max[h] = new_max;
+      const float old_max = running_max(j - 1, h);
+      new_max[h] = fmaxf(old_max, tile_max);
+      // Nothing attended yet: base 0, so that exp2(-inf - 0) = 0.
+      const float base = new_max[h] == -INFINITY ? 0.0f : new_max[h];
+      scale[h] = exp2f(old_max - base);
       float tile_sum = 0.0f;
 #pragma unroll
       for (int i = 0; i < 16; ++i)
@@ -453,7 +530,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     if (t == 0) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        stats[buffer * 128 + row(h)] = row_max[h];
+        stats[buffer * 128 + row(h)] = new_max[h];
         stats[buffer * 128 + 64 + row(h)] = scale[h];
       }
     }
@@ -489,9 +566,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const float total = row_sums[row(h)] + row_sums[64 + row(h)];
     out_scale[h] = total > 0.0f ? keep_scale / total : 0.0f;
     const int r = tile->q0 + row(h);
-    if (p.lse != nullptr && w == 0 && t == 0 && r < seq_q) {
+    if (p.lse != nullptr && split_rank<kSplit>() == 0 && w == 0 && t == 0 && r < seq_q) {
       p.lse[tile->batch * p.lse_stride[0] + tile->head * p.lse_stride[1] + r * p.lse_stride[2]] =
-          total > 0.0f ? row_max[h] * 0.6931471805599453f + logf(total) : -INFINITY;
+          total > 0.0f ? running_max(tile->n_blocks - 1, h) * 0.6931471805599453f + logf(total)
+                       : -INFINITY;
     }
   }
   unsigned char* const o_tiles = smem + Traits::kQOffset;
@@ -508,13 +586,15 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (thread == 0) {
     const int head_dim = static_cast<int>(p.head_dim);
     for (int box = 0; box < kHalfCols / 64; ++box) {
-      const int col = w * kHalfCols + box * 64;
-      if (col < head_dim)
-        tma_store_4d(&o_map, smem_address(o_tiles + (col / 64) * kTileBytes), col, tile->q0, tile->head, tile->batch);
+      const int col = w * kHalfCols + box * 64;  // within this CTA's part of O
+      if (vo_col0() + col < head_dim)
+        tma_store_4d(&o_map, smem_address(o_tiles + (col / 64) * kTileBytes), vo_col0() + col,
+                     tile->q0, tile->head, tile->batch);
     }
     tma_store_commit();
     tma_store_wait_read();
   }
+  if constexpr (kSplit == 2) cluster_sync();  // the peer may still arrive on our barriers
 #endif
 }
 

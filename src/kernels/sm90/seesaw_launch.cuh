@@ -40,23 +40,37 @@ Status launch_seesaw(const AttentionProblem& problem, cudaStream_t stream) {
   args.p = problem;
   args.row_blocks = static_cast<int>((problem.seq_q + Traits::kBlockM - 1) / Traits::kBlockM);
   args.scale_log2 = problem.scale * 1.4426950408889634f;
-  const int64_t blocks = problem.batch * problem.heads_q * args.row_blocks;  // < 2^31 (routing)
-  kernel<<<static_cast<unsigned>(blocks), Traits::kThreads, Traits::kSmemBytes, stream>>>(
-      args, maps[0], maps[1], maps[2], maps[3]);
-  FFPA_RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  // One CTA per tile, or a cluster of kSplit consecutive CTAs per tile.
+  const int64_t tiles = problem.batch * problem.heads_q * args.row_blocks;  // < 2^30 (routing)
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(tiles * Traits::kSplit));
+  config.blockDim = dim3(Traits::kThreads);
+  config.dynamicSmemBytes = Traits::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = Traits::kSplit;
+  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = Traits::kSplit > 1 ? 1 : 0;
+  FFPA_RETURN_IF_CUDA_ERROR(cudaLaunchKernelEx(&config, kernel, args, maps[0], maps[1], maps[2], maps[3]));
   return {};
 }
 
-// D up to kHeadDim: S over ceil(D / 64) chunks, O split in two halves of whole
-// 64-column boxes (at least 128 columns: the smallest instantiated wgmma N).
+// D up to kHeadDim. Up to 512 one CTA per tile, above a cluster of two, each
+// CTA with half of D. A CTA computes S over its D / 64 (or D / 128) chunks and
+// splits its columns of O between its two consumers in whole 64-column boxes
+// (at least 128 columns: the smallest instantiated wgmma N).
 template <int kHeadDim>
 Status launch_seesaw_instance(const AttentionProblem& problem, cudaStream_t stream) {
-  static_assert(kHeadDim % 64 == 0);
-  constexpr int kQKChunks = kHeadDim / 64;
-  constexpr int kHalfCols = std::max(128, (kHeadDim + 127) / 128 * 64);
+  constexpr int kSplit = kHeadDim > 512 ? 2 : 1;
+  static_assert(kHeadDim % (64 * kSplit) == 0);
+  constexpr int kCtaDim = kHeadDim / kSplit;
+  constexpr int kQKChunks = kCtaDim / 64;
+  constexpr int kHalfCols = std::max(128, (kCtaDim + 127) / 128 * 64);
   if (problem.dtype == DType::bf16)
-    return launch_seesaw<SeesawTraits<__nv_bfloat16, kQKChunks, kHalfCols>>(problem, stream);
-  return launch_seesaw<SeesawTraits<__half, kQKChunks, kHalfCols>>(problem, stream);
+    return launch_seesaw<SeesawTraits<__nv_bfloat16, kQKChunks, kHalfCols, kSplit>>(problem, stream);
+  return launch_seesaw<SeesawTraits<__half, kQKChunks, kHalfCols, kSplit>>(problem, stream);
 }
 
 }  // namespace ffpa::detail::sm90

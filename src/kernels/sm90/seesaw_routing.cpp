@@ -20,7 +20,7 @@ const SeesawInstance* route_seesaw(const AttentionProblem& problem, std::string*
   if (problem.head_dim > largest) {
     *reason = "head dim " + std::to_string(problem.head_dim) + " is above " +
               std::to_string(largest) +
-              ", the largest this build compiles (two warpgroups hold O in registers)";
+              ", the largest this build compiles";
     return nullptr;
   }
   constexpr int64_t kMaxSequence = INT_MAX - 1024;  // positions are 32-bit in the kernel
@@ -29,8 +29,8 @@ const SeesawInstance* route_seesaw(const AttentionProblem& problem, std::string*
     return nullptr;
   }
   const int64_t row_blocks = (problem.seq_q + 63) / 64;
-  if (problem.batch * problem.heads_q * row_blocks > INT_MAX) {
-    *reason = "more than 2^31 - 1 tiles of 64 query rows (B x Hq x ceil(Nq / 64))";
+  if (problem.batch * problem.heads_q * row_blocks > INT_MAX / 2) {
+    *reason = "more than 2^30 tiles of 64 query rows (B x Hq x ceil(Nq / 64))";
     return nullptr;
   }
   for (const TensorMapShape& tensor : attention_tensor_shapes(problem)) {
@@ -54,8 +54,9 @@ Status run_seesaw(const AttentionProblem& problem, int head_dim, cudaStream_t st
 }
 
 std::string seesaw_kernel_name(const AttentionProblem& problem, const SeesawInstance& instance) {
+  const bool cluster = instance.head_dim > 512;
   return std::string("sm90_seesaw<") + (problem.dtype == DType::bf16 ? "bf16" : "f16") + ",d" +
-         std::to_string(instance.head_dim) + ",m64,n128,s4>";
+         std::to_string(instance.head_dim) + ",m64,n128" + (cluster ? ",s3,cluster2>" : ",s4>");
 }
 
 }  // namespace ffpa::detail::sm90
