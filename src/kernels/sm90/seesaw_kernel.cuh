@@ -97,7 +97,7 @@ struct SeesawTraits {
   // "Why more full barriers than stages" for the count.
   static constexpr int kFullBarriers = 16;  // >= kKStages + 2 + kStages; a power of two: cheap p % 16
   static_assert(kFullBarriers >= kKStages + 2 + kStages, "see Why more full barriers than stages");
-  static constexpr int kBarriers = 1 + kFullBarriers + kStages + 4;
+  static constexpr int kBarriers = 1 + kFullBarriers + kStages + 4 + (kSplit == 1 ? 0 : 2);
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
 
   static_assert(kHalfCols % 64 == 0 && kHalfCols >= 128 && kHalfCols <= 256,
