@@ -306,7 +306,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // the ones published with P_j (stats), which stay until P_{j+2} is written,
   // and that needs this consumer's P_{j+1} first.
   auto running_max = [&](int j, int h) {
-    return j < 0 ? -INFINITY : stats[(j & 1) * 128 + row(h)];
+    return j < 0 ? -INFINITY : stats[opaque((j & 1) * 128 + row(h))];
   };
   if (quad_lane() == 0) row_sums[w * 64 + row(0)] = row_sums[w * 64 + row(1)] = 0.0f;
 
