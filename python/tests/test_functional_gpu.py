@@ -227,17 +227,18 @@ def is_sm90():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not is_sm90(), reason="needs an sm_90 GPU")
-def test_explicit_sm90_impl_serves_large_head_dim(rng):
-    q, k, v = random_qkv(1, 2, 2, 65, 200, 512, torch.bfloat16, CUDA)
+@pytest.mark.parametrize("head_dim", [512, 1024])
+def test_explicit_sm90_impl_serves_large_head_dim(rng, head_dim):
+    q, k, v = random_qkv(1, 2, 2, 65, 200, head_dim, torch.bfloat16, CUDA)
     out = served(lambda: ffpa_attn_func(q, k, v, backend=CUDABackend(impl="sm90_wgmma")))
     check_output(out, q, sdpa_float32(q, k, v))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or not is_sm90(), reason="needs an sm_90 GPU")
-def test_explicit_sm90_impl_refuses_head_dim_above_512(rng):
-    q, k, v = random_qkv(1, 2, 2, 17, 17, 1024, torch.bfloat16, CUDA)
+def test_explicit_sm90_impl_refuses_f16_accumulation(rng):
+    q, k, v = random_qkv(1, 2, 2, 17, 17, 512, torch.float16, CUDA)
     with pytest.raises(NotImplementedError, match="sm90_wgmma"):
-        ffpa_attn_func(q, k, v, backend=CUDABackend(impl="sm90_wgmma"))
+        ffpa_attn_func(q, k, v, backend=CUDABackend(impl="sm90_wgmma", accumulation="f16"))
 
 
 DROPOUT_CASES = ["plain", "causal-top-left", "causal-bottom-right", "mask", "gqa"]
