@@ -256,9 +256,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           constexpr int kLast = Traits::kQKChunks - 2 * (kKStages - 1);
           const int boxes = ks + 1 < kKStages ? 2 : kLast;
           const int stage = acquire(boxes * Traits::kKBoxBytes);
+          // opaque: the columns of every box hoisted out of the KV loop would
+          // not fit the producer's 24 registers at D = 1024.
           for (int b = 0; b < boxes; ++b)
             tma_load_4d(ring + stage * kStageBytes + b * Traits::kKBoxBytes, &k_map, full(position - 1),
-                        qk_col0() + (2 * ks + b) * 64, j * kBlockN, tile->kv_head, tile->batch);
+                        opaque(qk_col0()) + (2 * ks + b) * 64, j * kBlockN, tile->kv_head, tile->batch);
         }
       };
       auto load_v = [&](int j) {
@@ -345,9 +347,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     release(first + kKStages - 1);
   };
 
-  // O_w += P_j V_j[:, half w]; the owner has already rescaled O, the other
-  // consumer rescales by the owner's published factors first.
-  auto accumulate_pv = [&](int j, bool own) {
+  // O_w += P_j V_j[:, half w], issued (wgmma groups in flight) and finished
+  // apart, so that kSplit = 2 sends its partial S while the tensor cores run
+  // P_{j-1} V_{j-1}. The owner has already rescaled O; the other consumer
+  // rescales by the owner's published factors first.
+  auto issue_pv = [&](int j, bool own) {
     const int buffer = j & 1;
     mbarrier_wait(p_full(buffer), (j >> 1) & 1);
     if (!own) {
@@ -381,46 +385,59 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       wgmma_commit();
     }
+  };
+  auto finish_pv = [&](int j, bool own) {
     wgmma_wait<0>();
     fence_operands(o_acc);
+    const int first = seesaw_v_part_position(j, tile->n_blocks, kKStages, 0, w);
     release(first);
     release(first + 2);
-    if (!own && lane == 0) mbarrier_arrive(p_empty(buffer));
+    if (!own && lane == 0) mbarrier_arrive(p_empty(j & 1));
+  };
+  auto accumulate_pv = [&](int j, bool own) {
+    issue_pv(j, own);
+    finish_pv(j, own);
   };
 
   // kSplit = 2: S_j += the peer CTA's partial S_j. Thread i sends its 64
   // accumulators to slot [q][i] of the peer (float4 q of 16: conflict-free)
-  // and adds what the peer's thread i sent it. Called by the S owner after
-  // it has waited for P_{j-1}, so the other consumer's exchange of block j-1
-  // is complete and the barriers are at most one phase behind.
-  auto exchange_s = [&](int j, float (&s)[64]) {
-    const uint32_t peer = static_cast<uint32_t>(1 - split_rank<kSplit>());
-    const uint32_t slot = smem_address(smem + Traits::kExchangeOffset) + thread * 16;
-    if (j >= 1) mbarrier_wait_cluster(x_empty, (j - 1) & 1);  // the peer has read our S_{j-1}
-    const uint32_t remote = peer_address(slot, peer);
+  // and adds what the peer's thread i sent it. The S owner sends after it has
+  // waited for P_{j-1}, so the other consumer's exchange of block j-1 is
+  // complete and the barriers are at most one phase behind.
+  auto send_s = [&](int j, const float (&s)[64]) {
+    if constexpr (kSplit == 2) {
+      const uint32_t peer = static_cast<uint32_t>(1 - split_rank<kSplit>());
+      if (j >= 1) mbarrier_wait_cluster(x_empty, (j - 1) & 1);  // the peer has read our S_{j-1}
+      const uint32_t remote =
+          peer_address(smem_address(smem + Traits::kExchangeOffset) + thread * 16, peer);
 #pragma unroll
-    for (int q = 0; q < 16; ++q)
-      store_cluster_f32x4(remote + q * 128 * 16, s[4 * q], s[4 * q + 1], s[4 * q + 2], s[4 * q + 3]);
-    mbarrier_arrive_cluster(peer_address(x_full, peer));
-    mbarrier_wait_cluster(x_full, j & 1);
-    const float4* const mine = reinterpret_cast<const float4*>(smem + Traits::kExchangeOffset) + thread;
-    // Two loads in flight at a time: all sixteen at once would spill S or O.
-#pragma unroll
-    for (int q0 = 0; q0 < 16; q0 += 2) {
-#pragma unroll
-      for (int q = q0; q < q0 + 2; ++q) {
-        const float4 v = mine[q * 128];
-        s[4 * q] += v.x, s[4 * q + 1] += v.y, s[4 * q + 2] += v.z, s[4 * q + 3] += v.w;
-      }
-      asm volatile("" ::: "memory");
+      for (int q = 0; q < 16; ++q)
+        store_cluster_f32x4(remote + q * 128 * 16, s[4 * q], s[4 * q + 1], s[4 * q + 2], s[4 * q + 3]);
+      mbarrier_arrive_cluster(peer_address(x_full, peer));
     }
-    mbarrier_arrive_cluster(peer_address(x_empty, peer));  // our slot may take S_{j+1}
+  };
+  auto receive_s = [&](int j, float (&s)[64]) {
+    if constexpr (kSplit == 2) {
+      mbarrier_wait_cluster(x_full, j & 1);
+      const float4* const mine = reinterpret_cast<const float4*>(smem + Traits::kExchangeOffset) + thread;
+      // Two loads in flight at a time: all sixteen at once would spill S or O.
+#pragma unroll
+      for (int q0 = 0; q0 < 16; q0 += 2) {
+#pragma unroll
+        for (int q = q0; q < q0 + 2; ++q) {
+          const float4 v = mine[q * 128];
+          s[4 * q] += v.x, s[4 * q + 1] += v.y, s[4 * q + 2] += v.z, s[4 * q + 3] += v.w;
+        }
+        asm volatile("" ::: "memory");
+      }
+      const uint32_t peer = static_cast<uint32_t>(1 - split_rank<kSplit>());
+      mbarrier_arrive_cluster(peer_address(x_empty, peer));  // our slot may take S_{j+1}
+    }
   };
 
   // Online softmax of S_j (log2 domain), P_j and the row statistics to shared
   // memory, then this consumer's rescale of O.
   auto softmax_publish = [&](int j, float (&s)[64]) {
-    if constexpr (kSplit == 2) exchange_s(j, s);
     const int t = quad_lane();
     const int kv0 = j * kBlockN;
 #pragma unroll
@@ -546,14 +563,40 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   };
 
   mbarrier_wait(q_full, 0);
-  for (int j = w;; j += 2) {
-    const bool own = j < tile->n_blocks;
-    float s[64];
-    if (own) compute_s(j, s);
+  // Consumer w's blocks are j = w, w + 2, ...; before the softmax of each it
+  // applies the other consumer's block j - 1 (consumer 0's first block has
+  // none), and after its last block the other's last one.
+  if constexpr (kSplit == 1) {
+    for (int j = w;; j += 2) {
+      const bool own = j < tile->n_blocks;
+      float s[64];
+      if (own) compute_s(j, s);
+      if (j >= 1 && j - 1 < tile->n_blocks) accumulate_pv(j - 1, false);
+      if (!own) break;
+      softmax_publish(j, s);
+      accumulate_pv(j, true);
+    }
+  } else {
+    // The partial S goes to the peer while P_{j-1} V_{j-1} runs. Issue and
+    // finish stay inside one branch: a wgmma group in flight across a branch
+    // makes ptxas serialize every wgmma (C7518). (The kSplit = 1 loop in this
+    // shape measured 3 % slower, hence two loops.)
+    int j = w;
+    for (; j < tile->n_blocks; j += 2) {
+      float s[64];
+      compute_s(j, s);
+      if (j >= 1) {
+        issue_pv(j - 1, false);
+        send_s(j, s);
+        finish_pv(j - 1, false);
+      } else {
+        send_s(j, s);
+      }
+      receive_s(j, s);
+      softmax_publish(j, s);
+      accumulate_pv(j, true);
+    }
     if (j >= 1 && j - 1 < tile->n_blocks) accumulate_pv(j - 1, false);
-    if (!own) break;
-    softmax_publish(j, s);
-    accumulate_pv(j, true);
   }
 
   // ---- epilogue: combine the row sums, normalize, LSE, O through TMA stores --------
