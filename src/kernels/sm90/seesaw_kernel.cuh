@@ -256,11 +256,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
           constexpr int kLast = Traits::kQKChunks - 2 * (kKStages - 1);
           const int boxes = ks + 1 < kKStages ? 2 : kLast;
           const int stage = acquire(boxes * Traits::kKBoxBytes);
-          // opaque: the columns of every box hoisted out of the KV loop would
-          // not fit the producer's 24 registers at D = 1024.
-          for (int b = 0; b < boxes; ++b)
-            tma_load_4d(ring + stage * kStageBytes + b * Traits::kKBoxBytes, &k_map, full(position - 1),
-                        opaque(qk_col0()) + (2 * ks + b) * 64, j * kBlockN, tile->kv_head, tile->batch);
+          // At D = 1024 the columns of every box, hoisted out of the KV loop,
+          // would not fit the producer's 24 registers.
+          for (int b = 0; b < boxes; ++b) {
+            const int col = (kSplit == 2 ? opaque(qk_col0()) : qk_col0()) + (2 * ks + b) * 64;
+            tma_load_4d(ring + stage * kStageBytes + b * Traits::kKBoxBytes, &k_map, full(position - 1), col,
+                        j * kBlockN, tile->kv_head, tile->batch);
+          }
         }
       };
       auto load_v = [&](int j) {
@@ -351,7 +353,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // apart, so that kSplit = 2 sends its partial S while the tensor cores run
   // P_{j-1} V_{j-1}. The owner has already rescaled O; the other consumer
   // rescales by the owner's published factors first.
-  auto issue_pv = [&](int j, bool own) {
+  auto issue_pv = [&](int j, bool own) {  // returns the ring position finish_pv frees
     const int buffer = j & 1;
     mbarrier_wait(p_full(buffer), (j >> 1) & 1);
     if (!own) {
@@ -385,19 +387,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       }
       wgmma_commit();
     }
+    return first;
   };
-  auto finish_pv = [&](int j, bool own) {
+  auto finish_pv = [&](int first, int j, bool own) {
     wgmma_wait<0>();
     fence_operands(o_acc);
-    const int first = seesaw_v_part_position(j, tile->n_blocks, kKStages, 0, w);
     release(first);
     release(first + 2);
     if (!own && lane == 0) mbarrier_arrive(p_empty(j & 1));
   };
-  auto accumulate_pv = [&](int j, bool own) {
-    issue_pv(j, own);
-    finish_pv(j, own);
-  };
+  auto accumulate_pv = [&](int j, bool own) { finish_pv(issue_pv(j, own), j, own); };
 
   // kSplit = 2: S_j += the peer CTA's partial S_j. Thread i sends its 64
   // accumulators to slot [q][i] of the peer (float4 q of 16: conflict-free)
@@ -586,9 +585,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       float s[64];
       compute_s(j, s);
       if (j >= 1) {
-        issue_pv(j - 1, false);
+        const int first = issue_pv(j - 1, false);
         send_s(j, s);
-        finish_pv(j - 1, false);
+        finish_pv(first, j - 1, false);
       } else {
         send_s(j, s);
       }
