@@ -51,11 +51,12 @@ def sass_counts(build_dir: str) -> dict[str, dict[str, object]]:
     return counts
 
 
-def describe(name: str) -> tuple[str, int, int]:
-    m = re.search(r"SeesawTraitsI(6__half|13__nv_bfloat16)Li(\d+)ELi(\d+)E", name)
+def describe(name: str) -> tuple[str, int, int, int]:
+    """dtype, this CTA's part of D (S chunks x 64), O columns per consumer, CTAs per tile."""
+    m = re.search(r"SeesawTraitsI(6__half|13__nv_bfloat16)Li(\d+)ELi(\d+)ELi(\d+)E", name)
     if not m:
         raise ValueError(f"not a seesaw kernel: {name}")
-    return ("f16" if "half" in m.group(1) else "bf16"), int(m.group(2)) * 64, int(m.group(3))
+    return ("f16" if "half" in m.group(1) else "bf16"), int(m.group(2)) * 64, int(m.group(3)), int(m.group(4))
 
 
 def main() -> int:
@@ -69,10 +70,11 @@ def main() -> int:
     sass = sass_counts(sys.argv[2])
     print("| arch | instance | dtype | registers at launch | stack | spill stores | spill loads | HGMMA in SASS (shapes) | STL/LDL in SASS |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for row in sorted(rows, key=lambda r: (describe(r["name"])[1], describe(r["name"])[0])):
-        dtype, head_dim, half = describe(row["name"])
+    for row in sorted(rows, key=lambda r: (describe(r["name"])[3], describe(r["name"])[1], describe(r["name"])[0])):
+        dtype, cta_dim, half, split = describe(row["name"])
+        instance = f"d{cta_dim}" if split == 1 else f"d{split * cta_dim} (cluster of {split}, each CTA D/{split})"
         s = sass.get(row["name"], {"hgmma": "?", "shapes": set(), "local": "?"})
-        print(f"| {row['arch']} | d{head_dim}: S over {head_dim // 64} chunks, O {half} + {half} | {dtype} | "
+        print(f"| {row['arch']} | {instance}: S over {cta_dim // 64} chunks, O {half} + {half} | {dtype} | "
               f"{row['registers']} | {row['stack']} | {row['spill_stores']} | {row['spill_loads']} | "
               f"{s['hgmma']} ({', '.join(sorted(s['shapes']))}) | {s['local']} |")
     print()

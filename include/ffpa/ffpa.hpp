@@ -42,7 +42,7 @@ enum class Impl : int32_t {
   automatic = 0,      // fastest correct path for the pointers, device and shape
   cpu_reference = 1,  // host pointers; exact (double accumulation), slow
   sm80_split_d = 2,   // portable split-D mma.sync kernels, sm80 and newer
-  sm90_wgmma = 3,     // Hopper TMA + wgmma kernels (sm_90a), D <= 512
+  sm90_wgmma = 3,     // Hopper TMA + wgmma kernels (sm_90a), D <= 1024
 };
 
 // Every bad input has its own code; none of them writes to any output.

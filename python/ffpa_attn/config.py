@@ -21,7 +21,7 @@ class CUDABackend:
 
     impl: "auto" picks the fastest path and falls back to SDPA for calls the
         library cannot serve; an explicit impl ("sm80_split_d", or "sm90_wgmma"
-        on Hopper for D <= 512) runs that path or raises saying why it cannot.
+        on Hopper) runs that path or raises saying why it cannot.
     accumulation: "f32", or "f16" for float16 inputs only.
     causal_alignment: what is_causal=True means: "top_left" (SDPA's j <= i) or
         "bottom_right" (FlashAttention's j <= i + Nkv - Nq).
