@@ -19,6 +19,10 @@ using SeesawLauncher = Status (*)(const AttentionProblem&, cudaStream_t);
 template <int kHeadDim>
 Status launch_seesaw_instance(const AttentionProblem& problem, cudaStream_t stream);
 
+// CTAs per tile of the instance for head_dim: one up to 512, above a cluster
+// of two, each with half of D (two warpgroups hold O of 64 x 512 at most).
+constexpr int seesaw_cluster_size(int head_dim) { return head_dim > 512 ? 2 : 1; }
+
 struct SeesawInstance {
   int head_dim;  // a multiple of 64; serves every D up to it
   SeesawLauncher launch;

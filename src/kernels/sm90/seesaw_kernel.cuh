@@ -71,7 +71,7 @@ struct SeesawTraits {
   static constexpr int kBlockM = 64;   // query rows: one wgmma M
   static constexpr int kBlockN = 128;  // keys per KV block: the N of S
   static constexpr int kThreads = 384;
-  static constexpr int kStages = kSplit == 1 ? 4 : 3;
+  static constexpr int kStages = seesaw_ring_stages(kSplit);
   static constexpr int kKStages = (kQKChunks + 1) / 2;  // ring stages per K block
   static constexpr int kVStages = kSeesawVStages;       // ring stages per V block
 
@@ -184,6 +184,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   constexpr int kSplit = Traits::kSplit;
   auto qk_col0 = [&]() { return split_rank<kSplit>() * Traits::kQKChunks * 64; };
   auto vo_col0 = [&]() { return split_rank<kSplit>() * Traits::kOutCols; };
+  auto peer_rank = [&]() { return static_cast<uint32_t>(1 - split_rank<kSplit>()); };  // kSplit = 2
 
   const AttentionProblem& p = args.p;
   // --- which tile: row block fastest (CTAs of one head run together and share
@@ -405,14 +406,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // complete and the barriers are at most one phase behind.
   auto send_s = [&](int j, const float (&s)[64]) {
     if constexpr (kSplit == 2) {
-      const uint32_t peer = static_cast<uint32_t>(1 - split_rank<kSplit>());
       if (j >= 1) mbarrier_wait_cluster(x_empty, (j - 1) & 1);  // the peer has read our S_{j-1}
       const uint32_t remote =
-          peer_address(smem_address(smem + Traits::kExchangeOffset) + thread * 16, peer);
+          peer_address(smem_address(smem + Traits::kExchangeOffset) + thread * 16, peer_rank());
 #pragma unroll
       for (int q = 0; q < 16; ++q)
         store_cluster_f32x4(remote + q * 128 * 16, s[4 * q], s[4 * q + 1], s[4 * q + 2], s[4 * q + 3]);
-      mbarrier_arrive_cluster(peer_address(x_full, peer));
+      mbarrier_arrive_cluster(peer_address(x_full, peer_rank()));
     }
   };
   auto receive_s = [&](int j, float (&s)[64]) {
@@ -429,8 +429,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
         }
         asm volatile("" ::: "memory");
       }
-      const uint32_t peer = static_cast<uint32_t>(1 - split_rank<kSplit>());
-      mbarrier_arrive_cluster(peer_address(x_empty, peer));  // our slot may take S_{j+1}
+      mbarrier_arrive_cluster(peer_address(x_empty, peer_rank()));  // our slot may take S_{j+1}
     }
   };
 

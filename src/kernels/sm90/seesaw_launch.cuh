@@ -63,7 +63,7 @@ Status launch_seesaw(const AttentionProblem& problem, cudaStream_t stream) {
 // (at least 128 columns: the smallest instantiated wgmma N).
 template <int kHeadDim>
 Status launch_seesaw_instance(const AttentionProblem& problem, cudaStream_t stream) {
-  constexpr int kSplit = kHeadDim > 512 ? 2 : 1;
+  constexpr int kSplit = seesaw_cluster_size(kHeadDim);
   static_assert(kHeadDim % (64 * kSplit) == 0);
   constexpr int kCtaDim = kHeadDim / kSplit;
   constexpr int kQKChunks = kCtaDim / 64;

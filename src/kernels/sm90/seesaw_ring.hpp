@@ -14,6 +14,10 @@ namespace ffpa::detail::sm90 {
 
 constexpr int kSeesawVStages = 4;  // ring positions of one V block
 
+// Stages of the ring: 4, or 3 in a cluster, whose 32 KB exchange slot takes
+// the fourth stage's shared memory.
+FFPA_HOST_DEVICE constexpr int seesaw_ring_stages(int cluster_size) { return cluster_size == 1 ? 4 : 3; }
+
 // First position of K_j.
 FFPA_HOST_DEVICE constexpr int seesaw_k_position(int j, int k_stages) {
   return j == 0 ? 0 : j * (k_stages + kSeesawVStages) - kSeesawVStages;

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "kernels/sm90/seesaw.hpp"
+#include "kernels/sm90/seesaw_ring.hpp"
 #include "kernels/sm90/tensor_map.hpp"
 
 namespace ffpa::detail::sm90 {
@@ -54,9 +55,10 @@ Status run_seesaw(const AttentionProblem& problem, int head_dim, cudaStream_t st
 }
 
 std::string seesaw_kernel_name(const AttentionProblem& problem, const SeesawInstance& instance) {
-  const bool cluster = instance.head_dim > 512;
+  const int cluster_size = seesaw_cluster_size(instance.head_dim);
   return std::string("sm90_seesaw<") + (problem.dtype == DType::bf16 ? "bf16" : "f16") + ",d" +
-         std::to_string(instance.head_dim) + ",m64,n128" + (cluster ? ",s3,cluster2>" : ",s4>");
+         std::to_string(instance.head_dim) + ",m64,n128,s" + std::to_string(seesaw_ring_stages(cluster_size)) +
+         (cluster_size == 1 ? ">" : ",cluster" + std::to_string(cluster_size) + ">");
 }
 
 }  // namespace ffpa::detail::sm90
