@@ -2,7 +2,7 @@
 """The sm90 family's register and SASS report (docs/kernels/sm90_wgmma_ptxas.md).
 
 Reads a build's log (ninja output with the library's `-Xptxas=-v`) for each
-seesaw kernel's registers, stack and spills, and the SASS of its object files
+sm90_wgmma kernel's registers, stack and spills, and the SASS of its object files
 (cuobjdump, from the CUDA toolkit or any copy on PATH) for the wgmma
 instructions (HGMMA) and local-memory accesses (STL/LDL). Prints a markdown
 table, and the number of ptxas C7518 warnings (wgmma serialized: a DEPBAR
@@ -23,7 +23,7 @@ import sys
 def ptxas_rows(log: str) -> list[dict[str, str]]:
     rows, current = [], None
     for line in log.splitlines():
-        if m := re.search(r"Compiling entry function '(_Z\S*seesaw\S*)' for '(sm_\w+)'", line):
+        if m := re.search(r"Compiling entry function '(_Z\S*sm90_wgmma\S*)' for '(sm_\w+)'", line):
             current = {"name": m.group(1), "arch": m.group(2)}
         elif current and (m := re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)):
             current["stack"], current["spill_stores"], current["spill_loads"] = m.groups()
@@ -36,7 +36,7 @@ def ptxas_rows(log: str) -> list[dict[str, str]]:
 
 def sass_counts(build_dir: str) -> dict[str, dict[str, object]]:
     counts: dict[str, dict[str, object]] = {}
-    for obj in glob.glob(f"{build_dir}/**/seesaw_d*.cu.o", recursive=True):
+    for obj in glob.glob(f"{build_dir}/**/sm90_wgmma_d*.cu.o", recursive=True):
         sass = subprocess.run(["cuobjdump", "-sass", obj], capture_output=True, text=True, check=True).stdout
         function = None
         for line in sass.splitlines():
@@ -53,9 +53,9 @@ def sass_counts(build_dir: str) -> dict[str, dict[str, object]]:
 
 def describe(name: str) -> tuple[str, int, int, int]:
     """dtype, this CTA's part of D (S chunks x 64), O columns per consumer, CTAs per tile."""
-    m = re.search(r"SeesawTraitsI(6__half|13__nv_bfloat16)Li(\d+)ELi(\d+)ELi(\d+)E", name)
+    m = re.search(r"TraitsI(6__half|13__nv_bfloat16)Li(\d+)ELi(\d+)ELi(\d+)E", name)
     if not m:
-        raise ValueError(f"not a seesaw kernel: {name}")
+        raise ValueError(f"not a sm90_wgmma kernel: {name}")
     return ("f16" if "half" in m.group(1) else "bf16"), int(m.group(2)) * 64, int(m.group(3)), int(m.group(4))
 
 

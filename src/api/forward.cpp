@@ -4,7 +4,7 @@
 #include "ffpa/ffpa.hpp"
 #include "host/dispatch.hpp"
 #include "host/validate.hpp"
-#include "kernels/sm80/split_d.hpp"
+#include "kernels/sm80_split_d/family.hpp"
 
 namespace ffpa {
 namespace {
@@ -43,9 +43,9 @@ Status forward(const ForwardParams& params) {
 
 std::string compiled_head_dims() {
   std::string list;
-  for (int i = 0; i < detail::sm80::kSplitDInstanceCount; ++i) {
+  for (int i = 0; i < detail::sm80_split_d::kInstanceCount; ++i) {
     if (i > 0) list += ",";
-    list += std::to_string(detail::sm80::kSplitDInstances[i].out_cols);
+    list += std::to_string(detail::sm80_split_d::kInstances[i].out_cols);
   }
   return list;
 }

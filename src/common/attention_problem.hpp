@@ -11,6 +11,10 @@
 
 namespace ffpa::detail {
 
+// The longest Nq / Nkv the GPU families serve: sequence positions are 32-bit
+// in the kernels (addresses are 64-bit), with room for a block past the end.
+constexpr int64_t kMaxSequenceLength = 2147483647 - 1024;
+
 enum class MaskKind : int32_t { none, boolean, additive_f16, additive_bf16, additive_f32 };
 
 struct AttentionProblem {

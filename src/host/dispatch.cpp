@@ -1,13 +1,12 @@
 #include "host/dispatch.hpp"
 
-#include <climits>
 #include <new>
 #include <string>
 
 #include "host/cuda_status.hpp"
 #include "host/memory_space.hpp"
-#include "kernels/sm80/split_d.hpp"
-#include "kernels/sm90/seesaw.hpp"
+#include "kernels/sm80_split_d/family.hpp"
+#include "kernels/sm90_wgmma/family.hpp"
 #include "reference/cpu_attention.hpp"
 
 namespace ffpa::detail {
@@ -69,23 +68,21 @@ Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
     return {StatusCode::impl_unavailable,
             "impl sm80_split_d needs compute capability 8.0 or newer; " + info.compute_capability()};
   }
-  // Sequence positions are 32-bit in the kernel (addresses are 64-bit).
-  constexpr int64_t kMaxSequence = INT_MAX - 1024;
-  if (problem.seq_q > kMaxSequence || problem.seq_kv > kMaxSequence) {
+  if (problem.seq_q > kMaxSequenceLength || problem.seq_kv > kMaxSequenceLength) {
     return {StatusCode::impl_unavailable,
-            "impl sm80_split_d serves sequence lengths up to " + std::to_string(kMaxSequence)};
+            "impl sm80_split_d serves sequence lengths up to " + std::to_string(kMaxSequenceLength)};
   }
   int smem_limit = 0;
   FFPA_RETURN_IF_CUDA_ERROR(
       cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const sm80::SplitDRoute route = sm80::route_split_d(problem.head_dim, smem_limit);
+  const sm80_split_d::Route route = sm80_split_d::route(problem.head_dim, smem_limit);
   if (route.out_cols == 0) {
     return {StatusCode::impl_unavailable,
             "impl sm80_split_d: no kernel of this build fits the " + std::to_string(smem_limit) +
                 " bytes of shared memory per block of device " + std::to_string(device)};
   }
   choice->impl = Impl::sm80_split_d;
-  choice->kernel = sm80::split_d_kernel_name(problem, route);
+  choice->kernel = sm80_split_d::kernel_name(problem, route);
   choice->padded_head_dim = route.out_cols;
   choice->value_splits = route.value_splits;
   return {};
@@ -100,12 +97,12 @@ Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, Kerne
             "impl sm90_wgmma needs compute capability 9.0; " + info.compute_capability()};
   }
   std::string reason;
-  const sm90::SeesawInstance* instance = sm90::route_seesaw(problem, &reason);
+  const sm90_wgmma::Instance* instance = sm90_wgmma::route(problem, &reason);
   if (instance == nullptr) {
     return {StatusCode::impl_unavailable, "impl sm90_wgmma does not serve this call: " + reason};
   }
   choice->impl = Impl::sm90_wgmma;
-  choice->kernel = sm90::seesaw_kernel_name(problem, *instance);
+  choice->kernel = sm90_wgmma::kernel_name(problem, *instance);
   choice->padded_head_dim = instance->head_dim;
   choice->value_splits = 1;
   return {};
@@ -155,11 +152,11 @@ Status run_forward(const AttentionProblem& problem, const KernelChoice& choice,
       }
       return {};
     case Impl::sm80_split_d:
-      return sm80::run_split_d(
-          problem, sm80::SplitDRoute{static_cast<int>(choice.padded_head_dim), choice.value_splits},
+      return sm80_split_d::run(
+          problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits},
           stream);
     case Impl::sm90_wgmma:
-      return sm90::run_seesaw(problem, static_cast<int>(choice.padded_head_dim), stream);
+      return sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim), stream);
     case Impl::automatic: break;
   }
   return {StatusCode::impl_unavailable,

@@ -7,24 +7,24 @@
 #include <string>
 
 #include "ffpa/ffpa.hpp"
-#include "kernels/sm80/split_d.hpp"
-#include "kernels/sm90/seesaw.hpp"
+#include "kernels/sm80_split_d/family.hpp"
+#include "kernels/sm90_wgmma/family.hpp"
 #include "support/host_tensors.hpp"
 
 namespace {
 
 using namespace ffpa;
-using ffpa::detail::sm80::kSplitDInstanceCount;
-using ffpa::detail::sm80::kSplitDInstances;
-using ffpa::detail::sm80::route_split_d;
-using ffpa::detail::sm80::split_d_tile;
+namespace split_d = ffpa::detail::sm80_split_d;
+using split_d::kInstanceCount;
+using split_d::kInstances;
+using split_d::tile_shape;
 using ffpa::testing::make_host_tensor;
 
 TEST(SplitDRouting, InstancesAreAscendingMultiplesOf64) {
-  ASSERT_GT(kSplitDInstanceCount, 0);
-  for (int i = 0; i < kSplitDInstanceCount; ++i) {
-    EXPECT_EQ(kSplitDInstances[i].out_cols % 64, 0);
-    if (i > 0) EXPECT_GT(kSplitDInstances[i].out_cols, kSplitDInstances[i - 1].out_cols);
+  ASSERT_GT(kInstanceCount, 0);
+  for (int i = 0; i < kInstanceCount; ++i) {
+    EXPECT_EQ(kInstances[i].out_cols % 64, 0);
+    if (i > 0) EXPECT_GT(kInstances[i].out_cols, kInstances[i - 1].out_cols);
   }
 }
 
@@ -34,18 +34,18 @@ constexpr int kSm86SharedMemory = 101376;  // sm86, sm89, sm120
 // Every head dim of the spec's range is served: by the smallest instance that
 // holds it (padding), or by splitting Dv over the largest one.
 TEST(SplitDRouting, EveryHeadDimIsServed) {
-  const int largest = kSplitDInstances[kSplitDInstanceCount - 1].out_cols;
+  const int largest = kInstances[kInstanceCount - 1].out_cols;
   for (int d = 8; d <= 1024; d += 8) {
-    const auto route = route_split_d(d, kH200SharedMemory);
+    const auto route = split_d::route(d, kH200SharedMemory);
     SCOPED_TRACE("D = " + std::to_string(d));
     ASSERT_GE(route.value_splits, 1);
     EXPECT_GE(route.out_cols * route.value_splits, d);
     EXPECT_LT(route.out_cols * (route.value_splits - 1), d) << "a split with no column of D";
     if (d <= largest) {
       EXPECT_EQ(route.value_splits, 1);
-      for (int i = 0; i < kSplitDInstanceCount; ++i) {
-        if (kSplitDInstances[i].out_cols >= d) {
-          EXPECT_EQ(route.out_cols, kSplitDInstances[i].out_cols) << "not the smallest instance";
+      for (int i = 0; i < kInstanceCount; ++i) {
+        if (kInstances[i].out_cols >= d) {
+          EXPECT_EQ(route.out_cols, kInstances[i].out_cols) << "not the smallest instance";
           break;
         }
       }
@@ -58,24 +58,24 @@ TEST(SplitDRouting, EveryHeadDimIsServed) {
 // On parts with ~99 KB of shared memory per block only the instances that fit
 // serve, splitting Dv where needed; every head dim still has a route.
 TEST(SplitDRouting, SmallSharedMemoryFallsBackToInstancesThatFit) {
-  using ffpa::detail::sm80::split_d_smem_layout;
+  using split_d::smem_layout;
   for (int d = 8; d <= 1024; d += 8) {
-    const auto route = route_split_d(d, kSm86SharedMemory);
+    const auto route = split_d::route(d, kSm86SharedMemory);
     SCOPED_TRACE("D = " + std::to_string(d));
     ASSERT_GT(route.out_cols, 0);
-    EXPECT_LE(split_d_smem_layout(split_d_tile(route.out_cols)).total_bytes, kSm86SharedMemory);
+    EXPECT_LE(smem_layout(tile_shape(route.out_cols)).total_bytes, kSm86SharedMemory);
     EXPECT_GE(route.out_cols * route.value_splits, d);
   }
-  EXPECT_EQ(route_split_d(512, 1024).out_cols, 0) << "nothing fits 1 KB";
+  EXPECT_EQ(split_d::route(512, 1024).out_cols, 0) << "nothing fits 1 KB";
 }
 
 TEST(SplitDRouting, TilesKeepTheOAccumulatorInRegisters) {
-  for (int i = 0; i < kSplitDInstanceCount; ++i) {
-    const auto tile = split_d_tile(kSplitDInstances[i].out_cols);
+  for (int i = 0; i < kInstanceCount; ++i) {
+    const auto tile = tile_shape(kInstances[i].out_cols);
     // fp32 O costs warp_rows * out_cols / warps_n / 32 registers per thread.
     const int o_registers = tile.warp_rows * tile.out_cols / tile.warps_n / 32;
     EXPECT_LE(o_registers, 128) << "out_cols " << tile.out_cols;
-    EXPECT_EQ(tile.out_cols, kSplitDInstances[i].out_cols);
+    EXPECT_EQ(tile.out_cols, kInstances[i].out_cols);
   }
 }
 
@@ -114,42 +114,42 @@ ffpa::detail::AttentionProblem sm90_problem(int64_t head_dim) {
 }
 
 TEST(Sm90Routing, ServesEachHeadDimWithTheSmallestInstanceThatHoldsIt) {
-  if (ffpa::detail::sm90::kSeesawInstanceCount == 0) GTEST_SKIP() << "built without sm_90a";
+  if (ffpa::detail::sm90_wgmma::kInstanceCount == 0) GTEST_SKIP() << "built without sm_90a";
   const int largest =
-      ffpa::detail::sm90::kSeesawInstances[ffpa::detail::sm90::kSeesawInstanceCount - 1].head_dim;
+      ffpa::detail::sm90_wgmma::kInstances[ffpa::detail::sm90_wgmma::kInstanceCount - 1].head_dim;
   for (int d = 8; d <= largest; d += 8) {
     SCOPED_TRACE("D = " + std::to_string(d));
     std::string reason;
-    const auto* instance = ffpa::detail::sm90::route_seesaw(sm90_problem(d), &reason);
+    const auto* instance = ffpa::detail::sm90_wgmma::route(sm90_problem(d), &reason);
     ASSERT_NE(instance, nullptr) << reason;
     EXPECT_GE(instance->head_dim, d);
-    for (int i = 0; i < ffpa::detail::sm90::kSeesawInstanceCount; ++i) {
-      const int other = ffpa::detail::sm90::kSeesawInstances[i].head_dim;
+    for (int i = 0; i < ffpa::detail::sm90_wgmma::kInstanceCount; ++i) {
+      const int other = ffpa::detail::sm90_wgmma::kInstances[i].head_dim;
       if (other >= d) EXPECT_GE(other, instance->head_dim) << "a smaller instance holds D";
     }
   }
 }
 
 TEST(Sm90Routing, DeclinesWithAReason) {
-  if (ffpa::detail::sm90::kSeesawInstanceCount == 0) GTEST_SKIP() << "built without sm_90a";
+  if (ffpa::detail::sm90_wgmma::kInstanceCount == 0) GTEST_SKIP() << "built without sm_90a";
   std::string reason;
   const int largest =
-      ffpa::detail::sm90::kSeesawInstances[ffpa::detail::sm90::kSeesawInstanceCount - 1].head_dim;
+      ffpa::detail::sm90_wgmma::kInstances[ffpa::detail::sm90_wgmma::kInstanceCount - 1].head_dim;
   if (largest < 1024) {  // a head dim the library takes but this build's family does not
     const int above = largest + 8;
-    EXPECT_EQ(ffpa::detail::sm90::route_seesaw(sm90_problem(above), &reason), nullptr);
+    EXPECT_EQ(ffpa::detail::sm90_wgmma::route(sm90_problem(above), &reason), nullptr);
     EXPECT_NE(reason.find("head dim " + std::to_string(above)), std::string::npos) << reason;
   }
 
   auto f16_accumulation = sm90_problem(512);
   f16_accumulation.dtype = DType::f16;
   f16_accumulation.accumulation = Accumulation::f16;
-  EXPECT_EQ(ffpa::detail::sm90::route_seesaw(f16_accumulation, &reason), nullptr);
+  EXPECT_EQ(ffpa::detail::sm90_wgmma::route(f16_accumulation, &reason), nullptr);
   EXPECT_NE(reason.find("fp16 accumulation"), std::string::npos) << reason;
 
   auto odd_rows = sm90_problem(512);
   odd_rows.k_stride[2] = 516;  // 1032-byte rows: not a multiple of 16 bytes
-  EXPECT_EQ(ffpa::detail::sm90::route_seesaw(odd_rows, &reason), nullptr);
+  EXPECT_EQ(ffpa::detail::sm90_wgmma::route(odd_rows, &reason), nullptr);
   EXPECT_NE(reason.find("TMA"), std::string::npos) << reason;
 }
 
@@ -207,8 +207,8 @@ TEST(Dispatch, SelectKernelNeedsAnOutput) {
 
 TEST(Dispatch, CompiledHeadDimsListsTheInstances) {
   const std::string list = compiled_head_dims();
-  for (int i = 0; i < kSplitDInstanceCount; ++i) {
-    EXPECT_NE(list.find(std::to_string(kSplitDInstances[i].out_cols)), std::string::npos);
+  for (int i = 0; i < kInstanceCount; ++i) {
+    EXPECT_NE(list.find(std::to_string(kInstances[i].out_cols)), std::string::npos);
   }
 }
 

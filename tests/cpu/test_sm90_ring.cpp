@@ -1,4 +1,4 @@
-// The sm90 seesaw kernel's ring order (kernels/sm90/seesaw_ring.hpp) against a
+// The sm90 seesaw kernel's ring order (kernels/sm90_wgmma/ring.hpp) against a
 // model of its producer and consumers: the positions the consumers compute are
 // the ones the producer fills, each exactly once, each consumer takes them in
 // ascending order, and consecutive positions of one consumer are at most
@@ -12,13 +12,13 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/sm90/seesaw_ring.hpp"
+#include "kernels/sm90_wgmma/ring.hpp"
 
 namespace {
 
-using ffpa::detail::sm90::kSeesawVStages;
-using ffpa::detail::sm90::seesaw_k_position;
-using ffpa::detail::sm90::seesaw_v_part_position;
+using ffpa::detail::sm90_wgmma::kRingVStages;
+using ffpa::detail::sm90_wgmma::ring_k_position;
+using ffpa::detail::sm90_wgmma::ring_v_part_position;
 
 // (kind 'K' or 'V', block, part): part is the K stage, or 2 * key_half + consumer.
 using Item = std::tuple<char, int, int>;
@@ -31,7 +31,7 @@ std::map<Item, int> producer_positions(int n_blocks, int k_stages) {
     for (int s = 0; s < k_stages; ++s) positions[{'K', j, s}] = next++;
   };
   auto load_v = [&](int j) {
-    for (int part = 0; part < kSeesawVStages; ++part) positions[{'V', j, part}] = next++;
+    for (int part = 0; part < kRingVStages; ++part) positions[{'V', j, part}] = next++;
   };
   if (n_blocks > 0) {
     load_k(0);
@@ -50,12 +50,12 @@ std::vector<int> consumer_positions(int n_blocks, int k_stages, int w) {
   std::vector<int> order;
   auto v_parts = [&](int j) {
     for (int key_half = 0; key_half < 2; ++key_half)
-      order.push_back(seesaw_v_part_position(j, n_blocks, k_stages, key_half, w));
+      order.push_back(ring_v_part_position(j, n_blocks, k_stages, key_half, w));
   };
   for (int j = w;; j += 2) {
     const bool own = j < n_blocks;
     if (own)
-      for (int s = 0; s < k_stages; ++s) order.push_back(seesaw_k_position(j, k_stages) + s);
+      for (int s = 0; s < k_stages; ++s) order.push_back(ring_k_position(j, k_stages) + s);
     if (j >= 1 && j - 1 < n_blocks) v_parts(j - 1);
     if (!own) break;
     v_parts(j);
@@ -70,9 +70,9 @@ TEST(Sm90Ring, ConsumersTakeEveryProducedPositionOnceInOrderAndClose) {
       const std::map<Item, int> produced = producer_positions(n_blocks, k_stages);
       for (int j = 0; j < n_blocks; ++j) {
         for (int s = 0; s < k_stages; ++s)
-          EXPECT_EQ(seesaw_k_position(j, k_stages) + s, produced.at({'K', j, s}));
-        for (int part = 0; part < kSeesawVStages; ++part)
-          EXPECT_EQ(seesaw_v_part_position(j, n_blocks, k_stages, part / 2, part % 2),
+          EXPECT_EQ(ring_k_position(j, k_stages) + s, produced.at({'K', j, s}));
+        for (int part = 0; part < kRingVStages; ++part)
+          EXPECT_EQ(ring_v_part_position(j, n_blocks, k_stages, part / 2, part % 2),
                     produced.at({'V', j, part}));
       }
       std::vector<int> taken(produced.size(), 0);

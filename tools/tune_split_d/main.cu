@@ -1,6 +1,6 @@
 // tune-split-d: measures candidate tile configurations of the sm80 split-D
 // family on the current GPU, for the routing table in
-// src/kernels/sm80/split_d_tiles.hpp. Each candidate is checked against the
+// src/kernels/sm80_split_d/tiles.hpp. Each candidate is checked against the
 // CPU reference on sampled rows before it is timed.
 //
 //   tune-split-d [--dims 320,512,1024] [--seq 8192] [--heads 32] [--batch 1]
@@ -18,7 +18,7 @@
 
 #include "common/float16_host.hpp"
 #include "host/validate.hpp"
-#include "kernels/sm80/split_d_launch.cuh"
+#include "kernels/sm80_split_d/launch.cuh"
 #include "reference/cpu_attention.hpp"
 
 namespace {
@@ -44,8 +44,8 @@ struct Candidate {
 
 template <int kOut, int kRows, int kWM, int kWN, int kBN, int kPV, int kStages>
 Status launch_bf16(const AttentionProblem& p, int splits, cudaStream_t stream) {
-  return launch_split_d<
-      SplitDTraits<__nv_bfloat16, false, kOut, kRows, kWM, kWN, kBN, kPV, kStages>>(p, splits,
+  return launch<
+      Traits<__nv_bfloat16, false, kOut, kRows, kWM, kWN, kBN, kPV, kStages>>(p, splits,
                                                                                      stream);
 }
 

@@ -1,0 +1,28 @@
+// The end of a row's softmax, shared by every family: the factor that
+// normalizes O (and undoes dropout's 1 - p), and the row's log-sum-exp.
+#pragma once
+
+#include <cmath>
+
+#include "common/attention_problem.hpp"
+#include "kernels/common/math_constants.hpp"
+
+namespace ffpa::detail {
+
+// O's row factor from the row's softmax denominator; a row with no attended
+// key (sum 0) gives O = 0, never NaN.
+__device__ __forceinline__ float output_row_scale(float row_sum, float keep_scale) {
+  return row_sum > 0.0f ? keep_scale / row_sum : 0.0f;
+}
+
+// Natural-log LSE of a row from its log2-domain maximum and its denominator;
+// -inf for a row with no attended key.
+__device__ __forceinline__ float row_log_sum_exp(float row_max_log2, float row_sum) {
+  return row_sum > 0.0f ? row_max_log2 * kLn2 + logf(row_sum) : -INFINITY;
+}
+
+__device__ __forceinline__ void store_lse(const AttentionProblem& p, int batch, int head, int row, float lse) {
+  p.lse[batch * p.lse_stride[0] + head * p.lse_stride[1] + row * p.lse_stride[2]] = lse;
+}
+
+}  // namespace ffpa::detail

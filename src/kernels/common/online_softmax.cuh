@@ -1,0 +1,63 @@
+// The online softmax in the log2 domain, one KV block at a time: the block's
+// row maxima, the rescale of the running state to the new maximum, and the
+// exponentials with their row sums. Reductions over a quad (the 4 threads
+// that share a row in the accumulator layout) are here; reductions over
+// several warps or consumers that share rows belong to the family.
+#pragma once
+
+#include <cmath>
+
+#include "kernels/common/accumulator_layout.cuh"
+
+namespace ffpa::detail {
+
+__device__ __forceinline__ float quad_max(float value) {
+  value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 1));
+  return fmaxf(value, __shfl_xor_sync(0xffffffffu, value, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float value) {
+  value += __shfl_xor_sync(0xffffffffu, value, 1);
+  return value + __shfl_xor_sync(0xffffffffu, value, 2);
+}
+
+// This thread's maximum of thread row r.
+template <class Layout>
+__device__ __forceinline__ float thread_row_max(const float (&s)[Layout::kElements], int r) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int b = 0; b < Layout::kColBlocks; ++b)
+    m = fmaxf(m, fmaxf(s[Layout::index(r, b, 0)], s[Layout::index(r, b, 1)]));
+  return m;
+}
+
+// Moving a row's running state to a new block: its new maximum, the base the
+// block's exponentials subtract, and the factor earlier sums and O rows take.
+struct RowRescale {
+  float new_max;
+  float base;   // new_max, or 0 while nothing is attended: exp2(-inf - 0) = 0
+  float scale;  // exp2(old_max - base)
+};
+
+__device__ __forceinline__ RowRescale rescale_row(float old_max, float block_max) {
+  RowRescale rescale;
+  rescale.new_max = fmaxf(old_max, block_max);
+  rescale.base = rescale.new_max == -INFINITY ? 0.0f : rescale.new_max;
+  rescale.scale = exp2f(old_max - rescale.base);
+  return rescale;
+}
+
+// s = exp2(s - base) over thread row r, each value added to sum in column order.
+template <class Layout>
+__device__ __forceinline__ void exponentiate_row(float (&s)[Layout::kElements], int r, float base, float& sum) {
+#pragma unroll
+  for (int b = 0; b < Layout::kColBlocks; ++b)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float& x = s[Layout::index(r, b, e)];
+      x = exp2f(x - base);
+      sum += x;
+    }
+}
+
+}  // namespace ffpa::detail

@@ -1,0 +1,110 @@
+// Masking a tile of scores, the same for every family: keys past Nkv, causal
+// (both alignments, through the problem's causal shift) and the user's mask in
+// every dtype and broadcast pattern (through its four strides). Scores are in
+// the log2 domain; a masked score becomes -inf.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <type_traits>
+
+#include "common/attention_problem.hpp"
+#include "kernels/common/accumulator_layout.cuh"
+#include "kernels/common/compiler_hints.cuh"
+#include "kernels/common/math_constants.hpp"
+#include "kernels/common/tile_schedule.hpp"
+
+namespace ffpa::detail {
+
+// Which keys the rows of a tile may see: key c of tile row r (tile rows start
+// at query row q0) is visible when c < Nkv and, causal, c <= q0 + shift + r.
+struct KeyLimits {
+  int seq_kv;
+  int first_row_limit;  // q0 + causal shift: the last key tile row 0 may attend
+  bool causal;
+
+  __device__ __forceinline__ KeyLimits(const AttentionProblem& p, int q0)
+      : seq_kv(static_cast<int>(p.seq_kv)),
+        first_row_limit(q0 + static_cast<int>(p.causal_shift())),
+        causal(p.causal != Causal::none) {}
+
+  // Whether a block of keys [kv0, kv0 + block_n) has a key some row of the
+  // tile may not see (then the block is masked element by element).
+  __device__ __forceinline__ bool block_needs_masking(int kv0, int block_n) const {
+    return kv0 + block_n > seq_kv || (causal && kv0 + block_n - 1 > first_row_limit);
+  }
+};
+
+// Scores of keys outside the limits to -inf. row0: this thread's first tile
+// row; col0: the key of its first column.
+template <class Layout>
+__device__ __forceinline__ void mask_outside_limits(float (&s)[Layout::kElements], const KeyLimits& limits,
+                                                    int row0, int col0) {
+#pragma unroll
+  for (int i = 0; i < Layout::kElements; ++i) {
+    const int r = 2 * (i / (4 * Layout::kColBlocks)) + (i / 2) % 2;
+    const int c = col0 + Layout::col_offset((i / 4) % Layout::kColBlocks) + i % 2;
+    if (c >= limits.seq_kv || (limits.causal && c > limits.first_row_limit + row0 + Layout::row_offset(r)))
+      s[i] = -INFINITY;
+  }
+}
+
+// An element of the mask as a log2-domain additive term.
+template <typename T>
+__device__ __forceinline__ float mask_term(const T* base, int64_t offset) {
+  const T value = base[offset];
+  if constexpr (std::is_same_v<T, uint8_t>) {
+    return value ? 0.0f : -INFINITY;
+  } else {
+    return static_cast<float>(value) * kLog2e;
+  }
+}
+
+// Calls f with a value of the mask's element type (the switch every reader of
+// the mask needs).
+template <class F>
+__device__ __forceinline__ void with_mask_element(MaskKind kind, F&& f) {
+  switch (kind) {
+    case MaskKind::boolean: f(uint8_t{}); break;
+    case MaskKind::additive_f16: f(__half{}); break;
+    case MaskKind::additive_bf16: f(__nv_bfloat16{}); break;
+    default: f(float{}); break;
+  }
+}
+
+// Adds the user's mask to this thread's scores of query rows tile.q0 + row0 +
+// ... and keys col0 + .... The tile is read where used (a family may keep it
+// in shared memory to save registers): one row pointer per thread row, then kBlocksInFlight
+// column blocks of loads at a time (fewer than all keeps a register-starved
+// kernel from spilling; the compiler barrier stops it from batching more).
+template <class Layout, int kBlocksInFlight = Layout::kColBlocks>
+__device__ __forceinline__ void add_mask(float (&s)[Layout::kElements], const AttentionProblem& p,
+                                         const TileCoordinates& tile, int row0, int col0) {
+  const int seq_q = static_cast<int>(p.seq_q), seq_kv = static_cast<int>(p.seq_kv);
+  const int64_t mask_bh = tile.batch * p.mask_stride[0] + tile.head * p.mask_stride[1];
+  with_mask_element(p.mask_kind, [&](auto element_tag) {
+    using T = decltype(element_tag);
+#pragma unroll
+    for (int r = 0; r < Layout::kRows; ++r) {
+      const int i = tile.q0 + row0 + Layout::row_offset(r);
+      if (i >= seq_q) continue;
+      const T* const mask_row = opaque(static_cast<const T*>(p.mask) + mask_bh + i * p.mask_stride[2]);
+#pragma unroll
+      for (int b0 = 0; b0 < Layout::kColBlocks; b0 += kBlocksInFlight) {
+#pragma unroll
+        for (int b = b0; b < b0 + kBlocksInFlight; ++b)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = col0 + Layout::col_offset(b) + e;
+            if (c < seq_kv) s[Layout::index(r, b, e)] += mask_term<T>(mask_row, c * p.mask_stride[3]);
+          }
+        if constexpr (kBlocksInFlight < Layout::kColBlocks) asm volatile("" ::: "memory");
+      }
+    }
+  });
+}
+
+}  // namespace ffpa::detail

@@ -1,0 +1,49 @@
+// Which tile a CTA computes, host and device: query row blocks of one (batch,
+// head) are enumerated fastest, so the CTAs the hardware runs together share
+// that head's K and V in L2; causal row blocks go longest first (the last row
+// block attends the most keys); and the KV blocks a row block attends end at
+// its last row's causal limit. The CPU tests check it against the reference's
+// masking rule (tests/cpu/test_tile_schedule.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "common/attention_problem.hpp"
+#include "common/host_device.hpp"
+
+namespace ffpa::detail {
+
+struct TileCoordinates {
+  int q0;  // first query row
+  int head, batch, kv_head;
+  int kv_blocks;  // KV blocks of block_n keys the rows attend (causal: up to the diagonal)
+};
+
+// One past the last key any row of [q0, q0 + block_m) attends.
+FFPA_HOST_DEVICE int attended_kv_end(const AttentionProblem& p, int q0, int block_m) {
+  const int seq_q = static_cast<int>(p.seq_q), seq_kv = static_cast<int>(p.seq_kv);
+  if (p.causal == Causal::none) return seq_kv;
+  const int last_row = (q0 + block_m < seq_q ? q0 + block_m : seq_q) - 1;
+  const int end = last_row + static_cast<int>(p.causal_shift()) + 1;
+  return end < 0 ? 0 : (end < seq_kv ? end : seq_kv);
+}
+
+// The tile of linear index `tile` (row block fastest, then head, then batch)
+// among row_blocks x Hq x B. Index is the integer type the caller counts
+// tiles in (int when the grid is below 2^31 tiles).
+template <typename Index>
+FFPA_HOST_DEVICE TileCoordinates tile_coordinates(const AttentionProblem& p, Index tile, int row_blocks,
+                                                  int block_m, int block_n) {
+  TileCoordinates c;
+  int row_block = static_cast<int>(tile % row_blocks);
+  tile /= row_blocks;
+  c.head = static_cast<int>(tile % static_cast<Index>(p.heads_q));
+  c.batch = static_cast<int>(tile / static_cast<Index>(p.heads_q));
+  c.kv_head = c.head / static_cast<int>(p.group_size());
+  if (p.causal != Causal::none) row_block = row_blocks - 1 - row_block;  // longest first
+  c.q0 = row_block * block_m;
+  c.kv_blocks = (attended_kv_end(p, c.q0, block_m) + block_n - 1) / block_n;
+  return c;
+}
+
+}  // namespace ffpa::detail

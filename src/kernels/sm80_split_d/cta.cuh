@@ -1,0 +1,109 @@
+// One CTA of the split-D kernel: its shared memory, its tile and thread
+// coordinates, and the roles it plays, each defined in its own file:
+//   producer.cuh  copies of ring steps (cp.async, zero-filling) and the ring;
+//   mainloop.cuh  S = Q K^T over the head dim, O += P V over the keys;
+//   softmax.cuh   the online softmax of a KV tile and P for P V;
+//   epilogue.cuh  normalize, LSE, O through shared memory to global.
+// kernel.cuh runs them in order.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/attention_problem.hpp"
+#include "kernels/common/compiler_hints.cuh"
+#include "kernels/common/tile_schedule.hpp"
+#include "kernels/sm80_split_d/traits.cuh"
+
+namespace ffpa::detail::sm80_split_d {
+
+template <class Traits>
+struct Cta {
+  using Element = typename Traits::Element;
+  static constexpr int kMTiles = Traits::kMTiles, kSTiles = Traits::kSTiles, kOTiles = Traits::kOTiles;
+  static constexpr int kRows = Traits::kRows;
+  // O fragments of a thread: [m16 tile][n8 tile], 4 fp32 or 2 half2 registers each.
+  using OFrag = std::conditional_t<Traits::kAccumF16, uint32_t[2], float[4]>;
+  using OAccumulator = OFrag[kMTiles][kOTiles];
+  using SAccumulator = float[kMTiles][kSTiles][4];
+  // P, the A operand of P V, as k16 fragments of each m16 tile.
+  static constexpr int kPFrags = Traits::kSharedP ? Traits::kPVKeys / 16 : Traits::kBlockN / 16;
+  using PFragments = uint32_t[kMTiles][kPFrags][4];
+
+  // Shared memory: the ring of stages (the O staging of the epilogue), P
+  // (warps_n > 1: the warps of a row split its keys), row statistics.
+  unsigned char* const ring;
+  unsigned char* const p_tile;
+  float* const row_stat;
+
+  const AttentionProblem& p;
+  const float scale_log2;
+  // The thread index through opaque(): derived addresses are recomputed where
+  // used (a few integer ops) instead of re-reading SR_TID or pinning registers.
+  const unsigned tid;
+  const int warp_m, warp_n, g, t;
+
+  int split;  // which slice of Dv (value split)
+  TileCoordinates tile;
+  // Sequence positions fit in 32 bits (routing checks); addresses use 64.
+  const int seq_q, seq_kv, head_dim;
+  int dv0;             // first column of the O slice
+  int n_qk;            // 64-column chunks of the head dim
+  int out_cols;        // valid columns of the O slice
+  int steps_per_tile;  // ring steps per KV tile: n_qk chunks of Q/K, then the P V steps
+
+  // Ring state: the next step to copy (tile, step within it) and the stage
+  // the current step reads.
+  int load_tile = 0, load_r = 0, slot = 0;
+
+  __device__ __forceinline__ Cta(const Args& args, unsigned char* smem)
+      : ring(smem),
+        p_tile(smem + Traits::kRingOrEpilogueBytes),
+        row_stat(reinterpret_cast<float*>(smem + Traits::kRingOrEpilogueBytes + Traits::kPBytes)),
+        p(args.p),
+        scale_log2(args.scale_log2),
+        tid(opaque(static_cast<unsigned>(threadIdx.x))),
+        warp_m((tid / 32) / Traits::kWarpsN),
+        warp_n((tid / 32) % Traits::kWarpsN),
+        g((tid % 32) / 4),
+        t((tid % 32) % 4),
+        seq_q(static_cast<int>(args.p.seq_q)),
+        seq_kv(static_cast<int>(args.p.seq_kv)),
+        head_dim(static_cast<int>(args.p.head_dim)) {
+    // Which CTA: value split fastest, then the tile (row block, head, batch).
+    int64_t block = args.block_offset + blockIdx.x;
+    split = static_cast<int>(block % args.value_splits);
+    block /= args.value_splits;
+    tile = tile_coordinates<int64_t>(p, block, args.row_blocks, Traits::kBlockM, Traits::kBlockN);
+    dv0 = split * Traits::kOutCols;
+    n_qk = (head_dim + Traits::kChunk - 1) / Traits::kChunk;
+    out_cols = min(Traits::kOutCols, head_dim - dv0);
+    steps_per_tile = n_qk + Traits::kPVSteps;
+  }
+
+  // Tile row of thread row r (r = 2 * mt + h: row 16 * mt + g + 8 * h of the warp).
+  __device__ __forceinline__ int local_row(int r) const {
+    return warp_m * Traits::kWarpRows + (r / 2) * 16 + g + (r % 2) * 8;
+  }
+
+  // producer.cuh
+  __device__ __forceinline__ void issue_next_step(int into_slot);
+  __device__ __forceinline__ void prime_ring();
+  __device__ __forceinline__ void advance_ring();
+  __device__ __forceinline__ void release_slot();
+  // mainloop.cuh
+  __device__ __forceinline__ void compute_s(SAccumulator& s_acc);
+  __device__ __forceinline__ void accumulate_pv(PFragments& p_frag, OAccumulator& o_acc, int step);
+  // softmax.cuh
+  template <class Op>
+  __device__ __forceinline__ void reduce_across_warps(float (&values)[kRows], Op op);
+  __device__ __forceinline__ void softmax(int kv0, SAccumulator& s_acc, float (&row_max)[kRows], float (&row_sum)[kRows],
+                          float (&alpha)[kRows]);
+  __device__ __forceinline__ void rescale_o(OAccumulator& o_acc, const float (&alpha)[kRows]);
+  __device__ __forceinline__ void write_p(const SAccumulator& s_acc, PFragments& p_frag);
+  // epilogue.cuh
+  __device__ __forceinline__ void store_output(const OAccumulator& o_acc, const float (&row_max)[kRows],
+                               float (&row_sum)[kRows]);
+};
+
+}  // namespace ffpa::detail::sm80_split_d

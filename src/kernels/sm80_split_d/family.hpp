@@ -1,0 +1,44 @@
+// Host-side interface of the sm80 split-D family: the compiled instances
+// (one per instantiated head dim, listed by CMake) and the routing of a head
+// dim to an instance.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "common/attention_problem.hpp"
+#include "ffpa/ffpa.hpp"
+#include "kernels/sm80_split_d/tiles.hpp"
+
+namespace ffpa::detail::sm80_split_d {
+
+using Launcher = Status (*)(const AttentionProblem&, int value_splits, cudaStream_t);
+
+// Defined in launch.cuh, explicitly instantiated per head dim in the
+// generated sm80_split_d_d<D>.cu translation units.
+template <int kOutCols>
+Status launch_instance(const AttentionProblem& problem, int value_splits,
+                               cudaStream_t stream);
+
+struct Instance {
+  int out_cols;
+  Launcher launch;
+};
+
+// Generated from FFPA_HEAD_DIMS (registry.cpp.in), ascending out_cols.
+extern const Instance kInstances[];
+extern const int kInstanceCount;
+
+// The instance and value splits that serve head dim D on a device that gives
+// a block at most smem_limit_bytes of shared memory (routing.cpp).
+Route route(int64_t head_dim, int smem_limit_bytes);
+
+// Human-readable name of the kernel a route runs, e.g.
+// "sm80_split_d<bf16,f32acc,out512,r32,M2N4,bn128,pv32,s3>x1".
+std::string kernel_name(const AttentionProblem& problem, Route route);
+
+// Runs a routed instance.
+Status run(const AttentionProblem& problem, Route route, cudaStream_t stream);
+
+}  // namespace ffpa::detail::sm80_split_d

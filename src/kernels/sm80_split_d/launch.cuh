@@ -1,0 +1,77 @@
+// Launching the split-D kernel: shared-memory opt-in, grid, chunked launches.
+// Included only by the generated per-head-dim translation units.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "host/cuda_status.hpp"
+#include "kernels/common/math_constants.hpp"
+#include "kernels/sm80_split_d/family.hpp"
+#include "kernels/sm80_split_d/kernel.cuh"
+
+namespace ffpa::detail::sm80_split_d {
+
+template <class Traits>
+Status launch(const AttentionProblem& problem, int value_splits, cudaStream_t stream) {
+  const auto kernel = forward_kernel<Traits>;
+  int device = 0, smem_optin = 0;
+  FFPA_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
+  FFPA_RETURN_IF_CUDA_ERROR(
+      cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  if (Traits::kSmemBytes > smem_optin) {
+    return {StatusCode::impl_unavailable,
+            "impl sm80_split_d: the kernel for head dim " + std::to_string(problem.head_dim) +
+                " needs " + std::to_string(Traits::kSmemBytes) +
+                " bytes of shared memory per block; this device allows " +
+                std::to_string(smem_optin)};
+  }
+  const cudaError_t set_smem =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+  if (set_smem == cudaErrorInvalidDeviceFunction || set_smem == cudaErrorNoKernelImageForDevice) {
+    (void)cudaGetLastError();
+    return {StatusCode::impl_unavailable,
+            "impl sm80_split_d: this build has no kernel image for device " + std::to_string(device) +
+                " (rebuild with its architecture in FFPA_CUDA_ARCHITECTURES)"};
+  }
+  FFPA_RETURN_IF_CUDA_ERROR(set_smem);
+
+  Args args{};
+  args.p = problem;
+  args.value_splits = value_splits;
+  args.row_blocks = static_cast<int>((problem.seq_q + Traits::kBlockM - 1) / Traits::kBlockM);
+  args.scale_log2 = problem.scale * kLog2e;
+  const int64_t total_blocks =
+      problem.batch * problem.heads_q * args.row_blocks * static_cast<int64_t>(value_splits);
+  constexpr int64_t kMaxBlocksPerLaunch = int64_t{1} << 30;  // below gridDim.x's 2^31 - 1
+  for (int64_t first = 0; first < total_blocks; first += kMaxBlocksPerLaunch) {
+    args.block_offset = first;
+    const auto blocks = static_cast<unsigned>(std::min(kMaxBlocksPerLaunch, total_blocks - first));
+    kernel<<<blocks, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
+    FFPA_RETURN_IF_CUDA_ERROR(cudaGetLastError());
+  }
+  return {};
+}
+
+template <int kOutCols>
+Status launch_instance(const AttentionProblem& problem, int value_splits,
+                               cudaStream_t stream) {
+  constexpr TileShape kTile = tile_shape(kOutCols);
+  static_assert(kTile.out_cols == kOutCols);
+  if (problem.dtype == DType::bf16) {
+    return launch<Traits<__nv_bfloat16, false, kOutCols, kTile.warp_rows, kTile.warps_m, kTile.warps_n,
+                                       kTile.block_n, kTile.pv_keys, kTile.stages>>(
+        problem, value_splits, stream);
+  }
+  if (problem.accumulation == Accumulation::f16) {
+    return launch<Traits<__half, true, kOutCols, kTile.warp_rows, kTile.warps_m, kTile.warps_n,
+                                       kTile.block_n, kTile.pv_keys, kTile.stages>>(
+        problem, value_splits, stream);
+  }
+  return launch<Traits<__half, false, kOutCols, kTile.warp_rows, kTile.warps_m, kTile.warps_n,
+                                     kTile.block_n, kTile.pv_keys, kTile.stages>>(
+      problem, value_splits, stream);
+}
+
+}  // namespace ffpa::detail::sm80_split_d

@@ -1,0 +1,87 @@
+// The split-D producer: every thread copies its share of each ring step with
+// cp.async (16 bytes at a time, zero-filling what lies past Nq, Nkv or D),
+// kStages - 1 steps ahead of the step being computed, so loads run across
+// phase and tile boundaries. Steps of a KV tile: n_qk chunks of 64 head-dim
+// columns of Q and K, then kPVSteps slices of kPVKeys keys of V.
+#pragma once
+
+#include "kernels/common/shared_memory.cuh"
+#include "kernels/common/swizzle.hpp"
+#include "kernels/sm80_split_d/cta.cuh"
+#include "kernels/sm80_split_d/ptx.cuh"
+
+namespace ffpa::detail::sm80_split_d {
+
+// A stage is a stack of 128-byte rows. Thread tid copies 16-byte segment
+// tid % 8 of stacked rows tid / 8 + k * kRowsPerPass, for a fixed number of k:
+// row offsets are compile-time multiples of the row stride, and the swizzled
+// segment is the same for all k (kRowsPerPass is a multiple of 8).
+template <class Traits>
+__device__ __forceinline__ void Cta<Traits>::issue_next_step(int into_slot) {
+  constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kPVKeys = Traits::kPVKeys;
+  constexpr int kRowsPerPass = Traits::kThreads / 8;
+  if (load_tile < tile.kv_blocks) {
+    const unsigned thread = opaque(tid);
+    const int seg = thread % 8, first_row = thread / 8;
+    const uint32_t seg_offset = swizzle128<Traits::kElementBytes>(first_row, seg * 8);
+    const int64_t q_stride = p.q_stride[2], k_stride = p.k_stride[2], v_stride = p.v_stride[2];
+    const Element* const q_src = static_cast<const Element*>(p.q) + tile.batch * p.q_stride[0] +
+                                 tile.head * p.q_stride[1] + (tile.q0 + first_row) * q_stride + seg * 8;
+    const int kv0 = load_tile * kBlockN;
+    const uint32_t stage = smem_address(ring + into_slot * Traits::kStageBytes) + seg_offset;
+    if (load_r < n_qk) {  // kBlockM rows of Q, then kBlockN rows of K, one 64-column chunk
+      const Element* const k_src = static_cast<const Element*>(p.k) + tile.batch * p.k_stride[0] +
+                                   tile.kv_head * p.k_stride[1] + (kv0 + first_row) * k_stride + seg * 8;
+      const int col = load_r * Traits::kChunk;
+      const bool valid_col = col + seg * 8 < head_dim;
+      constexpr int kQPasses = kBlockM / kRowsPerPass;
+#pragma unroll
+      for (int k = 0; k < (kBlockM + kBlockN) / kRowsPerPass; ++k) {
+        if (k < kQPasses) {
+          const bool valid = valid_col && tile.q0 + first_row + k * kRowsPerPass < seq_q;
+          cp_async_16(stage + k * kRowsPerPass * 128, q_src + k * kRowsPerPass * q_stride + col, valid);
+        } else {
+          const int row = (k - kQPasses) * kRowsPerPass;
+          const bool valid = valid_col && kv0 + first_row + row < seq_kv;
+          cp_async_16(stage + k * kRowsPerPass * 128, k_src + row * k_stride + col, valid);
+        }
+      }
+    } else {  // kPVKeys keys of V, every 64-column subtile of the O slice
+      // This thread's first row and subtile in the stack of subtiles.
+      const int v_row0 = first_row % kPVKeys, v_sub0 = first_row / kPVKeys;
+      const int key0 = kv0 + (load_r - n_qk) * kPVKeys + v_row0;
+      const Element* const v_src = static_cast<const Element*>(p.v) + tile.batch * p.v_stride[0] +
+                                   tile.kv_head * p.v_stride[1] + key0 * v_stride + dv0 + v_sub0 * 64 +
+                                   seg * 8;
+#pragma unroll
+      for (int k = 0; k < Traits::kVStageBytes / 128 / kRowsPerPass; ++k) {
+        const int row = (k * kRowsPerPass) % kPVKeys, sub = (k * kRowsPerPass) / kPVKeys;
+        const bool valid = (v_sub0 + sub) * 64 + seg * 8 < out_cols && key0 + row < seq_kv;
+        cp_async_16(stage + k * kRowsPerPass * 128, v_src + row * v_stride + sub * 64, valid);
+      }
+    }
+    if (++load_r == steps_per_tile) load_r = 0, ++load_tile;
+  }
+  cp_async_commit();
+}
+
+template <class Traits>
+__device__ __forceinline__ void Cta<Traits>::prime_ring() {
+  for (int s = 0; s < Traits::kStages - 1; ++s) issue_next_step(s);
+}
+
+// Waits for the buffer of the current step and refills the one freed by the
+// previous step (every thread has passed the barrier, so it is unused).
+template <class Traits>
+__device__ __forceinline__ void Cta<Traits>::advance_ring() {
+  cp_async_wait<Traits::kStages - 2>();
+  __syncthreads();
+  issue_next_step(slot == 0 ? Traits::kStages - 1 : slot - 1);
+}
+
+template <class Traits>
+__device__ __forceinline__ void Cta<Traits>::release_slot() {
+  slot = slot + 1 == Traits::kStages ? 0 : slot + 1;
+}
+
+}  // namespace ffpa::detail::sm80_split_d

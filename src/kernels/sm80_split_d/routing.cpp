@@ -1,0 +1,41 @@
+// Routing a head dim to a compiled split-D instance, naming and running it.
+#include <string>
+
+#include "kernels/sm80_split_d/family.hpp"
+
+namespace ffpa::detail::sm80_split_d {
+
+Route route(int64_t head_dim, int smem_limit_bytes) {
+  int largest_fitting = 0;
+  for (int i = 0; i < kInstanceCount; ++i) {
+    const int out_cols = kInstances[i].out_cols;
+    if (smem_layout(tile_shape(out_cols)).total_bytes > smem_limit_bytes) continue;
+    if (out_cols >= head_dim) return {out_cols, 1};
+    largest_fitting = out_cols;
+  }
+  if (largest_fitting == 0) return {0, 0};
+  return {largest_fitting, static_cast<int>((head_dim + largest_fitting - 1) / largest_fitting)};
+}
+
+std::string kernel_name(const AttentionProblem& problem, Route route) {
+  const TileShape tile = tile_shape(route.out_cols);
+  const char* element = problem.dtype == DType::bf16 ? "bf16" : "f16";
+  const char* accumulation = problem.accumulation == Accumulation::f16 ? "f16acc" : "f32acc";
+  return std::string("sm80_split_d<") + element + "," + accumulation + ",out" +
+         std::to_string(tile.out_cols) + ",r" + std::to_string(tile.warp_rows) + ",M" +
+         std::to_string(tile.warps_m) + "N" + std::to_string(tile.warps_n) + ",bn" +
+         std::to_string(tile.block_n) + ",pv" + std::to_string(tile.pv_keys) + ",s" +
+         std::to_string(tile.stages) + ">x" + std::to_string(route.value_splits);
+}
+
+Status run(const AttentionProblem& problem, Route route, cudaStream_t stream) {
+  for (int i = 0; i < kInstanceCount; ++i) {
+    if (kInstances[i].out_cols == route.out_cols) {
+      return kInstances[i].launch(problem, route.value_splits, stream);
+    }
+  }
+  return {StatusCode::impl_unavailable, "impl sm80_split_d: no instance with out_cols " +
+                                            std::to_string(route.out_cols) + " in this build"};
+}
+
+}  // namespace ffpa::detail::sm80_split_d

@@ -1,0 +1,81 @@
+// The compile-time shape of a split-D kernel instance and its launch arguments.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#include "common/attention_problem.hpp"
+#include "kernels/common/accumulator_layout.cuh"
+#include "kernels/common/element.cuh"
+#include "kernels/common/swizzle.hpp"
+#include "kernels/sm80_split_d/tiles.hpp"
+
+namespace ffpa::detail::sm80_split_d {
+
+template <typename Element_, bool kAccumF16_, int kOutCols_, int kWarpRows_, int kWarpsM_,
+          int kWarpsN_, int kBlockN_, int kPVKeys_, int kStages_>
+struct Traits {
+  using Element = Element_;
+  static constexpr bool kAccumF16 = kAccumF16_;
+  static constexpr int kOutCols = kOutCols_;
+  static constexpr int kWarpRows = kWarpRows_;
+  static constexpr int kMTiles = kWarpRows / 16;  // m16 tiles per warp
+  static constexpr int kWarpsM = kWarpsM_;
+  static constexpr int kWarpsN = kWarpsN_;
+  static constexpr int kBlockM = kWarpRows * kWarpsM;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr int kPVKeys = kPVKeys_;
+  static constexpr int kStages = kStages_;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+
+  static constexpr int kElementBytes = ElementTraits<Element>::kBytes;
+  static constexpr int kChunk = kSwizzleCols<kElementBytes>;  // head-dim columns per Q/K step: 128-byte rows
+  static constexpr int kRowBytes = kSwizzleRowBytes;
+  static constexpr int kWarpKeys = kBlockN / kWarpsN;  // keys of S per warp
+  static constexpr int kWarpCols = kOutCols / kWarpsN;  // columns of O per warp
+  static constexpr int kPVSteps = kBlockN / kPVKeys;
+  static constexpr int kSTiles = kWarpKeys / 8;  // n8 tiles of S per warp
+  static constexpr int kOTiles = kWarpCols / 8;  // n8 tiles of O per warp
+  static constexpr int kRows = 2 * kMTiles;      // rows a thread holds: g, g + 8 of each m16 tile
+  using SLayout = AccumulatorLayout<kMTiles, kSTiles>;
+
+  static constexpr SmemLayout kSmem =
+      smem_layout(TileShape{kOutCols, kWarpRows, kWarpsM, kWarpsN, kBlockN, kPVKeys, kStages});
+  static constexpr int kQTileBytes = kBlockM * kRowBytes;
+  static constexpr int kVSubtileBytes = kPVKeys * kRowBytes;  // [kPVKeys][64] per 64 columns
+  static constexpr int kVStageBytes = kVSubtileBytes * (kOutCols / kChunk);
+  static constexpr int kStageBytes = kSmem.stage_bytes;
+  static constexpr int kRingOrEpilogueBytes = kSmem.ring_bytes;
+  static constexpr bool kSharedP = kWarpsN > 1;
+  static constexpr int kPBytes = kSmem.p_bytes;
+  static constexpr int kSmemBytes = kSmem.total_bytes;
+
+  static_assert(kElementBytes == 2, "mma.sync m16n8k16 operands: 16-bit elements");
+  static_assert(kWarpRows == 16 || kWarpRows == 32, "a warp owns one or two m16 tiles");
+  static_assert(kOutCols % 64 == 0, "O slices are whole 64-column subtiles");
+  static_assert(kWarpCols % 64 == 0, "each warp's O columns are whole 64-column subtiles");
+  static_assert(kWarpKeys % 16 == 0, "each warp's keys form whole k16 steps");
+  static_assert(kBlockN % kPVKeys == 0 && kPVKeys % 16 == 0, "P V steps are whole k16 steps");
+  static_assert(kBlockN % 64 == 0, "P rows are swizzled in 128-byte groups");
+  static_assert(kThreads % 64 == 0, "copies assume the swizzle phase of a thread is fixed");
+  static_assert(kBlockM % (kThreads / 8) == 0, "Q rows fill whole copy passes");
+  static_assert((kBlockM + kBlockN) % (kThreads / 8) == 0 &&
+                    (kVStageBytes / 128) % (kThreads / 8) == 0 && kPVKeys % 8 == 0,
+                "every thread copies the same number of rows of a stage");
+  static_assert(kPVKeys % (kThreads / 8) == 0 || (kThreads / 8) % kPVKeys == 0,
+                "V rows map to copy passes with compile-time offsets");
+  static_assert(!kAccumF16 || std::is_same_v<Element, __half>, "fp16 accumulation needs fp16");
+};
+
+struct Args {
+  AttentionProblem p;
+  int value_splits;      // CTAs per row block, each one slice of Dv
+  int row_blocks;        // ceil(Nq / kBlockM)
+  int64_t block_offset;  // first linear CTA index of this launch
+  float scale_log2;      // scale * log2(e)
+};
+
+}  // namespace ffpa::detail::sm80_split_d

@@ -1,0 +1,87 @@
+// A consumer warpgroup of the sm90_wgmma kernel: its half of O (fp32 in
+// registers) and the roles it plays on the KV blocks, each in its own file:
+//   mainloop.cuh          S_j = Q K_j^T, and O_w += P_j V_j issued and finished apart;
+//   cluster_exchange.cuh  (kSplit = 2) the partial S to and from the peer CTA;
+//   softmax.cuh           the online softmax of S_j, P_j and its statistics published;
+//   epilogue.cuh          normalize, LSE, O through TMA stores.
+// kernel.cuh runs the alternating loop over the blocks.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/attention_problem.hpp"
+#include "kernels/common/compiler_hints.cuh"
+#include "kernels/sm90_wgmma/cta.cuh"
+#include "kernels/sm90_wgmma/ptx.cuh"
+
+namespace ffpa::detail::sm90_wgmma {
+
+// This thread's index within its quad (the column pair of the wgmma
+// accumulator layout), re-read at every use: an asm volatile read is not
+// merged across the KV loop, so it never occupies a register there.
+__device__ __forceinline__ int quad_lane() {
+  int lane;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return lane % 4;
+}
+
+template <class Traits>
+struct Consumer {
+  using Element = typename Traits::Element;
+  static constexpr int kStages = Traits::kStages, kKStages = Traits::kKStages;
+  static constexpr int kHalfCols = Traits::kHalfCols, kBlockN = Traits::kBlockN;
+  static constexpr int kTileBytes = Traits::kTileBytes, kStageBytes = Traits::kStageBytes;
+  static constexpr int kBoxCols = Traits::kBoxCols, kElementBytes = Traits::kElementBytes;
+
+  const Cta<Traits>& cta;
+  const int w;  // which half of O, and which KV blocks (j % 2 == w)
+  // Thread coordinates are re-read where used (lane_id() is not CSE'd): kept
+  // in registers across the KV loop they would spill next to S and O.
+  const int thread, warp, lane, g;
+  float o_acc[kHalfCols / 2];
+
+  __device__ __forceinline__ Consumer(const Cta<Traits>& cta_, int w_)
+      : cta(cta_),
+        w(w_),
+        thread(threadIdx.x % 128),
+        warp((threadIdx.x % 128) / 32),
+        lane((threadIdx.x % 128) % 32),
+        g(((threadIdx.x % 128) % 32) / 4) {
+#pragma unroll
+    for (int i = 0; i < kHalfCols / 2; ++i) o_acc[i] = 0.0f;
+    if (quad_lane() == 0) cta.row_sums()[w * 64 + row(0)] = cta.row_sums()[w * 64 + row(1)] = 0.0f;
+  }
+
+  // A thread holds rows row(0) and row(1) of S and O (wgmma accumulator layout):
+  // element 4 * i + 2 * h + e is row row(h), column 8 * i + 2 * t + e, where
+  // t = quad_lane() is read afresh in each phase.
+  __device__ __forceinline__ int row(int h) const { return warp * 16 + g + 8 * h; }
+
+  // The running row maxima are not kept in registers: after block j they are
+  // the ones published with P_j (stats), which stay until P_{j+2} is written,
+  // and that needs this consumer's P_{j+1} first.
+  __device__ __forceinline__ float running_max(int j, int h) const {
+    return j < 0 ? -INFINITY : cta.stats()[opaque((j & 1) * 128 + row(h))];
+  }
+
+  // Frees ring position `position`: one arrival per warp once its wgmmas have read it.
+  __device__ __forceinline__ void release(int position) const {
+    if (lane == 0) mbarrier_arrive(cta.empty(position % kStages));
+  }
+
+  // mainloop.cuh
+  __device__ __forceinline__ void compute_s(int j, float (&s)[64]);
+  __device__ __forceinline__ int issue_pv(int j, bool own);
+  __device__ __forceinline__ void finish_pv(int first, int j, bool own);
+  __device__ __forceinline__ void accumulate_pv(int j, bool own) { finish_pv(issue_pv(j, own), j, own); }
+  // cluster_exchange.cuh
+  __device__ __forceinline__ void send_s(int j, const float (&s)[64]);
+  __device__ __forceinline__ void receive_s(int j, float (&s)[64]);
+  // softmax.cuh
+  __device__ __forceinline__ void softmax_publish(int j, float (&s)[64]);
+  // epilogue.cuh
+  __device__ __forceinline__ void store_output(const CUtensorMap* o_map);
+};
+
+}  // namespace ffpa::detail::sm90_wgmma

@@ -1,0 +1,106 @@
+// What every role of an sm90_wgmma CTA shares: the shared-memory layout
+// (Traits), the barriers, the tile (computed once by thread 0 into shared
+// memory and read where used, so the consumers do not carry it in registers)
+// and this CTA's column ranges within a cluster.
+#pragma once
+
+#include <cstdint>
+
+#include "common/attention_problem.hpp"
+#include "kernels/common/shared_memory.cuh"
+#include "kernels/common/tile_schedule.hpp"
+#include "kernels/sm90_wgmma/ptx.cuh"
+#include "kernels/sm90_wgmma/traits.cuh"
+
+namespace ffpa::detail::sm90_wgmma {
+
+// This CTA's rank in its cluster (0 without a cluster).
+template <int kSplit>
+__device__ __forceinline__ int split_rank() {
+  if constexpr (kSplit == 1) {
+    return 0;
+  } else {
+    return static_cast<int>(cluster_cta_rank());
+  }
+}
+
+template <class Traits>
+struct Cta {
+  static constexpr int kSplit = Traits::kSplit, kStages = Traits::kStages;
+  static constexpr int kFull = Traits::kFullBarriers;
+
+  // wgmma and TMA swizzle atoms need 1024-byte alignment. Dynamic shared memory
+  // starts the block's window (there is no static shared memory), so the
+  // declared alignment holds, and every offset below is an immediate.
+  unsigned char* const smem;
+  const Args& args;
+  const AttentionProblem& p;
+
+  __device__ __forceinline__ Cta(unsigned char* smem_, const Args& args_) : smem(smem_), args(args_), p(args_.p) {}
+
+  __device__ __forceinline__ uint32_t q_tiles() const { return smem_address(smem + Traits::kQOffset); }
+  __device__ __forceinline__ uint32_t p_tiles() const { return smem_address(smem + Traits::kPOffset); }
+  __device__ __forceinline__ uint32_t ring() const { return smem_address(smem + Traits::kRingOffset); }
+  // [buffer][max | scale][row]: the row statistics published with each P.
+  __device__ __forceinline__ float* stats() const { return reinterpret_cast<float*>(smem + Traits::kStatsOffset); }
+  // Running softmax denominators, [consumer][row]: each consumer sums the P of
+  // its own blocks. In shared memory, not registers: S and O fill those.
+  __device__ __forceinline__ float* row_sums() const {
+    return reinterpret_cast<float*>(smem + Traits::kRowSumOffset);
+  }
+  __device__ __forceinline__ TileCoordinates* tile() const {
+    return reinterpret_cast<TileCoordinates*>(smem + Traits::kTileOffset);
+  }
+
+  // --- barriers -------------------------------------------------------------
+  __device__ __forceinline__ uint32_t barriers() const { return smem_address(smem + Traits::kBarrierOffset); }
+  __device__ __forceinline__ uint32_t q_full() const { return barriers(); }
+  // Ring position p lives in stage p % kStages and completes on full barrier
+  // p % kFull: see "Why more full barriers than stages" (kernel.cuh).
+  __device__ __forceinline__ uint32_t full(int position) const { return barriers() + 8 * (1 + position % kFull); }
+  __device__ __forceinline__ static uint32_t full_parity(int position) {
+    return static_cast<uint32_t>((position / kFull) & 1);
+  }
+  __device__ __forceinline__ uint32_t empty(int stage) const { return barriers() + 8 * (1 + kFull + stage); }
+  __device__ __forceinline__ uint32_t p_full(int buffer) const {
+    return barriers() + 8 * (1 + kFull + kStages + buffer);
+  }
+  __device__ __forceinline__ uint32_t p_empty(int buffer) const {
+    return barriers() + 8 * (3 + kFull + kStages + buffer);
+  }
+  // kSplit = 2: the peer's partial S has landed here / this CTA's has been read there.
+  __device__ __forceinline__ uint32_t x_full() const { return barriers() + 8 * (5 + kFull + kStages); }
+  __device__ __forceinline__ uint32_t x_empty() const { return x_full() + 8; }
+
+  // Column offsets of this CTA's part of Q/K (S) and of V/O.
+  __device__ __forceinline__ static int qk_col0() { return split_rank<kSplit>() * Traits::kQKChunks * Traits::kBoxCols; }
+  __device__ __forceinline__ static int vo_col0() { return split_rank<kSplit>() * Traits::kOutCols; }
+  __device__ __forceinline__ static uint32_t peer_rank() { return static_cast<uint32_t>(1 - split_rank<kSplit>()); }
+
+  // Thread 0: the tile of this CTA (the CTAs of a cluster share it) and the barriers.
+  __device__ __forceinline__ void setup() const {
+    if (threadIdx.x == 0) {
+      *tile() = tile_coordinates<int>(p, static_cast<int>(blockIdx.x / kSplit), args.row_blocks, Traits::kBlockM,
+                                      Traits::kBlockN);
+      mbarrier_init(q_full(), 1);
+      for (int f = 0; f < kFull; ++f) mbarrier_init(full(f), 1);
+      for (int s = 0; s < kStages; ++s) mbarrier_init(empty(s), 4);  // a warp of the consumer each
+      for (int b = 0; b < 2; ++b) {
+        mbarrier_init(p_full(b), 128);  // every thread of the owner writes part of P
+        mbarrier_init(p_empty(b), 4);   // the other consumer's warps have read P
+      }
+      if constexpr (kSplit == 2) {
+        mbarrier_init(x_full(), 128);   // every thread of the peer's S owner
+        mbarrier_init(x_empty(), 128);
+      }
+      fence_barrier_init();
+    }
+    if constexpr (kSplit == 1) {
+      __syncthreads();
+    } else {
+      cluster_sync();  // the peer's barriers exist before anyone arrives on them
+    }
+  }
+};
+
+}  // namespace ffpa::detail::sm90_wgmma

@@ -1,0 +1,56 @@
+// The consumer's epilogue: both consumers' row sums combined, O normalized
+// (and scaled for dropout) into the freed Q region with the 128-byte swizzle,
+// LSE from the last published row maxima, then one TMA store per box.
+#pragma once
+
+#include "kernels/common/dropout.cuh"
+#include "kernels/common/element.cuh"
+#include "kernels/common/epilogue.cuh"
+#include "kernels/common/swizzle.hpp"
+#include "kernels/sm90_wgmma/consumer.cuh"
+
+namespace ffpa::detail::sm90_wgmma {
+
+template <class Traits>
+__device__ __forceinline__ void Consumer<Traits>::store_output(const CUtensorMap* o_map) {
+  const AttentionProblem& p = cta.p;
+  const TileCoordinates* tile = cta.tile();
+  named_barrier_sync(1, 256);  // both consumers: every wgmma has retired, Q is free
+  const int t = quad_lane();
+  const float keep_scale = dropout_keep_scale(p);
+  const float* const row_sums = cta.row_sums();
+  float out_scale[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float total = row_sums[row(h)] + row_sums[64 + row(h)];
+    out_scale[h] = output_row_scale(total, keep_scale);
+    const int r = tile->q0 + row(h);
+    if (p.lse != nullptr && split_rank<Traits::kSplit>() == 0 && w == 0 && t == 0 && r < static_cast<int>(p.seq_q))
+      store_lse(p, tile->batch, tile->head, r, row_log_sum_exp(running_max(tile->kv_blocks - 1, h), total));
+  }
+  unsigned char* const o_tiles = cta.smem + Traits::kQOffset;
+#pragma unroll
+  for (int i = 0; i < kHalfCols / 8; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int col = w * kHalfCols + 8 * i + 2 * t;
+      *reinterpret_cast<uint32_t*>(o_tiles + (col / kBoxCols) * kTileBytes +
+                                   swizzle128<kElementBytes>(row(h), col % kBoxCols)) =
+          pack2<Element>(o_acc[4 * i + 2 * h] * out_scale[h], o_acc[4 * i + 2 * h + 1] * out_scale[h]);
+    }
+  fence_proxy_async();
+  named_barrier_sync(2 + w, 128);
+  if (thread == 0) {
+    const int head_dim = static_cast<int>(p.head_dim);
+    for (int box = 0; box < kHalfCols / kBoxCols; ++box) {
+      const int col = w * kHalfCols + box * kBoxCols;  // within this CTA's part of O
+      if (cta.vo_col0() + col < head_dim)
+        tma_store_4d(o_map, smem_address(o_tiles + (col / kBoxCols) * kTileBytes), cta.vo_col0() + col, tile->q0,
+                     tile->head, tile->batch);
+    }
+    tma_store_commit();
+    tma_store_wait_read();
+  }
+}
+
+}  // namespace ffpa::detail::sm90_wgmma

@@ -1,0 +1,47 @@
+// Host-side interface of the sm90 family (TMA + wgmma, sm_90a): the compiled
+// instances (one per instantiated head dim, listed by CMake), what the family
+// does not serve and why, and running an instance.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "common/attention_problem.hpp"
+#include "ffpa/ffpa.hpp"
+
+namespace ffpa::detail::sm90_wgmma {
+
+using Launcher = Status (*)(const AttentionProblem&, cudaStream_t);
+
+// Defined in launch.cuh, explicitly instantiated per head dim in the
+// generated sm90_wgmma_d<D>.cu translation units (compiled for sm_90a only).
+template <int kHeadDim>
+Status launch_instance(const AttentionProblem& problem, cudaStream_t stream);
+
+// CTAs per tile of the instance for head_dim: one up to 512, above a cluster
+// of two, each with half of D (two warpgroups hold O of 64 x 512 at most).
+constexpr int cluster_size(int head_dim) { return head_dim > 512 ? 2 : 1; }
+
+struct Instance {
+  int head_dim;  // a multiple of 64; serves every D up to it
+  Launcher launch;
+};
+
+// Generated from FFPA_SM90_HEAD_DIMS (registry.cpp.in), ascending head_dim;
+// empty when the build has no sm_90a target.
+extern const Instance kInstances[];
+extern const int kInstanceCount;
+
+// The compiled instance that serves the call (the smallest head_dim >= D), or
+// nullptr when the family does not serve it; then *reason says why. Every
+// call this family declines is decided here.
+const Instance* route(const AttentionProblem& problem, std::string* reason);
+
+// Runs the instance for head_dim (a planned call's padded_head_dim).
+Status run(const AttentionProblem& problem, int head_dim, cudaStream_t stream);
+
+// Human-readable name of an instance, e.g. "sm90_wgmma<bf16,d512,m64,n128,s4>".
+std::string kernel_name(const AttentionProblem& problem, const Instance& instance);
+
+}  // namespace ffpa::detail::sm90_wgmma

@@ -1,0 +1,127 @@
+// The sm90_wgmma attention forward kernel (sm_90a: TMA + wgmma, warp-specialized).
+//
+// One CTA: 64 query rows of one (batch, head), all of O. Three warpgroups:
+//   - a producer (one thread issues TMA loads into a ring of shared-memory stages);
+//   - two consumers; consumer w owns columns [w * kHalfCols, (w + 1) * kHalfCols)
+//     of O (fp32 in registers: 64 x 512 does not fit one warpgroup).
+// KV blocks of 128 keys alternate between the consumers: consumer
+// j % 2 computes S_j = Q K_j^T (wgmma over the head dim), runs the online
+// softmax (bounds, causal, mask, dropout), writes P_j and the row statistics
+// to shared memory and signals p_full; both consumers then rescale their half
+// of O and add P_j V_j. Consumer w computes S_j for its next block before it
+// applies the other's P_{j-1}, so one consumer's softmax runs while the other
+// consumer's GEMMs keep the tensor cores busy.
+//
+// The ring carries, in order, K_0, K_1, V_0, K_2, V_1, ..., K_{n-1}, V_{n-2},
+// V_{n-1}: K runs one block ahead of V, so S_{j+1} never waits for P_j. A K
+// block is ceil(chunks / 2) stages of [128 keys][2 x 64 columns]; a V block is
+// 4 stages of [64 keys][kHalfCols columns], one per (key half, consumer).
+// Every stage has exactly one consumer warpgroup, which frees it (empty
+// barrier, one arrival per warp) once its wgmmas have read it.
+//
+// D > 512 (kSplit = 2): a cluster of two CTAs per tile. CTA r holds columns
+// [r * D / 2, (r + 1) * D / 2) of Q and K and of O, so each computes a
+// partial S over its half of D; the S owner of each CTA sends its partial to
+// the peer through distributed shared memory and adds the peer's (x_full,
+// x_empty: one phase per KV block), and both run the same softmax on the same
+// sum (a + b == b + a). The ring drops to 3 stages to make room for the
+// 32 KB exchange slot.
+//
+// Why more full barriers than stages: the consumers take positions out of
+// order (consumer 1 waits for K_1 while consumer 0 has not received K_0), so a
+// consumer may wait for position p before the position that last used p's
+// barrier has landed; a parity wait would then see that phase's predecessor
+// as complete and read early. Position p completes on barrier p % kFull, and
+// p - kFull has always landed when p is waited for: the consumer's previous
+// position q has been issued, so every position up to q - kStages has been
+// released (the producer refills a stage only then), and p - q is at most
+// kKStages + 2 (from its part of V_{j-1} to its part of V_j). Hence
+// kFull >= kKStages + 2 + kStages (16).
+//
+// Launch: one CTA per tile, row block fastest, so the CTAs the hardware runs
+// at once are neighbouring row blocks of one head and share its K/V in L2;
+// causal row blocks are enumerated longest first. (Persistent variants were
+// measured slower: docs/kernels/sm90_wgmma.md.)
+#pragma once
+
+#include <cuda.h>
+
+#include "kernels/sm90_wgmma/cluster_exchange.cuh"
+#include "kernels/sm90_wgmma/consumer.cuh"
+#include "kernels/sm90_wgmma/cta.cuh"
+#include "kernels/sm90_wgmma/epilogue.cuh"
+#include "kernels/sm90_wgmma/mainloop.cuh"
+#include "kernels/sm90_wgmma/producer.cuh"
+#include "kernels/sm90_wgmma/softmax.cuh"
+#include "kernels/sm90_wgmma/traits.cuh"
+
+namespace ffpa::detail::sm90_wgmma {
+
+// Consumer w's blocks are j = w, w + 2, ...; before the softmax of each it
+// applies the other consumer's block j - 1 (consumer 0's first block has
+// none), and after its last block the other's last one.
+template <class Traits>
+__device__ __forceinline__ void run_consumer(Consumer<Traits>& consumer) {
+  // The block count is read from shared memory where used, never held.
+  if constexpr (Traits::kSplit == 1) {
+    for (int j = consumer.w;; j += 2) {
+      const bool own = j < consumer.cta.tile()->kv_blocks;
+      float s[64];
+      if (own) consumer.compute_s(j, s);
+      if (j >= 1 && j - 1 < consumer.cta.tile()->kv_blocks) consumer.accumulate_pv(j - 1, false);
+      if (!own) break;
+      consumer.softmax_publish(j, s);
+      consumer.accumulate_pv(j, true);
+    }
+  } else {
+    // The partial S goes to the peer while P_{j-1} V_{j-1} runs. Issue and
+    // finish stay inside one branch: a wgmma group in flight across a branch
+    // makes ptxas serialize every wgmma (C7518). (The kSplit = 1 loop in this
+    // shape measured 3 % slower, hence two loops.)
+    int j = consumer.w;
+    for (; j < consumer.cta.tile()->kv_blocks; j += 2) {
+      float s[64];
+      consumer.compute_s(j, s);
+      if (j >= 1) {
+        const int first = consumer.issue_pv(j - 1, false);
+        consumer.send_s(j, s);
+        consumer.finish_pv(first, j - 1, false);
+      } else {
+        consumer.send_s(j, s);
+      }
+      consumer.receive_s(j, s);
+      consumer.softmax_publish(j, s);
+      consumer.accumulate_pv(j, true);
+    }
+    if (j >= 1 && j - 1 < consumer.cta.tile()->kv_blocks) consumer.accumulate_pv(j - 1, false);
+  }
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    forward_kernel(const __grid_constant__ Args args, const __grid_constant__ CUtensorMap q_map,
+                   const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
+                   const __grid_constant__ CUtensorMap o_map) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ __align__(1024) unsigned char smem[];
+  const Cta<Traits> cta(smem, args);
+  cta.setup();
+
+  const int warpgroup = threadIdx.x / 128;
+  if (warpgroup == 0) {
+    setmaxnreg_decrease<24>();
+    if (threadIdx.x == 0) Producer<Traits>{cta}.run(&q_map, &k_map, &v_map);
+    if constexpr (Traits::kSplit == 2) cluster_sync();  // every thread of the cluster, producers too
+    return;
+  }
+
+  setmaxnreg_increase<240>();
+  Consumer<Traits> consumer(cta, warpgroup - 1);
+  mbarrier_wait(cta.q_full(), 0);
+  run_consumer(consumer);
+  consumer.store_output(&o_map);
+  if constexpr (Traits::kSplit == 2) cluster_sync();  // the peer may still arrive on our barriers
+#endif
+}
+
+}  // namespace ffpa::detail::sm90_wgmma

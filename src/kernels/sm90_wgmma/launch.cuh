@@ -1,0 +1,77 @@
+// Launching the sm90_wgmma kernel: tensor maps, shared-memory opt-in, one CTA per tile.
+// Included only by the generated per-head-dim translation units.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "host/cuda_status.hpp"
+#include "kernels/common/math_constants.hpp"
+#include "kernels/sm90_wgmma/family.hpp"
+#include "kernels/sm90_wgmma/kernel.cuh"
+#include "kernels/sm90_wgmma/tensor_map.hpp"
+
+namespace ffpa::detail::sm90_wgmma {
+
+template <class Traits>
+Status launch(const AttentionProblem& problem, cudaStream_t stream) {
+  const auto kernel = forward_kernel<Traits>;
+  const cudaError_t set_smem =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+  if (set_smem == cudaErrorInvalidDeviceFunction || set_smem == cudaErrorNoKernelImageForDevice) {
+    (void)cudaGetLastError();
+    return {StatusCode::impl_unavailable,
+            "impl sm90_wgmma: this build has no sm_90a kernel image for the current device"};
+  }
+  FFPA_RETURN_IF_CUDA_ERROR(set_smem);
+
+  // Q and O in boxes of 64 rows (one CTA's), K of 128 (a KV block), V of 64
+  // (half a block: one ring stage per key half and consumer).
+  const std::array<TensorMapShape, 4> shapes = attention_tensor_shapes(problem);
+  constexpr int kBoxRows[4] = {Traits::kBlockM, Traits::kBlockN, 64, Traits::kBlockM};
+  CUtensorMap maps[4];
+  for (int i = 0; i < 4; ++i) {
+    if (Status status = encode_tensor_map(shapes[i], kBoxRows[i], &maps[i]); !status.ok()) return status;
+  }
+
+  Args args{};
+  args.p = problem;
+  args.row_blocks = static_cast<int>((problem.seq_q + Traits::kBlockM - 1) / Traits::kBlockM);
+  args.scale_log2 = problem.scale * kLog2e;
+  // One CTA per tile, or a cluster of kSplit consecutive CTAs per tile.
+  const int64_t tiles = problem.batch * problem.heads_q * args.row_blocks;  // < 2^30 (routing)
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(tiles * Traits::kSplit));
+  config.blockDim = dim3(Traits::kThreads);
+  config.dynamicSmemBytes = Traits::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = Traits::kSplit;
+  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = Traits::kSplit > 1 ? 1 : 0;
+  FFPA_RETURN_IF_CUDA_ERROR(cudaLaunchKernelEx(&config, kernel, args, maps[0], maps[1], maps[2], maps[3]));
+  return {};
+}
+
+// D up to kHeadDim. Up to 512 one CTA per tile, above a cluster of two, each
+// CTA with half of D. A CTA computes S over its D / 64 (or D / 128) chunks and
+// splits its columns of O between its two consumers in whole 64-column boxes
+// (at least 128 columns: the smallest instantiated wgmma N).
+template <int kHeadDim>
+Status launch_instance(const AttentionProblem& problem, cudaStream_t stream) {
+  constexpr int kSplit = cluster_size(kHeadDim);
+  static_assert(kHeadDim % (64 * kSplit) == 0);
+  constexpr int kCtaDim = kHeadDim / kSplit;
+  constexpr int kQKChunks = kCtaDim / 64;
+  constexpr int kHalfCols = std::max(128, (kCtaDim + 127) / 128 * 64);
+  if (problem.dtype == DType::bf16)
+    return launch<Traits<__nv_bfloat16, kQKChunks, kHalfCols, kSplit>>(problem, stream);
+  return launch<Traits<__half, kQKChunks, kHalfCols, kSplit>>(problem, stream);
+}
+
+}  // namespace ffpa::detail::sm90_wgmma

@@ -1,0 +1,94 @@
+// The consumer's tensor-core work: S_j = Q K_j^T (wgmma over the head dim,
+// streaming K through the ring) and O_w += P_j V_j[:, half w], issued (wgmma
+// groups in flight) and finished apart, so that kSplit = 2 sends its partial S
+// while the tensor cores run P_{j-1} V_{j-1}.
+#pragma once
+
+#include "kernels/sm90_wgmma/consumer.cuh"
+#include "kernels/sm90_wgmma/ring.hpp"
+#include "kernels/sm90_wgmma/wgmma.cuh"
+
+namespace ffpa::detail::sm90_wgmma {
+
+// S_j (fp32, 64 x 128), streaming K_j through the ring.
+template <class Traits>
+__device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64]) {
+  const int first = ring_k_position(j, kKStages);
+  fence_operands(s);
+#pragma unroll
+  for (int ks = 0; ks < kKStages; ++ks) {
+    const int position = first + ks;
+    const int stage = position % kStages;
+    mbarrier_wait(cta.full(position), cta.full_parity(position));
+    wgmma_fence();
+    constexpr int kLast = Traits::kQKChunks - 2 * (kKStages - 1);
+#pragma unroll
+    for (int b = 0; b < (ks + 1 < kKStages ? 2 : kLast); ++b)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {  // k steps of 32 bytes of a 128-byte row
+        const uint64_t a = smem_descriptor(cta.q_tiles() + (2 * ks + b) * kTileBytes + kk * 32, 16, 1024);
+        const uint64_t k =
+            smem_descriptor(cta.ring() + stage * kStageBytes + b * Traits::kKBoxBytes + kk * 32, 16, 1024);
+        wgmma_ss<Element, 128, false>(s, a, k, (ks | b | kk) != 0);
+      }
+    wgmma_commit();
+    if (ks > 0) {
+      wgmma_wait<1>();
+      release(position - 1);
+    }
+  }
+  wgmma_wait<0>();
+  fence_operands(s);
+  release(first + kKStages - 1);
+}
+
+// The owner has already rescaled O; the other consumer rescales by the owner's
+// published factors first. Returns the ring position finish_pv frees.
+template <class Traits>
+__device__ __forceinline__ int Consumer<Traits>::issue_pv(int j, bool own) {
+  const int buffer = j & 1;
+  mbarrier_wait(cta.p_full(buffer), (j >> 1) & 1);
+  if (!own) {
+    const int t = quad_lane();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float scale = cta.stats()[buffer * 128 + 64 + row(h)];
+      if (t == 0) cta.row_sums()[w * 64 + row(h)] *= scale;
+#pragma unroll
+      for (int i = 0; i < kHalfCols / 8; ++i) {
+        o_acc[4 * i + 2 * h] *= scale;
+        o_acc[4 * i + 2 * h + 1] *= scale;
+      }
+    }
+  }
+  // This consumer's part of key half h of V_j is at position first + 2 * h.
+  const int first = ring_v_part_position(j, cta.tile()->kv_blocks, kKStages, 0, w);
+  fence_operands(o_acc);
+#pragma unroll
+  for (int key_half = 0; key_half < 2; ++key_half) {
+    const int position = first + 2 * key_half;
+    const int stage = position % kStages;
+    mbarrier_wait(cta.full(position), cta.full_parity(position));
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      const uint64_t a =
+          smem_descriptor(cta.p_tiles() + buffer * Traits::kPBytes + key_half * kTileBytes + kk * 32, 16, 1024);
+      const uint64_t v = smem_descriptor(cta.ring() + stage * kStageBytes + kk * 16 * 128, kTileBytes, 1024);
+      wgmma_ss<Element, kHalfCols, true>(o_acc, a, v, 1);
+    }
+    wgmma_commit();
+  }
+  return first;
+}
+
+template <class Traits>
+__device__ __forceinline__ void Consumer<Traits>::finish_pv(int first, int j, bool own) {
+  wgmma_wait<0>();
+  fence_operands(o_acc);
+  release(first);
+  release(first + 2);
+  if (!own && lane == 0) mbarrier_arrive(cta.p_empty(j & 1));
+}
+
+}  // namespace ffpa::detail::sm90_wgmma

@@ -1,0 +1,83 @@
+// The sm90_wgmma producer warpgroup: one thread issues every TMA load. Q once,
+// then the ring in the order of ring.hpp: K_0, then K_j and V_{j-1} for
+// j >= 1, then V_{n-1}. A K block is kKStages stages of [128 keys][2 boxes], a
+// V block 4 stages of [64 keys][kHalfCols], one per (key half, consumer).
+// Tile coordinates are read from shared memory where used: the producer runs
+// in 24 registers.
+#pragma once
+
+#include <cuda.h>
+
+#include "kernels/common/compiler_hints.cuh"
+#include "kernels/sm90_wgmma/cta.cuh"
+#include "kernels/sm90_wgmma/ptx.cuh"
+
+namespace ffpa::detail::sm90_wgmma {
+
+template <class Traits>
+struct Producer {
+  static constexpr int kStages = Traits::kStages, kKStages = Traits::kKStages, kBoxCols = Traits::kBoxCols;
+  const Cta<Traits>& cta;
+  int position = 0;  // the next ring position
+
+  // Waits until the stage of the next position is free, and announces its bytes.
+  __device__ __forceinline__ int acquire(uint32_t bytes) {
+    const int stage = position % kStages;
+    mbarrier_wait(cta.empty(stage), ((position / kStages) & 1) ^ 1);
+    mbarrier_arrive_expect_tx(cta.full(position), bytes);
+    ++position;
+    return stage;
+  }
+
+  __device__ __forceinline__ void load_k(const CUtensorMap* k_map, int j) {
+    const TileCoordinates* tile = cta.tile();
+#pragma unroll
+    for (int ks = 0; ks < kKStages; ++ks) {
+      constexpr int kLast = Traits::kQKChunks - 2 * (kKStages - 1);
+      const int boxes = ks + 1 < kKStages ? 2 : kLast;
+      const int stage = acquire(boxes * Traits::kKBoxBytes);
+      // At D = 1024 the columns of every box, hoisted out of the KV loop,
+      // would not fit the producer's 24 registers.
+      for (int b = 0; b < boxes; ++b) {
+        const int col = (Traits::kSplit == 2 ? opaque(cta.qk_col0()) : cta.qk_col0()) + (2 * ks + b) * kBoxCols;
+        tma_load_4d(cta.ring() + stage * Traits::kStageBytes + b * Traits::kKBoxBytes, k_map,
+                    cta.full(position - 1), col, j * Traits::kBlockN, tile->kv_head, tile->batch);
+      }
+    }
+  }
+
+  __device__ __forceinline__ void load_v(const CUtensorMap* v_map, int j) {
+    const TileCoordinates* tile = cta.tile();
+    for (int key_half = 0; key_half < 2; ++key_half)
+      for (int w = 0; w < 2; ++w) {
+        const int stage = acquire(Traits::kVStageBytes);
+        for (int box = 0; box < Traits::kHalfCols / kBoxCols; ++box)
+          tma_load_4d(cta.ring() + stage * Traits::kStageBytes + box * Traits::kTileBytes, v_map,
+                      cta.full(position - 1), cta.vo_col0() + w * Traits::kHalfCols + box * kBoxCols,
+                      j * Traits::kBlockN + key_half * 64, tile->kv_head, tile->batch);
+      }
+  }
+
+  __device__ __forceinline__ void run(const CUtensorMap* q_map, const CUtensorMap* k_map,
+                                      const CUtensorMap* v_map) {
+    const TileCoordinates* tile = cta.tile();
+    prefetch_tensor_map(q_map);
+    prefetch_tensor_map(k_map);
+    prefetch_tensor_map(v_map);
+    mbarrier_arrive_expect_tx(cta.q_full(), Traits::kQKChunks * Traits::kTileBytes);
+#pragma unroll 1
+    for (int c = 0; c < Traits::kQKChunks; ++c)
+      tma_load_4d(cta.q_tiles() + c * Traits::kTileBytes, q_map, cta.q_full(), cta.qk_col0() + c * kBoxCols,
+                  tile->q0, tile->head, tile->batch);
+    if (tile->kv_blocks > 0) {
+      load_k(k_map, 0);
+      for (int j = 1; j < tile->kv_blocks; ++j) {
+        load_k(k_map, j);
+        load_v(v_map, j - 1);
+      }
+      load_v(v_map, tile->kv_blocks - 1);
+    }
+  }
+};
+
+}  // namespace ffpa::detail::sm90_wgmma

@@ -1,0 +1,63 @@
+// Which calls the sm90 family serves, and naming its kernels.
+#include <climits>
+#include <string>
+
+#include "kernels/sm90_wgmma/family.hpp"
+#include "kernels/sm90_wgmma/ring.hpp"
+#include "kernels/sm90_wgmma/tensor_map.hpp"
+
+namespace ffpa::detail::sm90_wgmma {
+
+const Instance* route(const AttentionProblem& problem, std::string* reason) {
+  if (kInstanceCount == 0) {
+    *reason = "this build has no sm_90a kernels (add 90a-real to FFPA_CUDA_ARCHITECTURES)";
+    return nullptr;
+  }
+  if (problem.accumulation == Accumulation::f16) {
+    *reason = "fp16 accumulation is served by sm80_split_d only";
+    return nullptr;
+  }
+  const int largest = kInstances[kInstanceCount - 1].head_dim;
+  if (problem.head_dim > largest) {
+    *reason = "head dim " + std::to_string(problem.head_dim) + " is above " +
+              std::to_string(largest) +
+              ", the largest this build compiles";
+    return nullptr;
+  }
+  if (problem.seq_q > kMaxSequenceLength || problem.seq_kv > kMaxSequenceLength) {
+    *reason = "sequence lengths above " + std::to_string(kMaxSequenceLength);
+    return nullptr;
+  }
+  const int64_t row_blocks = (problem.seq_q + 63) / 64;
+  if (problem.batch * problem.heads_q * row_blocks > INT_MAX / 2) {
+    *reason = "more than 2^30 tiles of 64 query rows (B x Hq x ceil(Nq / 64))";
+    return nullptr;
+  }
+  for (const TensorMapShape& tensor : attention_tensor_shapes(problem)) {
+    if (!tensor_map_addressable(tensor)) {
+      *reason = "TMA needs 16-byte aligned base addresses and strides";
+      return nullptr;
+    }
+  }
+  for (int i = 0; i < kInstanceCount; ++i) {
+    if (kInstances[i].head_dim >= problem.head_dim) return &kInstances[i];
+  }
+  return nullptr;  // unreachable: head_dim <= largest
+}
+
+Status run(const AttentionProblem& problem, int head_dim, cudaStream_t stream) {
+  for (int i = 0; i < kInstanceCount; ++i) {
+    if (kInstances[i].head_dim == head_dim) return kInstances[i].launch(problem, stream);
+  }
+  return {StatusCode::impl_unavailable, "impl sm90_wgmma: no instance for head dim " +
+                                            std::to_string(head_dim) + " in this build"};
+}
+
+std::string kernel_name(const AttentionProblem& problem, const Instance& instance) {
+  const int ctas = cluster_size(instance.head_dim);
+  return std::string("sm90_wgmma<") + (problem.dtype == DType::bf16 ? "bf16" : "f16") + ",d" +
+         std::to_string(instance.head_dim) + ",m64,n128,s" + std::to_string(ring_stages(ctas)) +
+         (ctas == 1 ? ">" : ",cluster" + std::to_string(ctas) + ">");
+}
+
+}  // namespace ffpa::detail::sm90_wgmma

@@ -1,0 +1,89 @@
+// The S owner's online softmax of S_j (log2 domain), from the shared attention
+// pieces (kernels/common): mask, row maxima and sums over the quad, P_j and the
+// row statistics (new maximum, rescale factor) published to shared memory for
+// the other consumer, dropout applied to P_j in shared memory, then this
+// consumer's rescale of O.
+#pragma once
+
+#include "kernels/common/dropout.cuh"
+#include "kernels/common/element.cuh"
+#include "kernels/common/online_softmax.cuh"
+#include "kernels/common/score_mask.cuh"
+#include "kernels/common/swizzle.hpp"
+#include "kernels/sm90_wgmma/consumer.cuh"
+
+namespace ffpa::detail::sm90_wgmma {
+
+template <class Traits>
+__device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (&s)[64]) {
+  using Layout = typename Traits::SLayout;
+  const AttentionProblem& p = cta.p;
+  const TileCoordinates* tile = cta.tile();
+  const int t = quad_lane();
+  const int kv0 = j * kBlockN;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) s[i] *= cta.args.scale_log2;
+  const KeyLimits limits(p, tile->q0);
+  if (limits.block_needs_masking(kv0, kBlockN)) mask_outside_limits<Layout>(s, limits, row(0), kv0 + 2 * t);
+  // Four column blocks of mask loads at a time: all 16 at once would spill S or O.
+  if (p.mask_kind != MaskKind::none) add_mask<Layout, 4>(s, p, *tile, row(0), kv0 + 2 * t);
+
+  float scale[2], new_max[2];
+  float* const row_sums = cta.row_sums();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float block_max = quad_max(thread_row_max<Layout>(s, h));
+    const RowRescale rescale = rescale_row(running_max(j - 1, h), block_max);
+    new_max[h] = rescale.new_max;
+    scale[h] = rescale.scale;
+    float block_sum = 0.0f;
+    exponentiate_row<Layout>(s, h, rescale.base, block_sum);
+    block_sum = quad_sum(block_sum);
+    if (t == 0) row_sums[w * 64 + row(h)] = row_sums[w * 64 + row(h)] * scale[h] + block_sum;
+  }
+  const int buffer = j & 1;
+  if (j >= 2) mbarrier_wait(cta.p_empty(buffer), ((j >> 1) - 1) & 1);
+  unsigned char* const p_tile = cta.smem + Traits::kPOffset + buffer * Traits::kPBytes;
+  auto p_pair = [&](int h, int col) {
+    return reinterpret_cast<uint32_t*>(p_tile + (col / kBoxCols) * kTileBytes +
+                                       swizzle128<kElementBytes>(row(h), col % kBoxCols));
+  };
+#pragma unroll
+  for (int i = 0; i < 16; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) *p_pair(h, 8 * i + 2 * t) = pack2<Element>(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]);
+  if (p.dropout_p > 0.0f) {
+    // Dropped elements are zeroed in shared memory, after S is dead: the
+    // Philox rounds then cost no registers next to S and O. The row sums
+    // above are the undropped ones (dropout scales the normalized P).
+    const int64_t bh = opaque(static_cast<int64_t>(tile->batch) * p.heads_q + tile->head);
+#pragma unroll 1
+    for (int i = 0; i < 16; ++i) {
+      const int col = 8 * i + 2 * t;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const DroppedPair dropped = dropped_pair(p, bh, tile->q0 + row(h), kv0 + col, t);
+        *p_pair(h, col) &= (dropped.first ? 0u : 0xFFFFu) | (dropped.second ? 0u : 0xFFFF0000u);
+      }
+    }
+  }
+  if (t == 0) {
+    float* const stats = cta.stats();
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      stats[buffer * 128 + row(h)] = new_max[h];
+      stats[buffer * 128 + 64 + row(h)] = scale[h];
+    }
+  }
+  fence_proxy_async();
+  mbarrier_arrive(cta.p_full(buffer));
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int i = 0; i < kHalfCols / 8; ++i) {
+      o_acc[4 * i + 2 * h] *= scale[h];
+      o_acc[4 * i + 2 * h + 1] *= scale[h];
+    }
+}
+
+}  // namespace ffpa::detail::sm90_wgmma

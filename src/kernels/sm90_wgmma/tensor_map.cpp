@@ -1,0 +1,80 @@
+#include "kernels/sm90_wgmma/tensor_map.hpp"
+
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+namespace ffpa::detail::sm90_wgmma {
+namespace {
+
+constexpr int64_t kElementBytes = 2;
+
+// The stride TMA is given for a dimension: its own when it has more than one
+// index (then it is used), else any valid value (it is multiplied by zero).
+uint64_t dimension_stride_bytes(int64_t extent, int64_t stride_elements) {
+  return extent > 1 ? static_cast<uint64_t>(stride_elements * kElementBytes) : 16u;
+}
+
+// The driver's encoder, through the runtime's entry-point query (no libcuda
+// link). A lookup, not state: every call gets the same function.
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encoder = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult result{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000,
+                                         cudaEnableDefault, &result) != cudaSuccess ||
+        result != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      function = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+  }();
+  return encoder;
+}
+
+}  // namespace
+
+std::array<TensorMapShape, 4> attention_tensor_shapes(const AttentionProblem& p) {
+  return {TensorMapShape{p.q, p.dtype, p.batch, p.heads_q, p.seq_q, p.head_dim, p.q_stride},
+          TensorMapShape{p.k, p.dtype, p.batch, p.heads_kv, p.seq_kv, p.head_dim, p.k_stride},
+          TensorMapShape{p.v, p.dtype, p.batch, p.heads_kv, p.seq_kv, p.head_dim, p.v_stride},
+          TensorMapShape{p.o, p.dtype, p.batch, p.heads_q, p.seq_q, p.head_dim, p.o_stride}};
+}
+
+bool tensor_map_addressable(const TensorMapShape& shape) {
+  if (reinterpret_cast<uintptr_t>(shape.base) % 16 != 0) return false;
+  const int64_t extents[3] = {shape.batch, shape.heads, shape.seq};
+  for (int i = 0; i < 3; ++i) {
+    const uint64_t stride = dimension_stride_bytes(extents[i], shape.stride[i]);
+    if (stride % 16 != 0 || stride >= (uint64_t{1} << 40)) return false;
+  }
+  return true;
+}
+
+Status encode_tensor_map(const TensorMapShape& shape, int box_rows, CUtensorMap* map) {
+  const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+  if (encode == nullptr) {
+    return {StatusCode::impl_unavailable,
+            "impl sm90_wgmma: the CUDA driver has no cuTensorMapEncodeTiled"};
+  }
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(shape.head_dim), static_cast<cuuint64_t>(shape.seq),
+                              static_cast<cuuint64_t>(shape.heads), static_cast<cuuint64_t>(shape.batch)};
+  const cuuint64_t strides[3] = {dimension_stride_bytes(shape.seq, shape.stride[2]),
+                                 dimension_stride_bytes(shape.heads, shape.stride[1]),
+                                 dimension_stride_bytes(shape.batch, shape.stride[0])};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUresult result = encode(
+      map, shape.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      4, const_cast<void*>(shape.base), dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (result != CUDA_SUCCESS) {
+    return {StatusCode::cuda_error,
+            "impl sm90_wgmma: cuTensorMapEncodeTiled failed with CUresult " + std::to_string(result)};
+  }
+  return {};
+}
+
+}  // namespace ffpa::detail::sm90_wgmma

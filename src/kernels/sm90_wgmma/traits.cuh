@@ -1,0 +1,73 @@
+// The compile-time shape of an sm90_wgmma kernel instance, its shared-memory
+// layout, and its launch arguments.
+#pragma once
+
+#include <cstdint>
+
+#include "common/attention_problem.hpp"
+#include "kernels/common/accumulator_layout.cuh"
+#include "kernels/common/element.cuh"
+#include "kernels/common/swizzle.hpp"
+#include "kernels/sm90_wgmma/ring.hpp"
+
+namespace ffpa::detail::sm90_wgmma {
+
+template <typename Element_, int kQKChunks_, int kHalfCols_, int kSplit_>
+struct Traits {
+  using Element = Element_;
+  static constexpr int kElementBytes = ElementTraits<Element>::kBytes;
+  static constexpr int kBoxCols = kSwizzleCols<kElementBytes>;  // columns of a 128-byte swizzle row
+  static constexpr int kQKChunks = kQKChunks_;  // kBoxCols-column chunks of this CTA's part of S = Q K^T
+  static constexpr int kHalfCols = kHalfCols_;  // columns of O per consumer warpgroup
+  static constexpr int kSplit = kSplit_;        // CTAs of a cluster sharing one tile (1 or 2)
+  static constexpr int kOutCols = 2 * kHalfCols;  // columns of O per CTA
+  static constexpr int kBlockM = 64;   // query rows: one wgmma M
+  static constexpr int kBlockN = 128;  // keys per KV block: the N of S
+  static constexpr int kThreads = 384;
+  static constexpr int kStages = ring_stages(kSplit);
+  static constexpr int kKStages = (kQKChunks + 1) / 2;  // ring stages per K block
+  static constexpr int kVStages = kRingVStages;         // ring stages per V block
+  // S of a consumer warp: one 16-row slab, kBlockN / 8 column blocks.
+  using SLayout = AccumulatorLayout<1, kBlockN / 8>;
+
+  static constexpr int kTileBytes = 64 * kSwizzleRowBytes;      // [64 rows][kBoxCols]: Q, P, O, V boxes
+  static constexpr int kKBoxBytes = kBlockN * kSwizzleRowBytes;  // [128 keys][kBoxCols]
+  static constexpr int kVStageBytes = (kHalfCols / kBoxCols) * kTileBytes;
+  static constexpr int kStageBytes = 2 * kKBoxBytes > kVStageBytes ? 2 * kKBoxBytes : kVStageBytes;
+  // Q, then (after the last S) the O staging of the TMA stores.
+  static constexpr int kQTiles = kQKChunks > kOutCols / kBoxCols ? kQKChunks : kOutCols / kBoxCols;
+  static constexpr int kPBytes = (kBlockN / kBoxCols) * kTileBytes;  // one P buffer
+
+  static constexpr int kQOffset = 0;
+  static constexpr int kPOffset = kQOffset + kQTiles * kTileBytes;                 // 2 buffers
+  static constexpr int kRingOffset = kPOffset + 2 * kPBytes;
+  // The peer's partial S: float4 [16][128 threads] (kSplit = 2).
+  static constexpr int kExchangeBytes = kSplit == 1 ? 0 : 64 * 128 * 4;
+  static constexpr int kExchangeOffset = kRingOffset + kStages * kStageBytes;
+  static constexpr int kStatsOffset = kExchangeOffset + kExchangeBytes;          // float [2][2][64]
+  static constexpr int kRowSumOffset = kStatsOffset + 2 * 2 * kBlockM * 4;        // float [2][64]
+  static constexpr int kTileOffset = kRowSumOffset + 2 * kBlockM * 4;  // TileCoordinates
+  static constexpr int kBarrierOffset = kTileOffset + 32;
+  // q_full, full[kFullBarriers], empty[kStages], p_full[2], p_empty[2]
+  // (kSplit = 2: x_full, x_empty). See "Why more full barriers than stages"
+  // (kernel.cuh) for the count.
+  static constexpr int kFullBarriers = 16;  // >= kKStages + 2 + kStages; a power of two: cheap p % 16
+  static_assert(kFullBarriers >= kKStages + 2 + kStages, "see Why more full barriers than stages");
+  static constexpr int kBarriers = 1 + kFullBarriers + kStages + 4 + (kSplit == 1 ? 0 : 2);
+  static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
+
+  static_assert(kElementBytes == 2, "P V reads V N-major (tnspB): 16-bit elements");
+  static_assert(kHalfCols % kBoxCols == 0 && kHalfCols >= 128 && kHalfCols <= 256,
+                "O halves are whole boxes, N = 128..256");
+  static_assert(kQKChunks >= 1 && kQKChunks <= 8, "a CTA's part of S covers up to 8 boxes");
+  static_assert(kSplit == 1 || kSplit == 2, "one CTA per tile, or a cluster of two");
+  static_assert(kSmemBytes <= 232448, "fits the 227 KB a Hopper block may opt into");
+};
+
+struct Args {
+  AttentionProblem p;
+  int row_blocks;    // ceil(Nq / 64); the grid is row_blocks x Hq x B CTAs (< 2^31)
+  float scale_log2;  // scale * log2(e)
+};
+
+}  // namespace ffpa::detail::sm90_wgmma

@@ -1,0 +1,107 @@
+// The shared tile schedule and swizzle (kernels/common/tile_schedule.hpp,
+// swizzle.hpp) on the CPU: every tile enumerated once, causal row blocks
+// longest first, the attended KV range against the reference's masking rule;
+// the 128-byte swizzle a bijection that spreads 8 rows over distinct banks.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <set>
+#include <string>
+#include <tuple>
+
+#include "common/attention_problem.hpp"
+#include "kernels/common/swizzle.hpp"
+#include "kernels/common/tile_schedule.hpp"
+
+namespace ffpa::detail {
+inline bool operator==(const TileCoordinates& a, const TileCoordinates& b) {
+  return a.q0 == b.q0 && a.head == b.head && a.batch == b.batch && a.kv_head == b.kv_head &&
+         a.kv_blocks == b.kv_blocks;
+}
+}  // namespace ffpa::detail
+
+namespace {
+
+using ffpa::Causal;
+using ffpa::detail::AttentionProblem;
+using ffpa::detail::attended_kv_end;
+using ffpa::detail::tile_coordinates;
+using ffpa::detail::TileCoordinates;
+
+AttentionProblem problem(int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seq_q, int64_t seq_kv,
+                         Causal causal) {
+  AttentionProblem p;
+  p.batch = batch, p.heads_q = heads_q, p.heads_kv = heads_kv, p.seq_q = seq_q, p.seq_kv = seq_kv;
+  p.head_dim = 64;
+  p.causal = causal;
+  return p;
+}
+
+// One past the last key any row of [q0, q0 + block_m) may attend, by the
+// reference's rule (row i sees key j < Nkv when not causal or j <= i + shift).
+int reference_kv_end(const AttentionProblem& p, int q0, int block_m) {
+  int end = 0;
+  for (int i = q0; i < std::min<int>(q0 + block_m, static_cast<int>(p.seq_q)); ++i)
+    for (int j = 0; j < p.seq_kv; ++j)
+      if (p.causal == Causal::none || j <= i + p.causal_shift()) end = std::max(end, j + 1);
+  return end;
+}
+
+TEST(TileSchedule, EveryTileOnceLongestFirstAndTheAttendedKeys) {
+  std::mt19937 rng(20261130);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int heads_kv = 1 + rng() % 3, group = 1 + rng() % 3;
+    const Causal causal = static_cast<Causal>(rng() % 3);
+    const AttentionProblem p = problem(1 + rng() % 3, heads_kv * group, heads_kv, 1 + rng() % 300,
+                                       1 + rng() % 300, causal);
+    const int block_m = 16 << (rng() % 3), block_n = 64 << (rng() % 3);
+    const int row_blocks = static_cast<int>((p.seq_q + block_m - 1) / block_m);
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": Nq " + std::to_string(p.seq_q) + ", Nkv " +
+                 std::to_string(p.seq_kv) + ", causal " + std::to_string(static_cast<int>(causal)));
+    std::set<std::tuple<int, int, int>> seen;
+    int previous_q0 = -1;
+    for (int64_t tile = 0; tile < row_blocks * p.heads_q * p.batch; ++tile) {
+      const TileCoordinates c = tile_coordinates<int64_t>(p, tile, row_blocks, block_m, block_n);
+      EXPECT_EQ(c, tile_coordinates<int>(p, static_cast<int>(tile), row_blocks, block_m, block_n));
+      ASSERT_TRUE(seen.insert({c.batch, c.head, c.q0}).second) << "tile " << tile << " twice";
+      ASSERT_EQ(c.q0 % block_m, 0);
+      ASSERT_LT(c.q0, p.seq_q);
+      EXPECT_EQ(c.kv_head, c.head / group);
+      // Row blocks of one head are consecutive: ascending, or descending when causal.
+      if (tile % row_blocks != 0) EXPECT_EQ(c.q0 - previous_q0, causal == Causal::none ? block_m : -block_m);
+      previous_q0 = c.q0;
+      const int end = reference_kv_end(p, c.q0, block_m);
+      EXPECT_EQ(attended_kv_end(p, c.q0, block_m), end);
+      EXPECT_EQ(c.kv_blocks, (end + block_n - 1) / block_n);
+    }
+    EXPECT_EQ(static_cast<int64_t>(seen.size()), row_blocks * p.heads_q * p.batch);
+  }
+}
+
+TEST(Swizzle128, BijectiveAndBankSpreading) {
+  using ffpa::detail::swizzle128;
+  using ffpa::detail::swizzle128_wide;
+  std::set<uint32_t> offsets;
+  for (int row = 0; row < 64; ++row)
+    for (int col = 0; col < 64; col += 1) {
+      const uint32_t offset = swizzle128<2>(row, col);
+      EXPECT_EQ(offset / 128, static_cast<uint32_t>(row));
+      offsets.insert(offset);
+      // The same element through the 8-bit view of the same bytes.
+      EXPECT_EQ(swizzle128<1>(row, 2 * col), offset);
+    }
+  EXPECT_EQ(offsets.size(), 64u * 64u);
+  // The 8 rows of one 16-byte column segment land in 8 distinct 16-byte bank groups.
+  for (int col = 0; col < 64; col += 8) {
+    std::set<uint32_t> groups;
+    for (int row = 0; row < 8; ++row) groups.insert((swizzle128<2>(row, col) % 128) / 16);
+    EXPECT_EQ(groups.size(), 8u);
+  }
+  // A wide row is consecutive 128-byte groups swizzled alike.
+  for (int row = 0; row < 16; ++row)
+    for (int col = 0; col < 256; ++col)
+      EXPECT_EQ(swizzle128_wide<2>(row, col, 256),
+                row * 512 + (col / 64) * 128 + swizzle128<2>(row, col % 64) - row * 128);
+}
+
+}  // namespace
