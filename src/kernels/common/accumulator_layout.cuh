@@ -5,7 +5,11 @@
 // registers are one flat array, slab-major, then column block, then
 // (row half, column): element 4 * (slab * kColBlocks + block) + 2 * half + e.
 // The attention pieces (score_mask.cuh, dropout.cuh, online_softmax.cuh) are
-// written against this layout, so every family shares them.
+// written against this layout, so every family shares them. Where a thread's
+// registers sit in the tile is the family's: a Coordinates object with
+//   int row(int r)      the tile row of thread row r,
+//   int col(int block)  the column (key within the KV block) of column 2t of block `block`,
+// computed where used from whatever the family keeps (registers are scarce).
 #pragma once
 
 namespace ffpa::detail {

@@ -63,10 +63,10 @@ struct Cta {
         p(args.p),
         scale_log2(args.scale_log2),
         tid(opaque(static_cast<unsigned>(threadIdx.x))),
-        warp_m((tid / 32) / Traits::kWarpsN),
-        warp_n((tid / 32) % Traits::kWarpsN),
-        g((tid % 32) / 4),
-        t((tid % 32) % 4),
+        warp_m(static_cast<int>(tid / 32) / Traits::kWarpsN),
+        warp_n(static_cast<int>(tid / 32) % Traits::kWarpsN),
+        g(static_cast<int>(tid % 32) / 4),
+        t(static_cast<int>(tid % 32) % 4),
         seq_q(static_cast<int>(args.p.seq_q)),
         seq_kv(static_cast<int>(args.p.seq_kv)),
         head_dim(static_cast<int>(args.p.head_dim)) {
@@ -85,6 +85,15 @@ struct Cta {
   __device__ __forceinline__ int local_row(int r) const {
     return warp_m * Traits::kWarpRows + (r / 2) * 16 + g + (r % 2) * 8;
   }
+
+  // Where this thread's S registers sit in the tile (accumulator_layout.cuh).
+  struct SCoordinates {
+    const Cta& cta;
+    __device__ __forceinline__ int row(int r) const { return cta.local_row(r); }
+    __device__ __forceinline__ int col(int block) const {
+      return cta.warp_n * Traits::kWarpKeys + 8 * block + 2 * cta.t;
+    }
+  };
 
   // producer.cuh
   __device__ __forceinline__ void issue_next_step(int into_slot);

@@ -54,12 +54,12 @@ __device__ __forceinline__ void Cta<Traits>::softmax(int kv0, SAccumulator& s_ac
   using Layout = typename Traits::SLayout;
   float(&s)[Layout::kElements] = flat(s_acc);
   const int key0 = kv0 + warp_n * Traits::kWarpKeys + 2 * t;
-  const int row0 = local_row(0);
 #pragma unroll
   for (int i = 0; i < Layout::kElements; ++i) s[i] *= scale_log2;
   const KeyLimits limits(p, tile.q0);
-  if (limits.block_needs_masking(kv0, Traits::kBlockN)) mask_outside_limits<Layout>(s, limits, row0, key0);
-  if (p.mask_kind != MaskKind::none) add_mask<Layout>(s, p, tile, row0, key0);
+  const SCoordinates coords{*this};
+  if (limits.block_needs_masking(kv0, Traits::kBlockN)) mask_outside_limits<Layout>(s, limits, coords, kv0);
+  if (p.mask_kind != MaskKind::none) add_mask<Layout>(s, p, tile, coords, kv0);
 
   float tile_max[kRows];
 #pragma unroll

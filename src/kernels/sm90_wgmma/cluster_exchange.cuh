@@ -15,7 +15,7 @@ __device__ __forceinline__ void Consumer<Traits>::send_s(int j, const float (&s)
   if constexpr (Traits::kSplit == 2) {
     if (j >= 1) mbarrier_wait_cluster(cta.x_empty(), (j - 1) & 1);  // the peer has read our S_{j-1}
     const uint32_t remote =
-        peer_address(smem_address(cta.smem + Traits::kExchangeOffset) + thread * 16, cta.peer_rank());
+        peer_address(smem_address(cta.smem() + Traits::kExchangeOffset) + thread * 16, cta.peer_rank());
 #pragma unroll
     for (int q = 0; q < 16; ++q)
       store_cluster_f32x4(remote + q * 128 * 16, s[4 * q], s[4 * q + 1], s[4 * q + 2], s[4 * q + 3]);
@@ -27,7 +27,7 @@ template <class Traits>
 __device__ __forceinline__ void Consumer<Traits>::receive_s(int j, float (&s)[64]) {
   if constexpr (Traits::kSplit == 2) {
     mbarrier_wait_cluster(cta.x_full(), j & 1);
-    const float4* const mine = reinterpret_cast<const float4*>(cta.smem + Traits::kExchangeOffset) + thread;
+    const float4* const mine = reinterpret_cast<const float4*>(cta.smem() + Traits::kExchangeOffset) + thread;
     // Two loads in flight at a time: all sixteen at once would spill S or O.
 #pragma unroll
     for (int q0 = 0; q0 < 16; q0 += 2) {

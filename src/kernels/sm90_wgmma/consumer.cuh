@@ -45,9 +45,9 @@ struct Consumer {
       : cta(cta_),
         w(w_),
         thread(threadIdx.x % 128),
-        warp((threadIdx.x % 128) / 32),
-        lane((threadIdx.x % 128) % 32),
-        g(((threadIdx.x % 128) % 32) / 4) {
+        warp(thread / 32),
+        lane(thread % 32),
+        g(lane / 4) {
 #pragma unroll
     for (int i = 0; i < kHalfCols / 2; ++i) o_acc[i] = 0.0f;
     if (quad_lane() == 0) cta.row_sums()[w * 64 + row(0)] = cta.row_sums()[w * 64 + row(1)] = 0.0f;
@@ -57,6 +57,14 @@ struct Consumer {
   // element 4 * i + 2 * h + e is row row(h), column 8 * i + 2 * t + e, where
   // t = quad_lane() is read afresh in each phase.
   __device__ __forceinline__ int row(int h) const { return warp * 16 + g + 8 * h; }
+
+  // Where this thread's S registers sit in the 64 x 128 block (accumulator_layout.cuh).
+  struct SCoordinates {
+    const Consumer& consumer;
+    int t;  // quad_lane()
+    __device__ __forceinline__ int row(int r) const { return consumer.row(r); }
+    __device__ __forceinline__ int col(int block) const { return 8 * block + 2 * t; }
+  };
 
   // The running row maxima are not kept in registers: after block j they are
   // the ones published with P_j (stats), which stay until P_{j+2} is written,

@@ -24,36 +24,41 @@ __device__ __forceinline__ int split_rank() {
   }
 }
 
+// The CTA's dynamic shared memory. wgmma and TMA swizzle atoms need 1024-byte
+// alignment; dynamic shared memory starts the block's window (there is no
+// static shared memory), so the declared alignment holds, and every offset
+// from it is an immediate. Named here, not passed around: the compiler keeps
+// its alignment and address space only when it sees the symbol itself.
+extern __shared__ __align__(1024) unsigned char cta_smem[];
+
 template <class Traits>
 struct Cta {
   static constexpr int kSplit = Traits::kSplit, kStages = Traits::kStages;
   static constexpr int kFull = Traits::kFullBarriers;
 
-  // wgmma and TMA swizzle atoms need 1024-byte alignment. Dynamic shared memory
-  // starts the block's window (there is no static shared memory), so the
-  // declared alignment holds, and every offset below is an immediate.
-  unsigned char* const smem;
   const Args& args;
   const AttentionProblem& p;
 
-  __device__ __forceinline__ Cta(unsigned char* smem_, const Args& args_) : smem(smem_), args(args_), p(args_.p) {}
+  __device__ __forceinline__ explicit Cta(const Args& args_) : args(args_), p(args_.p) {}
 
-  __device__ __forceinline__ uint32_t q_tiles() const { return smem_address(smem + Traits::kQOffset); }
-  __device__ __forceinline__ uint32_t p_tiles() const { return smem_address(smem + Traits::kPOffset); }
-  __device__ __forceinline__ uint32_t ring() const { return smem_address(smem + Traits::kRingOffset); }
+  __device__ __forceinline__ static unsigned char* smem() { return cta_smem; }
+
+  __device__ __forceinline__ uint32_t q_tiles() const { return smem_address(smem() + Traits::kQOffset); }
+  __device__ __forceinline__ uint32_t p_tiles() const { return smem_address(smem() + Traits::kPOffset); }
+  __device__ __forceinline__ uint32_t ring() const { return smem_address(smem() + Traits::kRingOffset); }
   // [buffer][max | scale][row]: the row statistics published with each P.
-  __device__ __forceinline__ float* stats() const { return reinterpret_cast<float*>(smem + Traits::kStatsOffset); }
+  __device__ __forceinline__ float* stats() const { return reinterpret_cast<float*>(smem() + Traits::kStatsOffset); }
   // Running softmax denominators, [consumer][row]: each consumer sums the P of
   // its own blocks. In shared memory, not registers: S and O fill those.
   __device__ __forceinline__ float* row_sums() const {
-    return reinterpret_cast<float*>(smem + Traits::kRowSumOffset);
+    return reinterpret_cast<float*>(smem() + Traits::kRowSumOffset);
   }
   __device__ __forceinline__ TileCoordinates* tile() const {
-    return reinterpret_cast<TileCoordinates*>(smem + Traits::kTileOffset);
+    return reinterpret_cast<TileCoordinates*>(smem() + Traits::kTileOffset);
   }
 
   // --- barriers -------------------------------------------------------------
-  __device__ __forceinline__ uint32_t barriers() const { return smem_address(smem + Traits::kBarrierOffset); }
+  __device__ __forceinline__ uint32_t barriers() const { return smem_address(smem() + Traits::kBarrierOffset); }
   __device__ __forceinline__ uint32_t q_full() const { return barriers(); }
   // Ring position p lives in stage p % kStages and completes on full barrier
   // p % kFull: see "Why more full barriers than stages" (kernel.cuh).

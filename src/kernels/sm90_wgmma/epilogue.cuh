@@ -28,7 +28,7 @@ __device__ __forceinline__ void Consumer<Traits>::store_output(const CUtensorMap
     if (p.lse != nullptr && split_rank<Traits::kSplit>() == 0 && w == 0 && t == 0 && r < static_cast<int>(p.seq_q))
       store_lse(p, tile->batch, tile->head, r, row_log_sum_exp(running_max(tile->kv_blocks - 1, h), total));
   }
-  unsigned char* const o_tiles = cta.smem + Traits::kQOffset;
+  unsigned char* const o_tiles = cta.smem() + Traits::kQOffset;
 #pragma unroll
   for (int i = 0; i < kHalfCols / 8; ++i)
 #pragma unroll

@@ -103,8 +103,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                    const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
                    const __grid_constant__ CUtensorMap o_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ __align__(1024) unsigned char smem[];
-  const Cta<Traits> cta(smem, args);
+  const Cta<Traits> cta(args);
   cta.setup();
 
   const int warpgroup = threadIdx.x / 128;

@@ -24,9 +24,10 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
 #pragma unroll
   for (int i = 0; i < 64; ++i) s[i] *= cta.args.scale_log2;
   const KeyLimits limits(p, tile->q0);
-  if (limits.block_needs_masking(kv0, kBlockN)) mask_outside_limits<Layout>(s, limits, row(0), kv0 + 2 * t);
+  const SCoordinates coords{*this, t};
+  if (limits.block_needs_masking(kv0, kBlockN)) mask_outside_limits<Layout>(s, limits, coords, kv0);
   // Four column blocks of mask loads at a time: all 16 at once would spill S or O.
-  if (p.mask_kind != MaskKind::none) add_mask<Layout, 4>(s, p, *tile, row(0), kv0 + 2 * t);
+  if (p.mask_kind != MaskKind::none) add_mask<Layout, 4>(s, p, *tile, coords, kv0);
 
   float scale[2], new_max[2];
   float* const row_sums = cta.row_sums();
@@ -43,7 +44,7 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
   }
   const int buffer = j & 1;
   if (j >= 2) mbarrier_wait(cta.p_empty(buffer), ((j >> 1) - 1) & 1);
-  unsigned char* const p_tile = cta.smem + Traits::kPOffset + buffer * Traits::kPBytes;
+  unsigned char* const p_tile = cta.smem() + Traits::kPOffset + buffer * Traits::kPBytes;
   auto p_pair = [&](int h, int col) {
     return reinterpret_cast<uint32_t*>(p_tile + (col / kBoxCols) * kTileBytes +
                                        swizzle128<kElementBytes>(row(h), col % kBoxCols));
