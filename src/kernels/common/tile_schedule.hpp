@@ -25,7 +25,8 @@ FFPA_HOST_DEVICE int attended_kv_end(const AttentionProblem& p, int q0, int bloc
   if (p.causal == Causal::none) return seq_kv;
   const int last_row = (q0 + block_m < seq_q ? q0 + block_m : seq_q) - 1;
   const int end = last_row + static_cast<int>(p.causal_shift()) + 1;
-  return end < 0 ? 0 : (end < seq_kv ? end : seq_kv);
+  const int clipped = end < seq_kv ? end : seq_kv;
+  return clipped > 0 ? clipped : 0;
 }
 
 // The tile of linear index `tile` (row block fastest, then head, then batch)
