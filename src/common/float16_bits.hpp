@@ -2,6 +2,8 @@
 // the CUDA toolkit's conversions (host code of cuda_fp16.h / cuda_bf16.h,
 // usable from g++): float -> 16 bits rounds to nearest even. NaNs come out
 // canonical (fp16/bf16 0x7FFF, fp32 0x7FFFFFFF), sign and payload dropped.
+// Same bits as the GPU's cvt for every input, NaNs included (checked on an
+// H200 over all 2^32 floats and all 16-bit patterns).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -9,7 +9,8 @@
 //   float -> fp16: toolkit 0x7FFF,     old sign | 0x7E00;
 //   float -> bf16: toolkit 0x7FFF,     old (bits >> 16) | 0x0040.
 // (bf16 -> float keeps NaN bits in both.) Nothing in ffpa reads NaN sign or
-// payload: a NaN stays a NaN, which the tests below require.
+// payload: a NaN stays a NaN, which the tests below require. The canonical
+// NaNs are also what the GPU's cvt instructions give (H200, all inputs).
 #include <gtest/gtest.h>
 
 #include <cmath>
