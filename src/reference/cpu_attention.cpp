@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/float16_host.hpp"
+#include "common/float16_bits.hpp"
 #include "common/philox.hpp"
 
 namespace ffpa::detail {
@@ -77,9 +77,9 @@ const Element* offset_ptr(const void* base, int64_t elements) {
 // Converts n fp16/bf16 elements to float (exact).
 void to_float(const uint16_t* src, int64_t n, DType dtype, float* dst) {
   if (dtype == DType::f16) {
-    for (int64_t e = 0; e < n; ++e) dst[e] = half_to_float(src[e]);
+    for (int64_t e = 0; e < n; ++e) dst[e] = half_bits_to_float(src[e]);
   } else {
-    for (int64_t e = 0; e < n; ++e) dst[e] = bf16_to_float(src[e]);
+    for (int64_t e = 0; e < n; ++e) dst[e] = bf16_bits_to_float(src[e]);
   }
 }
 
@@ -98,12 +98,12 @@ void mask_bias(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64
     }
     case MaskKind::additive_f16: {
       const uint16_t* m = offset_ptr<uint16_t>(p.mask, row);
-      for (int64_t j = 0; j < n; ++j) bias[j] = half_to_float(m[j * step]);
+      for (int64_t j = 0; j < n; ++j) bias[j] = half_bits_to_float(m[j * step]);
       return;
     }
     case MaskKind::additive_bf16: {
       const uint16_t* m = offset_ptr<uint16_t>(p.mask, row);
-      for (int64_t j = 0; j < n; ++j) bias[j] = bf16_to_float(m[j * step]);
+      for (int64_t j = 0; j < n; ++j) bias[j] = bf16_bits_to_float(m[j * step]);
       return;
     }
     case MaskKind::additive_f32: {
@@ -169,7 +169,7 @@ void attend_row_group(const AttentionProblem& p, int64_t b, int64_t h, const flo
     const uint16_t* q =
         offset_ptr<uint16_t>(p.q, b * p.q_stride[0] + h * p.q_stride[1] + rows[r] * p.q_stride[2]);
     for (int64_t d = 0; d < dim; ++d) {
-      s.q[d * kRowGroup + r] = p.dtype == DType::f16 ? half_to_float(q[d]) : bf16_to_float(q[d]);
+      s.q[d * kRowGroup + r] = p.dtype == DType::f16 ? half_bits_to_float(q[d]) : bf16_bits_to_float(q[d]);
     }
     visible[r] = visible_keys(p, rows[r]);
     visible_max = std::max(visible_max, visible[r]);
@@ -235,11 +235,11 @@ void store_row(const AttentionProblem& p, const Destination& dst, int64_t row_co
       static_cast<uint16_t*>(p.o) + b * p.o_stride[0] + h * p.o_stride[1] + i * p.o_stride[2];
   if (p.dtype == DType::f16) {
     for (int64_t d = 0; d < dim; ++d) {
-      out[d] = float_to_half(static_cast<float>(o[d * kRowGroup]));
+      out[d] = float_to_half_bits(static_cast<float>(o[d * kRowGroup]));
     }
   } else {
     for (int64_t d = 0; d < dim; ++d) {
-      out[d] = float_to_bf16(static_cast<float>(o[d * kRowGroup]));
+      out[d] = float_to_bf16_bits(static_cast<float>(o[d * kRowGroup]));
     }
   }
   if (p.lse != nullptr) {

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "common/attention_problem.hpp"
-#include "common/float16_host.hpp"
+#include "common/float16_bits.hpp"
 #include "common/philox.hpp"
 #include "reference/cpu_attention.hpp"
 #include "support/host_tensors.hpp"
@@ -221,8 +221,8 @@ Expected naive_attention(const Inputs& in) {
 
 double round_to(DType dtype, double x) {
   const float f = static_cast<float>(x);
-  return dtype == DType::f16 ? detail::half_to_float(detail::float_to_half(f))
-                             : detail::bf16_to_float(detail::float_to_bf16(f));
+  return dtype == DType::f16 ? detail::half_bits_to_float(detail::float_to_half_bits(f))
+                             : detail::bf16_bits_to_float(detail::float_to_bf16_bits(f));
 }
 
 void expect_close(double got, double want, const char* what, int64_t index) {

@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "common/float16_host.hpp"
+#include "common/float16_bits.hpp"
 #include "ffpa/ffpa.hpp"
 
 namespace ffpa::testing {
@@ -118,12 +118,12 @@ inline double element_as_double(const Tensor& t, std::array<int64_t, 4> index) {
     case DType::f16: {
       uint16_t h;
       std::memcpy(&h, bytes, sizeof h);
-      return detail::half_to_float(h);
+      return detail::half_bits_to_float(h);
     }
     case DType::bf16: {
       uint16_t h;
       std::memcpy(&h, bytes, sizeof h);
-      return detail::bf16_to_float(h);
+      return detail::bf16_bits_to_float(h);
     }
     case DType::f32: {
       float f;
@@ -140,12 +140,12 @@ inline void set_element(const Tensor& t, std::array<int64_t, 4> index, double va
   unsigned char* bytes = host_tensor_detail::element_address(t, index);
   switch (t.dtype) {
     case DType::f16: {
-      const uint16_t h = detail::float_to_half(static_cast<float>(value));
+      const uint16_t h = detail::float_to_half_bits(static_cast<float>(value));
       std::memcpy(bytes, &h, sizeof h);
       return;
     }
     case DType::bf16: {
-      const uint16_t h = detail::float_to_bf16(static_cast<float>(value));
+      const uint16_t h = detail::float_to_bf16_bits(static_cast<float>(value));
       std::memcpy(bytes, &h, sizeof h);
       return;
     }
@@ -181,10 +181,10 @@ inline void fill_uniform(HostTensor& t, uint64_t seed, float lo, float hi) {
     const float value = draw(rng);
     unsigned char* element = bytes + e * static_cast<int64_t>(size);
     if (t.tensor.dtype == DType::f16) {
-      const uint16_t h = detail::float_to_half(value);
+      const uint16_t h = detail::float_to_half_bits(value);
       std::memcpy(element, &h, size);
     } else if (t.tensor.dtype == DType::bf16) {
-      const uint16_t h = detail::float_to_bf16(value);
+      const uint16_t h = detail::float_to_bf16_bits(value);
       std::memcpy(element, &h, size);
     } else {
       std::memcpy(element, &value, size);

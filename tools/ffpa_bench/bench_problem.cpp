@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/float16_host.hpp"
+#include "common/float16_bits.hpp"
 
 namespace ffpa::bench {
 namespace {
@@ -39,7 +39,8 @@ void fill_range(unsigned char* data, DType dtype, uint64_t stream, int64_t begin
     if (dtype == DType::f32) {
       std::memcpy(element, &value, size);
     } else {
-      const uint16_t h = dtype == DType::f16 ? detail::float_to_half(value) : detail::float_to_bf16(value);
+      const uint16_t h =
+          dtype == DType::f16 ? detail::float_to_half_bits(value) : detail::float_to_bf16_bits(value);
       std::memcpy(element, &h, size);
     }
   }

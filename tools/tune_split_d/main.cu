@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "common/float16_host.hpp"
+#include "common/float16_bits.hpp"
 #include "host/validate.hpp"
 #include "kernels/sm80_split_d/launch.cuh"
 #include "reference/cpu_attention.hpp"
@@ -102,7 +102,7 @@ double check_rows(const AttentionProblem& device_problem, const std::vector<uint
   double err = 0, norm = 0;
   for (size_t r = 0; r < rows.size(); ++r)
     for (int64_t c = 0; c < d; ++c) {
-      const double got = bf16_to_float(o[(head * n_q + rows[r]) * d + c]);
+      const double got = bf16_bits_to_float(o[(head * n_q + rows[r]) * d + c]);
       const double want = reference[r * d + c];
       if (std::isnan(got)) return INFINITY;
       err += (got - want) * (got - want);
