@@ -68,17 +68,26 @@ def test_null_info_is_a_null_pointer():
     assert message.value == b"info is null"
 
 
-def test_lists_are_ascending_and_within_the_limits():
+def test_fields_land_where_the_c_struct_has_them():
+    # A field shifted on the Python side would read neighbouring values: these
+    # hold for what the library reports (CMake takes instance head dims as
+    # multiples of 64, architectures as sm_50 and newer).
     info = _library.library_info()
+    assert 0 < info.min_head_dim <= info.max_head_dim < info.max_sequence_length
+    assert info.min_head_dim % info.head_dim_multiple == info.max_head_dim % info.head_dim_multiple == 0
     for dims in (info.split_d_head_dims, info.sm90_wgmma_head_dims):
         assert list(dims) == sorted(set(dims))
-        assert all(info.min_head_dim <= d <= info.max_head_dim and d % info.head_dim_multiple == 0 for d in dims)
+        assert all(info.min_head_dim <= d <= info.max_head_dim and d % 64 == 0 for d in dims)
     assert info.split_d_head_dims, "every build has split-D instances"
-    assert list(info.cuda_architectures) == sorted(set(info.cuda_architectures)) and info.cuda_architectures
+    assert info.cuda_architectures and list(info.cuda_architectures) == sorted(set(info.cuda_architectures))
+    assert all(50 <= arch < 1000 for arch in info.cuda_architectures)
+    assert not info.sm90_wgmma_head_dims or 90 in info.cuda_architectures
 
 
 def test_asked_once_and_immutable():
-    assert _library.library_info() is _library.library_info()
+    import ffpa_attn
+
+    assert ffpa_attn.library_info() is _library.library_info() is _library.library_info()
     assert _library.limits() is _library.limits()
     with pytest.raises(dataclasses.FrozenInstanceError):
         _library.library_info().max_head_dim = 1
