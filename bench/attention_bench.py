@@ -225,10 +225,12 @@ def ffpa_implementation(ffpa_attn: Any, impl: str) -> Implementation:
     def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, case: Case) -> torch.Tensor:
         if impl == LIBRARY_CHOICE:
             if case not in refusals:
+                from ffpa_attn._library import limits
                 from ffpa_attn.decisions import fallback_reason
                 from ffpa_attn.functional import _call_spec
 
-                refusals[case] = fallback_reason(_call_spec(q, k, v, None, 0.0, case.causal, None, case.gqa))
+                spec = _call_spec(q, k, v, None, 0.0, case.causal, None, case.gqa)
+                refusals[case] = fallback_reason(spec, limits())
             if refusals[case] is not None:
                 raise NotImplementedError(f"ffpa_attn would hand this call to SDPA: {refusals[case]}")
         return ffpa_attn.ffpa_attn_func(q, k, v, is_causal=case.causal, enable_gqa=case.gqa, backend=backend)

@@ -104,6 +104,41 @@ FFPA_API const char* ffpa_status_name(ffpa_status status);
 
 FFPA_API const char* ffpa_version(void);
 
+/* Capacities of ffpa_library_info's lists. A build lists at most 16 head dims
+ * per family (FFPA_HEAD_DIMS and FFPA_SM90_HEAD_DIMS take multiples of 64 up
+ * to 1024). */
+#define FFPA_LIBRARY_INFO_MAX_ARCHITECTURES 8
+#define FFPA_LIBRARY_INFO_MAX_HEAD_DIMS 16
+
+/* What this build of the library serves, so that bindings ask instead of
+ * restating it. The caller sets struct_size = sizeof(ffpa_library_info), so
+ * that the struct can grow at its end: a struct_size below this version's size
+ * is rejected, and bytes past it (a newer header's fields) are left as they are. */
+typedef struct ffpa_library_info {
+  size_t struct_size;  /* set by the caller */
+  const char* version; /* ffpa_version(); static, never freed */
+  int32_t version_major, version_minor, version_patch;
+  /* The head dims validation accepts: multiples of head_dim_multiple in
+   * [min_head_dim, max_head_dim]. */
+  int32_t min_head_dim, max_head_dim, head_dim_multiple;
+  int64_t max_sequence_length; /* longest Nq or Nkv the GPU implementations serve */
+  /* Compiled CUDA architectures as 10 * major + minor (90 for sm_90a), ascending. */
+  int32_t cuda_architecture_count;
+  int32_t cuda_architectures[FFPA_LIBRARY_INFO_MAX_ARCHITECTURES];
+  /* Head dims with their own kernel instance, ascending; other head dims are
+   * served by a larger instance (padding) or, for split-D above the largest, by
+   * splitting Dv across CTAs. A count of 0: the family is not in this build. */
+  int32_t split_d_head_dim_count; /* FFPA_IMPL_SM80_SPLIT_D */
+  int32_t split_d_head_dims[FFPA_LIBRARY_INFO_MAX_HEAD_DIMS];
+  int32_t sm90_wgmma_head_dim_count; /* FFPA_IMPL_SM90_WGMMA */
+  int32_t sm90_wgmma_head_dims[FFPA_LIBRARY_INFO_MAX_HEAD_DIMS];
+} ffpa_library_info;
+
+/* Fills *info. FFPA_NULL_POINTER when info is NULL, FFPA_INVALID_OPTION when
+ * info->struct_size is smaller than this version of the struct. */
+FFPA_API ffpa_status ffpa_library_info_get(ffpa_library_info* info, char* message,
+                                           size_t message_size);
+
 #ifdef __cplusplus
 }
 #endif

@@ -20,6 +20,7 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "ffpa/export.h"
 
@@ -135,5 +136,21 @@ FFPA_API Status select_kernel(const ForwardParams& params, KernelChoice* choice)
 FFPA_API std::string compiled_head_dims();
 
 FFPA_API const char* version();
+
+// What this build of the library serves (the C ABI's ffpa_library_info).
+struct LibraryInfo {
+  std::string version;  // version()
+  int32_t version_major = 0, version_minor = 0, version_patch = 0;
+  // The head dims validation accepts: multiples of head_dim_multiple in
+  // [min_head_dim, max_head_dim].
+  int32_t min_head_dim = 0, max_head_dim = 0, head_dim_multiple = 0;
+  int64_t max_sequence_length = 0;  // longest Nq or Nkv the GPU implementations serve
+  std::vector<int32_t> cuda_architectures;  // compiled, 10 * major + minor, ascending
+  // Head dims with their own kernel instance, ascending; empty when the family
+  // is not in this build.
+  std::vector<int32_t> split_d_head_dims;     // Impl::sm80_split_d
+  std::vector<int32_t> sm90_wgmma_head_dims;  // Impl::sm90_wgmma
+};
+FFPA_API LibraryInfo library_info();
 
 }  // namespace ffpa

@@ -8,10 +8,10 @@ tests them); the names that need torch raise ImportError when it is missing.
 
 __version__ = "0.1.0"
 
-from ._library import library_path
+from ._library import library_info, library_path
 from .config import CUDABackend
 
-__all__ = ["ffpa_attn_func", "CUDABackend", "monkey_patch", "unpatch", "library_path", "__version__"]
+__all__ = ["ffpa_attn_func", "CUDABackend", "monkey_patch", "unpatch", "library_info", "library_path", "__version__"]
 
 try:
     import torch  # noqa: F401

@@ -16,7 +16,10 @@ import enum
 import os
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+
+from .decisions import Limits
 
 LIBRARY_ENV = "FFPA_LIBRARY"
 PACKAGE_LIBRARY_DIR = Path(__file__).resolve().parent / "lib"
@@ -94,11 +97,76 @@ class FfpaForwardParams(ctypes.Structure):
     ]
 
 
+LIBRARY_INFO_MAX_ARCHITECTURES = 8  # FFPA_LIBRARY_INFO_MAX_ARCHITECTURES
+LIBRARY_INFO_MAX_HEAD_DIMS = 16  # FFPA_LIBRARY_INFO_MAX_HEAD_DIMS
+
+
+class FfpaLibraryInfo(ctypes.Structure):
+    """ffpa_library_info; struct_size must be set to its size before the query."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_size_t),
+        ("version", ctypes.c_char_p),
+        ("version_major", ctypes.c_int32),
+        ("version_minor", ctypes.c_int32),
+        ("version_patch", ctypes.c_int32),
+        ("min_head_dim", ctypes.c_int32),
+        ("max_head_dim", ctypes.c_int32),
+        ("head_dim_multiple", ctypes.c_int32),
+        ("max_sequence_length", ctypes.c_int64),
+        ("cuda_architecture_count", ctypes.c_int32),
+        ("cuda_architectures", ctypes.c_int32 * LIBRARY_INFO_MAX_ARCHITECTURES),
+        ("split_d_head_dim_count", ctypes.c_int32),
+        ("split_d_head_dims", ctypes.c_int32 * LIBRARY_INFO_MAX_HEAD_DIMS),
+        ("sm90_wgmma_head_dim_count", ctypes.c_int32),
+        ("sm90_wgmma_head_dims", ctypes.c_int32 * LIBRARY_INFO_MAX_HEAD_DIMS),
+    ]
+
+
 # The sizes the C compiler gives these structs on x86-64 and aarch64: a field
 # added on one side only would shift every later field silently.
 assert ctypes.sizeof(FfpaTensor) == 80
 assert ctypes.sizeof(FfpaOptions) == 40
 assert ctypes.sizeof(FfpaForwardParams) == 544
+assert ctypes.sizeof(FfpaLibraryInfo) == 224
+
+
+@dataclass(frozen=True)
+class LibraryInfo:
+    """What the loaded library serves (ffpa_library_info), read once when it loads."""
+
+    version: str
+    version_major: int
+    version_minor: int
+    version_patch: int
+    min_head_dim: int
+    max_head_dim: int
+    head_dim_multiple: int
+    max_sequence_length: int  # longest Nq or Nkv the GPU implementations serve
+    cuda_architectures: tuple[int, ...]  # compiled, 10 * major + minor, ascending
+    split_d_head_dims: tuple[int, ...]  # head dims with their own sm80_split_d instance
+    sm90_wgmma_head_dims: tuple[int, ...]  # empty when the build has no sm_90a
+
+    @property
+    def limits(self) -> Limits:
+        """The head dims the library's validation accepts, as decisions.py takes them."""
+        return Limits(self.min_head_dim, self.max_head_dim, self.head_dim_multiple)
+
+    @classmethod
+    def from_c(cls, c: FfpaLibraryInfo) -> LibraryInfo:
+        return cls(
+            version=c.version.decode(),
+            version_major=c.version_major,
+            version_minor=c.version_minor,
+            version_patch=c.version_patch,
+            min_head_dim=c.min_head_dim,
+            max_head_dim=c.max_head_dim,
+            head_dim_multiple=c.head_dim_multiple,
+            max_sequence_length=c.max_sequence_length,
+            cuda_architectures=tuple(c.cuda_architectures[: c.cuda_architecture_count]),
+            split_d_head_dims=tuple(c.split_d_head_dims[: c.split_d_head_dim_count]),
+            sm90_wgmma_head_dims=tuple(c.sm90_wgmma_head_dims[: c.sm90_wgmma_head_dim_count]),
+        )
 
 
 def tensor(data: int, dtype: DType, shape: Sequence[int], strides: Sequence[int]) -> FfpaTensor:
@@ -139,6 +207,24 @@ class Library:
         self._dll.ffpa_status_name.restype = ctypes.c_char_p
         self._dll.ffpa_version.argtypes = []
         self._dll.ffpa_version.restype = ctypes.c_char_p
+        self._dll.ffpa_library_info_get.argtypes = [
+            ctypes.POINTER(FfpaLibraryInfo),
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+        ]
+        self._dll.ffpa_library_info_get.restype = ctypes.c_int
+        # Constant for the library's lifetime: asked once, here.
+        self.info = LibraryInfo.from_c(self.query_library_info())
+        self.limits = self.info.limits
+
+    def query_library_info(self) -> FfpaLibraryInfo:
+        """ffpa_library_info_get, as the C ABI fills the struct; raises FFPAError on a non-zero status."""
+        info = FfpaLibraryInfo(struct_size=ctypes.sizeof(FfpaLibraryInfo))
+        message = ctypes.create_string_buffer(MESSAGE_BYTES)
+        status = self._dll.ffpa_library_info_get(ctypes.byref(info), message, MESSAGE_BYTES)
+        if status != 0:
+            raise FFPAError(self.status_name(status), message.value.decode(errors="replace"))
+        return info
 
     def version(self) -> str:
         return self._dll.ffpa_version().decode()
@@ -171,6 +257,16 @@ def load_library() -> Library:
 def library_path() -> str:
     """The path (or, when found by the system, the name) of the loaded ffpa library."""
     return load_library().path
+
+
+def library_info() -> LibraryInfo:
+    """What the loaded library serves: limits, instance head dims, architectures, version."""
+    return load_library().info
+
+
+def limits() -> Limits:
+    """The head dims the loaded library accepts (decisions.Limits)."""
+    return load_library().limits
 
 
 def forward(params: FfpaForwardParams) -> None:

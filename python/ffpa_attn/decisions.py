@@ -1,10 +1,11 @@
-"""Which calls the ffpa library serves, decided from tensor metadata alone.
+"""Which calls the ffpa library serves, decided from tensor metadata and the library's limits.
 
 Torch-free, so that CI without PyTorch can test the decisions, and cheap, since
 it also runs while torch.compile traces (on fake tensors). Whatever the library
 cannot serve goes to SDPA, which raises its own errors for invalid calls: a
 call is served only when SDPA would accept it and the library computes the
-same answer.
+same answer. The head-dim limits are the library's own (Limits, from
+ffpa_library_info_get through _library.limits()), never restated here.
 """
 
 from __future__ import annotations
@@ -12,13 +13,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 SERVED_DTYPES = ("float16", "bfloat16")
-MIN_HEAD_DIM, MAX_HEAD_DIM, HEAD_DIM_MULTIPLE = 8, 1024, 8
 
 # The C ABI takes dropout_p and scale as float32 (round to nearest even): from
 # 1 - 2**-25 on, p rounds to 1.0, and from 2**128 - 2**103 on, |scale| rounds to
 # inf. Bounds rather than a float32 conversion, which torch.compile cannot trace.
 DROPOUT_P_BOUND = 1 - 2**-25
 SCALE_BOUND = 2**128 - 2**103
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The head dims the library's validation accepts: multiples of head_dim_multiple in [min_head_dim, max_head_dim]."""
+
+    min_head_dim: int
+    max_head_dim: int
+    head_dim_multiple: int
 
 
 @dataclass(frozen=True)
@@ -42,13 +51,15 @@ class CallSpec:
     scale: float | None = None
 
 
-def fallback_reason(spec: CallSpec) -> str | None:
-    """None when the library serves the call, else why SDPA gets it (short, human)."""
-    for check in (_tensor_kind_reason, _shape_reason, _mask_reason, _option_reason):
-        reason = check(spec)
-        if reason is not None:
-            return reason
-    return None
+def fallback_reason(spec: CallSpec, limits: Limits | None) -> str | None:
+    """None when the library serves the call, else why SDPA gets it (short, human).
+
+    limits: the loaded library's (_library.limits()). None when no library loads:
+    the head dim is then not judged, and a call that passes the other checks
+    fails where it needs the library, with LibraryNotFoundError saying why.
+    """
+    # In this order, each only once the ones before pass (the mask check reads a 4-D q_shape).
+    return _tensor_kind_reason(spec) or _shape_reason(spec, limits) or _mask_reason(spec) or _option_reason(spec)
 
 
 def _tensor_kind_reason(spec: CallSpec) -> str | None:
@@ -67,7 +78,7 @@ def _tensor_kind_reason(spec: CallSpec) -> str | None:
     return None
 
 
-def _shape_reason(spec: CallSpec) -> str | None:
+def _shape_reason(spec: CallSpec, limits: Limits | None) -> str | None:
     ranks = (len(spec.q_shape), len(spec.k_shape), len(spec.v_shape))
     if ranks != (4, 4, 4):
         return f"query, key, value ranks are {ranks}; served: 4-D [B, H, N, D]"
@@ -78,8 +89,13 @@ def _shape_reason(spec: CallSpec) -> str | None:
         return f"value shape {spec.v_shape} does not match key shape {spec.k_shape} in heads and length"
     if not head_dim == k_dim == spec.v_shape[3]:
         return f"head dims differ: query {head_dim}, key {k_dim}, value {spec.v_shape[3]}"
-    if not MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM or head_dim % HEAD_DIM_MULTIPLE != 0:
-        return f"head dim {head_dim} is not a multiple of {HEAD_DIM_MULTIPLE} in [{MIN_HEAD_DIM}, {MAX_HEAD_DIM}]"
+    if limits is not None and not (
+        limits.min_head_dim <= head_dim <= limits.max_head_dim and head_dim % limits.head_dim_multiple == 0
+    ):
+        return (
+            f"head dim {head_dim} is not a multiple of {limits.head_dim_multiple}"
+            f" in [{limits.min_head_dim}, {limits.max_head_dim}]"
+        )
     if seq_kv < 1:
         return "key length is 0"
     if heads_kv < 1:

@@ -12,16 +12,28 @@ import math
 
 import torch
 
-from . import ops  # noqa: F401  (registers torch.ops.ffpa_attn.forward)
+from . import _library, ops  # noqa: F401  (ops registers torch.ops.ffpa_attn.forward)
 from ._library import Accumulation, Causal, FFPAError, Impl
 from .config import CUDABackend
-from .decisions import CallSpec, fallback_reason
+from .decisions import CallSpec, Limits, fallback_reason
 
 logger = logging.getLogger("ffpa_attn")
 
 _sdpa = torch.nn.functional.scaled_dot_product_attention
 _DEFAULT_BACKEND = CUDABackend()
 _SEED_BOUND = 2**63 - 1  # seeds travel as int64
+
+
+def _library_limits() -> Limits | None:
+    """The loaded library's head-dim limits; None when no library loads (see fallback_reason)."""
+    try:
+        return _library.limits()
+    except _library.LibraryNotFoundError:
+        return None
+
+
+# Asked once, at import, so that torch.compile never traces the library's loading.
+_LIBRARY_LIMITS = _library_limits()
 
 
 def ffpa_attn_func(
@@ -61,7 +73,9 @@ def ffpa_attn_func(
     if (invalid := _invalid_sdpa_arguments(query, key, dropout_p)) is not None:
         raise RuntimeError(f"ffpa_attn_func: {invalid}")
 
-    reason = fallback_reason(_call_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa))
+    reason = fallback_reason(
+        _call_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa), _LIBRARY_LIMITS
+    )
     if reason is not None:
         if backend.impl != "auto":
             raise NotImplementedError(f"ffpa_attn: backend.impl = {backend.impl!r} cannot serve this call: {reason}")

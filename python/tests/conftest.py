@@ -1,5 +1,6 @@
-"""Shared pytest setup: where the package and the test helpers import from, and a
-fresh random seed per test that a failure report prints (FFPA_TEST_SEED replays it)."""
+"""Shared pytest setup: where the package, the test helpers and the C library
+load from, and a fresh random seed per test that a failure report prints
+(FFPA_TEST_SEED replays it)."""
 
 import importlib.util
 import os
@@ -17,6 +18,11 @@ sys.path.insert(0, str(TESTS_DIR))
 # An installed ffpa_attn wins; a source checkout (CI, no pip install) tests python/ffpa_attn.
 if importlib.util.find_spec("ffpa_attn") is None:
     sys.path.insert(0, str(SOURCE_TREE))
+
+# The library CI builds (build/libffpa.so in the checkout), unless FFPA_LIBRARY names one.
+BUILT_LIBRARY = SOURCE_TREE.parent / "build" / "libffpa.so"
+if not os.environ.get("FFPA_LIBRARY") and BUILT_LIBRARY.exists():
+    os.environ["FFPA_LIBRARY"] = str(BUILT_LIBRARY)
 
 SEED_KEY = pytest.StashKey[int]()
 

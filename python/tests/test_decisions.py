@@ -1,10 +1,23 @@
 """fallback_reason on hand-built CallSpecs: every call the library serves gets None,
-every other call a short human reason. Torch-free (runs in CI)."""
+every other call a short human reason. Torch-free (runs in CI). The head-dim
+limits are the loaded library's; without one, the tests use explicit limits of
+the same shape (the logic given limits is what is tested here)."""
 
 import pytest
 
-from ffpa_attn.decisions import CallSpec, fallback_reason
+from ffpa_attn import _library
+from ffpa_attn.decisions import CallSpec, Limits, fallback_reason
 
+
+def limits_under_test() -> Limits:
+    try:
+        return _library.limits()
+    except _library.LibraryNotFoundError:
+        return Limits(min_head_dim=8, max_head_dim=1024, head_dim_multiple=8)
+
+
+LIMITS = limits_under_test()
+D_MIN, D_MAX, D_STEP = LIMITS.min_head_dim, LIMITS.max_head_dim, LIMITS.head_dim_multiple
 B, HQ, NQ, NKV, D = 2, 8, 37, 53, 128
 
 
@@ -44,8 +57,9 @@ def mask(shape: tuple, dtype: str = "bool") -> dict:
 SERVED = {
     "bf16": {},
     "fp16": dict(dtype="float16"),
-    "D8": head_dim(8),
-    "D1024": head_dim(1024),
+    "D-min": head_dim(D_MIN),
+    "D-max": head_dim(D_MAX),
+    "D-one-step-below-max": head_dim(D_MAX - D_STEP),
     "D520-not-multiple-of-64": head_dim(520),
     "D72": head_dim(72),
     "Nq1-decode": dict(q_shape=(B, HQ, 1, D)),
@@ -77,7 +91,7 @@ SERVED = {
 
 @pytest.mark.parametrize("changes", SERVED.values(), ids=SERVED.keys())
 def test_served(changes):
-    assert fallback_reason(spec(**changes)) is None
+    assert fallback_reason(spec(**changes), LIMITS) is None
 
 
 # (changes, a word the reason should contain or None): the value that disqualifies the
@@ -95,10 +109,10 @@ FALLBACK = {
     "rank5": (dict(q_shape=(1, B, HQ, NQ, D), k_shape=(1, B, HQ, NKV, D), v_shape=(1, B, HQ, NKV, D)), None),
     "k-rank3": (dict(k_shape=(HQ, NKV, D)), None),
     "batch-differs": (dict(k_shape=(1, HQ, NKV, D), v_shape=(1, HQ, NKV, D)), None),
-    "D1032-too-large": (head_dim(1032), "1032"),
-    "D2048": (head_dim(2048), "2048"),
-    "D4-too-small": (head_dim(4), "4"),
-    "D12-not-multiple-of-8": (head_dim(12), "12"),
+    "D-one-step-above-max": (head_dim(D_MAX + D_STEP), str(D_MAX + D_STEP)),
+    "D-twice-max": (head_dim(2 * D_MAX), str(2 * D_MAX)),
+    "D-below-min": (head_dim(D_MIN - D_STEP // 2), str(D_MIN - D_STEP // 2)),
+    "D-between-multiples": (head_dim(D_MIN + D_STEP + D_STEP // 2), str(D_MIN + D_STEP + D_STEP // 2)),
     "D100-not-multiple-of-8": (head_dim(100), "100"),
     "k-head-dim-differs": (dict(k_shape=(B, HQ, NKV, 64)), None),
     "v-head-dim-differs": (dict(v_shape=(B, HQ, NKV, 64)), None),
@@ -135,7 +149,26 @@ FALLBACK = {
 
 @pytest.mark.parametrize(("changes", "word"), FALLBACK.values(), ids=FALLBACK.keys())
 def test_fallback_reason(changes, word):
-    reason = fallback_reason(spec(**changes))
+    reason = fallback_reason(spec(**changes), LIMITS)
     assert isinstance(reason, str) and reason.strip(), f"expected a reason, got {reason!r}"
     if word is not None:
         assert word in reason.lower(), f"the reason should name {word!r}: {reason!r}"
+
+
+# Limits other than the library's: the decision follows the limits it is given.
+NARROW = Limits(min_head_dim=32, max_head_dim=256, head_dim_multiple=16)
+
+
+@pytest.mark.parametrize(("d", "served"), [(32, True), (48, True), (256, True), (16, False), (40, False), (272, False)])
+def test_head_dim_follows_the_given_limits(d, served):
+    reason = fallback_reason(spec(**head_dim(d)), NARROW)
+    if served:
+        assert reason is None
+    else:
+        assert reason is not None and str(d) in reason and "[32, 256]" in reason and "16" in reason
+
+
+def test_without_limits_the_head_dim_is_not_judged():
+    # No library loads: the call then fails where the op loads it, with the loader's error.
+    assert fallback_reason(spec(**head_dim(2 * D_MAX)), None) is None
+    assert fallback_reason(spec(device_type="cpu", **head_dim(2 * D_MAX)), None) is not None

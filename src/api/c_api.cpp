@@ -5,9 +5,13 @@
 // else thrown below FFPA_CUDA_ERROR with a message starting "internal error: ".
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
+#include <iterator>
 #include <new>
+#include <string>
+#include <vector>
 
 #include "ffpa/ffpa.h"
 #include "ffpa/ffpa.hpp"
@@ -112,6 +116,16 @@ ffpa::ForwardParams to_cpp(const ffpa_forward_params& c) {
   return p;
 }
 
+// Copies values into a fixed-capacity C list; false when they do not fit.
+template <size_t kCapacity>
+bool to_c_list(const std::vector<int32_t>& values, int32_t (&list)[kCapacity], int32_t* count) {
+  if (values.size() > kCapacity) return false;
+  std::fill(std::begin(list), std::end(list), 0);
+  std::copy(values.begin(), values.end(), list);
+  *count = static_cast<int32_t>(values.size());
+  return true;
+}
+
 // Runs `call` (returning ffpa_status), turning any exception into a status.
 template <typename Call>
 ffpa_status guarded(char* message, size_t message_size, Call&& call) {
@@ -158,5 +172,46 @@ const char* ffpa_status_name(ffpa_status status) {
 }
 
 const char* ffpa_version(void) { return ffpa::version(); }
+
+ffpa_status ffpa_library_info_get(ffpa_library_info* info, char* message, size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (!info) {
+      write_message(message, message_size, "", "info is null");
+      return FFPA_NULL_POINTER;
+    }
+    if (info->struct_size < sizeof(ffpa_library_info)) {
+      const std::string text = "info->struct_size = " + std::to_string(info->struct_size) +
+                               " is smaller than sizeof(ffpa_library_info) = " +
+                               std::to_string(sizeof(ffpa_library_info));
+      write_message(message, message_size, "", text.c_str());
+      return FFPA_INVALID_OPTION;
+    }
+    const ffpa::LibraryInfo cpp = ffpa::library_info();
+    ffpa_library_info c;
+    std::memset(&c, 0, sizeof c);
+    c.struct_size = info->struct_size;
+    c.version = ffpa::version();  // static: the pointer outlives the call
+    c.version_major = cpp.version_major;
+    c.version_minor = cpp.version_minor;
+    c.version_patch = cpp.version_patch;
+    c.min_head_dim = cpp.min_head_dim;
+    c.max_head_dim = cpp.max_head_dim;
+    c.head_dim_multiple = cpp.head_dim_multiple;
+    c.max_sequence_length = cpp.max_sequence_length;
+    // CMake bounds the lists (FFPA_LIBRARY_INFO_MAX_*): a list that does not fit
+    // is a build that got past those checks, reported rather than cut short.
+    if (!to_c_list(cpp.cuda_architectures, c.cuda_architectures, &c.cuda_architecture_count) ||
+        !to_c_list(cpp.split_d_head_dims, c.split_d_head_dims, &c.split_d_head_dim_count) ||
+        !to_c_list(cpp.sm90_wgmma_head_dims, c.sm90_wgmma_head_dims,
+                   &c.sm90_wgmma_head_dim_count)) {
+      write_message(message, message_size, "internal error: ",
+                    "a list of this build does not fit in ffpa_library_info");
+      return FFPA_CUDA_ERROR;
+    }
+    // This version's fields only: bytes past them belong to a newer header's struct.
+    std::memcpy(info, &c, sizeof c);
+    return FFPA_OK;
+  });
+}
 
 }  // extern "C"

@@ -4,6 +4,7 @@
 // is contiguous), so [B, N, H, D] buffers run through the same code unchanged.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 #include "common/host_device.hpp"
@@ -11,9 +12,17 @@
 
 namespace ffpa::detail {
 
-// The longest Nq / Nkv the GPU families serve: sequence positions are 32-bit
-// in the kernels (addresses are 64-bit), with room for a block past the end.
-constexpr int64_t kMaxSequenceLength = 2147483647 - 1024;
+// The head dims validation accepts: multiples of kHeadDimMultiple (16-byte
+// rows of fp16/bf16) in [kMinHeadDim, kMaxHeadDim]. ffpa_library_info_get
+// reports these, so bindings ask instead of restating them.
+inline constexpr int64_t kMinHeadDim = 8;
+inline constexpr int64_t kMaxHeadDim = 1024;
+inline constexpr int64_t kHeadDimMultiple = 8;
+
+// The longest Nq or Nkv the GPU families serve: sequence positions are 32-bit
+// in the kernels (addresses are 64-bit); the margin leaves room for positions
+// a tile past the end.
+inline constexpr int64_t kMaxSequenceLength = INT_MAX - 1024;
 
 enum class MaskKind : int32_t { none, boolean, additive_f16, additive_bf16, additive_f32 };
 

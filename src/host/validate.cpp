@@ -156,9 +156,10 @@ Status check_shapes(const ForwardParams& p) {
   if (dv != d)
     return fail(StatusCode::value_head_dim_mismatch, "v.shape[3] (Dv) = ", dv,
                 " differs from q.shape[3] (D) = ", d, "; Dv != D is not supported yet");
-  if (d < 8 || d > 1024 || d % 8 != 0)
+  if (d < kMinHeadDim || d > kMaxHeadDim || d % kHeadDimMultiple != 0)
     return fail(StatusCode::unsupported_head_dim, "q.shape[3] (D) = ", d,
-                " is not supported; D must be a multiple of 8 in [8, 1024]");
+                " is not supported; D must be a multiple of ", kHeadDimMultiple, " in [",
+                kMinHeadDim, ", ", kMaxHeadDim, "]");
   return {};
 }
 

@@ -1,4 +1,4 @@
-// The sm90 seesaw kernel's ring order (kernels/sm90_wgmma/ring.hpp) against a
+// The sm90_wgmma kernel's ring order (kernels/sm90_wgmma/ring.hpp) against a
 // model of its producer and consumers: the positions the consumers compute are
 // the ones the producer fills, each exactly once, each consumer takes them in
 // ascending order, and consecutive positions of one consumer are at most
