@@ -1,42 +1,50 @@
-// Hopper (sm_90a) PTX wrappers of the sm90 family: mbarriers, TMA tensor
-// copies, wgmma bookkeeping and shared-memory matrix descriptors, register
-// reconfiguration and proxy fences. Each wrapper is one instruction (or a wait
-// loop around one); the schedule lives in kernel.cuh and its role files.
+// Hopper (sm_90a) instructions of the sm90 family: mbarriers, TMA tensor
+// copies, cluster barriers and proxy fences through the toolkit's own
+// cuda::ptx (CCCL); in inline PTX only what cuda::ptx does not cover here
+// (mapa and stores to a peer's shared memory, tensor-map prefetch, wgmma
+// bookkeeping and descriptors, setmaxnreg, named barriers). Each wrapper is
+// one instruction (or a wait loop around one); the schedule lives in
+// kernel.cuh and its role files.
+//
+// The kernel names shared memory by 32-bit shared-window addresses (the form
+// wgmma descriptors and barrier arithmetic want); cuda::ptx takes generic
+// pointers and converts them back, a round trip the compiler folds.
 #pragma once
 
 #include <cuda.h>  // CUtensorMap (header only: the driver call is made on the host)
 
 #include <cstdint>
 #include <cstdio>
+#include <cuda/ptx>
 
 namespace ffpa::detail::sm90_wgmma {
 
+__device__ __forceinline__ uint64_t* barrier_pointer(uint32_t bar) {
+  return static_cast<uint64_t*>(__cvta_shared_to_generic(bar));
+}
+
 // ---- mbarriers ---------------------------------------------------------------
 __device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t arrivals) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(arrivals) : "memory");
+  cuda::ptx::mbarrier_init(barrier_pointer(bar), arrivals);
 }
 
 // Makes initialized barriers visible to the async proxy (TMA) and other threads.
 __device__ __forceinline__ void fence_barrier_init() {
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  cuda::ptx::fence_mbarrier_init(cuda::ptx::sem_release, cuda::ptx::scope_cluster);
 }
 
 __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+  (void)cuda::ptx::mbarrier_arrive(barrier_pointer(bar));
 }
 
 // Arrives and announces `bytes` of TMA transactions that complete the phase.
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
-               : "memory");
+  (void)cuda::ptx::mbarrier_arrive_expect_tx(cuda::ptx::sem_release, cuda::ptx::scope_cta, cuda::ptx::space_shared,
+                                             barrier_pointer(bar), bytes);
 }
 
 __device__ __forceinline__ bool mbarrier_try_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(done) : "r"(bar), "r"(parity) : "memory");
-  return done != 0;
+  return cuda::ptx::mbarrier_try_wait_parity(barrier_pointer(bar), parity);
 }
 
 // Waits until the phase with the given parity has completed.
@@ -51,29 +59,19 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
   }
   return;
 #endif
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
+  while (!mbarrier_try_wait(bar, parity)) {
+  }
 }
 
 // ---- clusters and distributed shared memory ------------------------------------
-__device__ __forceinline__ uint32_t cluster_cta_rank() {
-  uint32_t rank;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-  return rank;
-}
+__device__ __forceinline__ uint32_t cluster_cta_rank() { return cuda::ptx::get_sreg_cluster_ctarank(); }
 
 // Every thread of every CTA of the cluster: barrier init visible before remote
 // arrives, and no CTA exits while its peer may still write into it.
 __device__ __forceinline__ void cluster_sync() {
   // Not .aligned: the producer warp arrives diverged (lane 0 issued the loads).
-  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+  cuda::ptx::barrier_cluster_arrive(cuda::ptx::sem_release);
+  cuda::ptx::barrier_cluster_wait(cuda::ptx::sem_acquire);
 }
 
 // The shared::cluster address of the same shared-memory offset in CTA `rank`.
@@ -98,15 +96,9 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t remote_bar) {
 
 // mbarrier_wait with cluster-scope acquire: sees what the arriving peer wrote.
 __device__ __forceinline__ void mbarrier_wait_cluster(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n"
-      ".reg .pred done;\n"
-      "WAIT:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n"
-      "}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
+  while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, barrier_pointer(bar),
+                                              parity)) {
+  }
 }
 
 // ---- TMA ----------------------------------------------------------------------
@@ -118,37 +110,27 @@ __device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
 // bytes complete a transaction on `bar`. Out-of-range elements are zero-filled.
 __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar,
                                             int c0, int c1, int c2, int c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%3, %4, %5, %6}], [%2];" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-      : "memory");
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, __cvta_shared_to_generic(dst),
+                                  map, coords, barrier_pointer(bar));
 }
 
 // Stores a shared-memory box; out-of-range elements are not written.
 __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1,
                                              int c2, int c3) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];" ::"l"(
-          reinterpret_cast<uint64_t>(map)),
-      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-      : "memory");
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, map, coords,
+                                  __cvta_shared_to_generic(src));
 }
 
-__device__ __forceinline__ void tma_store_commit() {
-  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
-}
+__device__ __forceinline__ void tma_store_commit() { cuda::ptx::cp_async_bulk_commit_group(); }
 
 // Waits until the committed stores have finished reading shared memory.
-__device__ __forceinline__ void tma_store_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-}
+__device__ __forceinline__ void tma_store_wait_read() { cuda::ptx::cp_async_bulk_wait_group_read(cuda::ptx::n32_t<0>{}); }
 
 // Orders this thread's generic-proxy shared-memory writes before later
 // async-proxy reads (wgmma operands, TMA stores).
-__device__ __forceinline__ void fence_proxy_async() {
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-}
+__device__ __forceinline__ void fence_proxy_async() { cuda::ptx::fence_proxy_async(cuda::ptx::space_shared); }
 
 // ---- wgmma bookkeeping ---------------------------------------------------------
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
