@@ -19,8 +19,10 @@ constexpr int kSwizzleCols = kSwizzleRowBytes / kElementBytes;
 
 // Byte offset of (row, col) within one 128-byte swizzle row (col below
 // 128 / kElementBytes).
+// (int arithmetic throughout, converted once by the callers: the compiler then
+// folds the three terms of an address into one three-input add.)
 template <int kElementBytes>
-FFPA_HOST_DEVICE uint32_t swizzle128_segment(int row, int col) {
+FFPA_HOST_DEVICE int swizzle128_segment(int row, int col) {
   static_assert(kElementBytes == 1 || kElementBytes == 2 || kElementBytes == 4, "elements of 1, 2 or 4 bytes");
   constexpr int kSegmentShift = kElementBytes == 1 ? 4 : kElementBytes == 2 ? 3 : 2;  // log2(16 / kElementBytes)
   return ((((col >> kSegmentShift) ^ row) & 7) << 4) + (col & ((1 << kSegmentShift) - 1)) * kElementBytes;
@@ -29,15 +31,15 @@ FFPA_HOST_DEVICE uint32_t swizzle128_segment(int row, int col) {
 // Byte offset of (row, col) in a [rows][128 / kElementBytes] box.
 template <int kElementBytes>
 FFPA_HOST_DEVICE uint32_t swizzle128(int row, int col) {
-  return row * kSwizzleRowBytes + swizzle128_segment<kElementBytes>(row, col);
+  return static_cast<uint32_t>(row * kSwizzleRowBytes + swizzle128_segment<kElementBytes>(row, col));
 }
 
 // Byte offset of (row, col) in a [rows][cols] tile whose rows are cols /
 // (128 / kElementBytes) consecutive 128-byte groups, each swizzled alike.
 template <int kElementBytes>
 FFPA_HOST_DEVICE uint32_t swizzle128_wide(int row, int col, int cols) {
-  return row * cols * kElementBytes + ((col * kElementBytes) & ~(kSwizzleRowBytes - 1)) +
-         swizzle128_segment<kElementBytes>(row, col);
+  return static_cast<uint32_t>(row * cols * kElementBytes + ((col * kElementBytes) & ~(kSwizzleRowBytes - 1)) +
+                               swizzle128_segment<kElementBytes>(row, col));
 }
 
 }  // namespace ffpa::detail

@@ -17,6 +17,10 @@
 
 namespace ffpa::detail::sm80_split_d {
 
+// The CTA's dynamic shared memory, named here rather than passed around: the
+// compiler keeps its alignment and address space only when it sees the symbol.
+extern __shared__ __align__(128) unsigned char cta_smem[];
+
 template <class Traits>
 struct Cta {
   using Element = typename Traits::Element;
@@ -32,9 +36,11 @@ struct Cta {
 
   // Shared memory: the ring of stages (the O staging of the epilogue), P
   // (warps_n > 1: the warps of a row split its keys), row statistics.
-  unsigned char* const ring;
-  unsigned char* const p_tile;
-  float* const row_stat;
+  __device__ __forceinline__ static unsigned char* ring() { return cta_smem; }
+  __device__ __forceinline__ static unsigned char* p_tile() { return cta_smem + Traits::kRingOrEpilogueBytes; }
+  __device__ __forceinline__ static float* row_stat() {
+    return reinterpret_cast<float*>(cta_smem + Traits::kRingOrEpilogueBytes + Traits::kPBytes);
+  }
 
   const AttentionProblem& p;
   const float scale_log2;
@@ -56,11 +62,8 @@ struct Cta {
   // the current step reads.
   int load_tile = 0, load_r = 0, slot = 0;
 
-  __device__ __forceinline__ Cta(const Args& args, unsigned char* smem)
-      : ring(smem),
-        p_tile(smem + Traits::kRingOrEpilogueBytes),
-        row_stat(reinterpret_cast<float*>(smem + Traits::kRingOrEpilogueBytes + Traits::kPBytes)),
-        p(args.p),
+  __device__ __forceinline__ explicit Cta(const Args& args)
+      : p(args.p),
         scale_log2(args.scale_log2),
         tid(opaque(static_cast<unsigned>(threadIdx.x))),
         warp_m(static_cast<int>(tid / 32) / Traits::kWarpsN),

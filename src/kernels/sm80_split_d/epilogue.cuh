@@ -48,7 +48,7 @@ __device__ __forceinline__ void Cta<Traits>::store_output(const OAccumulator& o_
         v[0] = o_acc[mt][nt][0], v[1] = o_acc[mt][nt][1], v[2] = o_acc[mt][nt][2], v[3] = o_acc[mt][nt][3];
       }
       const int col = warp_n * Traits::kWarpCols + nt * 8 + 2 * t, row = local_row(2 * mt);
-      unsigned char* const subtile = ring + (col / 64) * (kBlockM * Traits::kRowBytes);
+      unsigned char* const subtile = ring() + (col / 64) * (kBlockM * Traits::kRowBytes);
       *reinterpret_cast<uint32_t*>(subtile + swizzle128<kElementBytes>(row, col % 64)) =
           pack2<Element>(v[0] * out_scale[2 * mt], v[1] * out_scale[2 * mt]);
       *reinterpret_cast<uint32_t*>(subtile + swizzle128<kElementBytes>(row + 8, col % 64)) =
@@ -61,7 +61,7 @@ __device__ __forceinline__ void Cta<Traits>::store_output(const OAccumulator& o_
     const int subtile = s / (kBlockM * 8), row = (s / 8) % kBlockM, segment = s % 8;
     const int col = subtile * 64 + segment * 8;
     if (tile.q0 + row < seq_q && col < out_cols) {
-      const uint4 value = *reinterpret_cast<const uint4*>(ring + subtile * (kBlockM * Traits::kRowBytes) +
+      const uint4 value = *reinterpret_cast<const uint4*>(ring() + subtile * (kBlockM * Traits::kRowBytes) +
                                                           swizzle128<kElementBytes>(row, segment * 8));
       *reinterpret_cast<uint4*>(o_base + static_cast<int64_t>(tile.q0 + row) * p.o_stride[2] + dv0 + col) = value;
     }

@@ -28,8 +28,7 @@ namespace ffpa::detail::sm80_split_d {
 
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1) forward_kernel(const Args args) {
-  extern __shared__ __align__(128) unsigned char smem[];
-  Cta<Traits> cta(args, smem);
+  Cta<Traits> cta(args);
   using CtaT = Cta<Traits>;
 
   typename CtaT::OAccumulator o_acc;

@@ -44,7 +44,7 @@ __device__ __forceinline__ void Cta<Traits>::compute_s(SAccumulator& s_acc) {
   for (int c = 0; c < n_qk; ++c) {
     advance_ring();
     const LdmatrixOffsets offsets = ldmatrix_offsets<Traits>(tid);
-    const uint32_t q_tile = smem_address(ring + slot * Traits::kStageBytes) + offsets.q_row;
+    const uint32_t q_tile = smem_address(ring() + slot * Traits::kStageBytes) + offsets.q_row;
     const uint32_t k_tile = q_tile - offsets.q_row + Traits::kQTileBytes + offsets.k_row;
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
@@ -78,7 +78,7 @@ __device__ __forceinline__ void Cta<Traits>::accumulate_pv(PFragments& p_frag, O
   constexpr int kStepFrags = kPVKeys / 16;
   const int frag0 = Traits::kSharedP ? 0 : step * kStepFrags;
   if constexpr (Traits::kSharedP) {
-    const uint32_t p_rows = smem_address(p_tile) + offsets.p_row;
+    const uint32_t p_rows = smem_address(p_tile()) + offsets.p_row;
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
@@ -88,7 +88,7 @@ __device__ __forceinline__ void Cta<Traits>::accumulate_pv(PFragments& p_frag, O
                                           ((offsets.q_segment ^ (segment & 7)) << 4));
       }
   }
-  const uint32_t v_slice = smem_address(ring + slot * Traits::kStageBytes) + offsets.v_row;
+  const uint32_t v_slice = smem_address(ring() + slot * Traits::kStageBytes) + offsets.v_row;
 #pragma unroll
   for (int nn = 0; nn < Traits::kWarpCols / 16; ++nn) {
     // Columns past D are zero-filled: multiplied, never branched around, so

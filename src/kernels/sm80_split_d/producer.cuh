@@ -28,7 +28,7 @@ __device__ __forceinline__ void Cta<Traits>::issue_next_step(int into_slot) {
     const Element* const q_src = static_cast<const Element*>(p.q) + tile.batch * p.q_stride[0] +
                                  tile.head * p.q_stride[1] + (tile.q0 + first_row) * q_stride + seg * 8;
     const int kv0 = load_tile * kBlockN;
-    const uint32_t stage = smem_address(ring + into_slot * Traits::kStageBytes) + seg_offset;
+    const uint32_t stage = smem_address(ring() + into_slot * Traits::kStageBytes) + seg_offset;
     if (load_r < n_qk) {  // kBlockM rows of Q, then kBlockN rows of K, one 64-column chunk
       const Element* const k_src = static_cast<const Element*>(p.k) + tile.batch * p.k_stride[0] +
                                    tile.kv_head * p.k_stride[1] + (kv0 + first_row) * k_stride + seg * 8;

@@ -31,15 +31,15 @@ __device__ __forceinline__ void Cta<Traits>::reduce_across_warps(float (&values)
   if constexpr (Traits::kSharedP) {
     if (t == 0) {
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) row_stat[warp_n * Traits::kBlockM + local_row(r)] = values[r];
+      for (int r = 0; r < kRows; ++r) row_stat()[warp_n * Traits::kBlockM + local_row(r)] = values[r];
     }
     __syncthreads();
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      values[r] = row_stat[local_row(r)];
+      values[r] = row_stat()[local_row(r)];
 #pragma unroll
       for (int wn = 1; wn < Traits::kWarpsN; ++wn)
-        values[r] = op(values[r], row_stat[wn * Traits::kBlockM + local_row(r)]);
+        values[r] = op(values[r], row_stat()[wn * Traits::kBlockM + local_row(r)]);
     }
   }
 }
@@ -133,9 +133,9 @@ __device__ __forceinline__ void Cta<Traits>::write_p(const SAccumulator& s_acc, 
 #pragma unroll
       for (int nt = 0; nt < kSTiles; ++nt) {
         const int col = warp_n * Traits::kWarpKeys + nt * 8 + 2 * t, row = local_row(2 * mt);
-        *reinterpret_cast<uint32_t*>(p_tile + swizzle128_wide<kElementBytes>(row, col, Traits::kBlockN)) =
+        *reinterpret_cast<uint32_t*>(p_tile() + swizzle128_wide<kElementBytes>(row, col, Traits::kBlockN)) =
             pack2<Element>(s_acc[mt][nt][0], s_acc[mt][nt][1]);
-        *reinterpret_cast<uint32_t*>(p_tile + swizzle128_wide<kElementBytes>(row + 8, col, Traits::kBlockN)) =
+        *reinterpret_cast<uint32_t*>(p_tile() + swizzle128_wide<kElementBytes>(row + 8, col, Traits::kBlockN)) =
             pack2<Element>(s_acc[mt][nt][2], s_acc[mt][nt][3]);
       }
   } else {
