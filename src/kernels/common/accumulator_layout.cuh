@@ -5,11 +5,11 @@
 // registers are one flat array, slab-major, then column block, then
 // (row half, column): element 4 * (slab * kColBlocks + block) + 2 * half + e.
 // The attention pieces (score_mask.cuh, dropout.cuh, online_softmax.cuh) are
-// written against this layout, so every family shares them. Where a thread's
-// registers sit in the tile is the family's: a Coordinates object with
-//   int row(int r)      the tile row of thread row r,
-//   int col(int block)  the column (key within the KV block) of column 2t of block `block`,
-// computed where used from whatever the family keeps (registers are scarce).
+// written against this layout, so every family shares them. Which tile rows a
+// thread holds is the family's: a Coordinates object whose row(r) gives the
+// tile row of thread row r, computed where used from whatever the family keeps
+// (registers are scarce); columns are passed as the key of the thread's first
+// column, key0 (column 2t of block 0), block b adding col_offset(b).
 #pragma once
 
 namespace ffpa::detail {

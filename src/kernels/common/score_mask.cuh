@@ -38,15 +38,15 @@ struct KeyLimits {
   }
 };
 
-// Scores of keys outside the limits to -inf. coords maps this thread's
-// registers to the tile (accumulator_layout.cuh); kv0 is the block's first key.
+// Scores of keys outside the limits to -inf. coords maps this thread's rows
+// to the tile (accumulator_layout.cuh); key0 is the key of its first column.
 template <class Layout, class Coordinates>
 __device__ __forceinline__ void mask_outside_limits(float (&s)[Layout::kElements], const KeyLimits& limits,
-                                                    const Coordinates& coords, int kv0) {
+                                                    const Coordinates& coords, int key0) {
 #pragma unroll
   for (int i = 0; i < Layout::kElements; ++i) {
     const int r = 2 * (i / (4 * Layout::kColBlocks)) + (i / 2) % 2;
-    const int c = kv0 + coords.col((i / 4) % Layout::kColBlocks) + i % 2;
+    const int c = key0 + Layout::col_offset((i / 4) % Layout::kColBlocks) + i % 2;
     if (c >= limits.seq_kv || (limits.causal && c > limits.first_row_limit + coords.row(r))) s[i] = -INFINITY;
   }
 }
@@ -75,14 +75,14 @@ __device__ __forceinline__ void with_mask_element(MaskKind kind, F&& f) {
 }
 
 // Adds the user's mask to this thread's scores (rows tile.q0 + coords.row(r),
-// keys kv0 + coords.col(b) + e): one row pointer per thread row, then
+// keys key0 + 8 * b + e): one row pointer per thread row, then
 // kBlocksInFlight column blocks of loads at a time (fewer than all keeps a
 // register-starved kernel from spilling; the compiler barrier stops it from
 // batching more). The tile and the coordinates are read where used, so that
 // nothing derived from them stays live across the loads.
 template <class Layout, int kBlocksInFlight = Layout::kColBlocks, class Coordinates>
 __device__ __forceinline__ void add_mask(float (&s)[Layout::kElements], const AttentionProblem& p,
-                                         const TileCoordinates& tile, const Coordinates& coords, int kv0) {
+                                         const TileCoordinates& tile, const Coordinates& coords, int key0) {
   const int seq_q = static_cast<int>(p.seq_q), seq_kv = static_cast<int>(p.seq_kv);
   const int64_t mask_bh = tile.batch * p.mask_stride[0] + tile.head * p.mask_stride[1];
   with_mask_element(p.mask_kind, [&](auto element_tag) {
@@ -98,7 +98,7 @@ __device__ __forceinline__ void add_mask(float (&s)[Layout::kElements], const At
         for (int b = b0; b < b0 + kBlocksInFlight; ++b)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int c = kv0 + coords.col(b) + e;
+            const int c = key0 + Layout::col_offset(b) + e;
             if (c < seq_kv) s[Layout::index(r, b, e)] += mask_term<T>(mask_row, c * p.mask_stride[3]);
           }
         if constexpr (kBlocksInFlight < Layout::kColBlocks) asm volatile("" ::: "memory");

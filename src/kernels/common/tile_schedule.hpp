@@ -22,11 +22,10 @@ struct TileCoordinates {
 // One past the last key any row of [q0, q0 + block_m) attends.
 FFPA_HOST_DEVICE int attended_kv_end(const AttentionProblem& p, int q0, int block_m) {
   const int seq_q = static_cast<int>(p.seq_q), seq_kv = static_cast<int>(p.seq_kv);
-  if (p.causal == Causal::none) return seq_kv;
   const int last_row = (q0 + block_m < seq_q ? q0 + block_m : seq_q) - 1;
   const int end = last_row + static_cast<int>(p.causal_shift()) + 1;
   const int clipped = end < seq_kv ? end : seq_kv;
-  return clipped > 0 ? clipped : 0;
+  return p.causal == Causal::none ? seq_kv : (clipped > 0 ? clipped : 0);
 }
 
 // The tile of linear index `tile` (row block fastest, then head, then batch)

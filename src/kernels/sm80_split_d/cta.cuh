@@ -89,13 +89,10 @@ struct Cta {
     return warp_m * Traits::kWarpRows + (r / 2) * 16 + g + (r % 2) * 8;
   }
 
-  // Where this thread's S registers sit in the tile (accumulator_layout.cuh).
+  // The tile rows of this thread's S registers (accumulator_layout.cuh).
   struct SCoordinates {
     const Cta& cta;
     __device__ __forceinline__ int row(int r) const { return cta.local_row(r); }
-    __device__ __forceinline__ int col(int block) const {
-      return cta.warp_n * Traits::kWarpKeys + 8 * block + 2 * cta.t;
-    }
   };
 
   // producer.cuh

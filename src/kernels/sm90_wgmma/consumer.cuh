@@ -58,12 +58,10 @@ struct Consumer {
   // t = quad_lane() is read afresh in each phase.
   __device__ __forceinline__ int row(int h) const { return warp * 16 + g + 8 * h; }
 
-  // Where this thread's S registers sit in the 64 x 128 block (accumulator_layout.cuh).
+  // The block rows of this thread's S registers (accumulator_layout.cuh).
   struct SCoordinates {
     const Consumer& consumer;
-    int t;  // quad_lane()
     __device__ __forceinline__ int row(int r) const { return consumer.row(r); }
-    __device__ __forceinline__ int col(int block) const { return 8 * block + 2 * t; }
   };
 
   // The running row maxima are not kept in registers: after block j they are
