@@ -44,6 +44,9 @@ def normalize(lines: list[str]) -> list[str]:
     for line in lines:
         line = re.sub(r"/\*[0-9a-f]{4,}\*/", "", line)  # addresses
         line = re.sub(r"/\* 0x[0-9a-f]+ \*/", "", line)  # encodings
+        # Branch and call targets are addresses: one instruction more or less
+        # earlier in the kernel moves them all.
+        line = re.sub(r"\b(BRA|CALL\.\S+|BSSY(?:\.\S+)?\s+B\d+,|BRX|JMP)(\s+)(?:[^;]*?)0x[0-9a-f]+", r"\1\2<target>", line)
         line = line.strip()
         if line:
             out.append(line)
