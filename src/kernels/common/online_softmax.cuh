@@ -60,4 +60,15 @@ __device__ __forceinline__ void exponentiate_row(float (&s)[Layout::kElements], 
     }
 }
 
+// Multiplies thread row r of an accumulator (O) by factor: the rescale of
+// O's running sum when the row's maximum moves.
+template <class Layout>
+__device__ __forceinline__ void scale_row(float (&acc)[Layout::kElements], int r, float factor) {
+#pragma unroll
+  for (int b = 0; b < Layout::kColBlocks; ++b) {
+    acc[Layout::index(r, b, 0)] *= factor;
+    acc[Layout::index(r, b, 1)] *= factor;
+  }
+}
+
 }  // namespace ffpa::detail

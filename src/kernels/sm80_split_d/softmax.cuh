@@ -104,21 +104,19 @@ __device__ __forceinline__ void Cta<Traits>::softmax(int kv0, SAccumulator& s_ac
 
 template <class Traits>
 __device__ __forceinline__ void Cta<Traits>::rescale_o(OAccumulator& o_acc, const float (&alpha)[kRows]) {
+  if constexpr (Traits::kAccumF16) {
 #pragma unroll
-  for (int mt = 0; mt < kMTiles; ++mt)
+    for (int mt = 0; mt < kMTiles; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < kOTiles; ++nt) {
-      if constexpr (Traits::kAccumF16) {
+      for (int nt = 0; nt < kOTiles; ++nt) {
         __half2* o = reinterpret_cast<__half2*>(o_acc[mt][nt]);
         o[0] = __hmul2(o[0], __float2half2_rn(alpha[2 * mt]));
         o[1] = __hmul2(o[1], __float2half2_rn(alpha[2 * mt + 1]));
-      } else {
-        o_acc[mt][nt][0] *= alpha[2 * mt];
-        o_acc[mt][nt][1] *= alpha[2 * mt];
-        o_acc[mt][nt][2] *= alpha[2 * mt + 1];
-        o_acc[mt][nt][3] *= alpha[2 * mt + 1];
       }
-    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) scale_row<typename Traits::OLayout>(flat(o_acc), r, alpha[r]);
+  }
 }
 
 // P in registers as A fragments (warps_n == 1), or to shared memory for the

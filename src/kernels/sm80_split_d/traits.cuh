@@ -41,6 +41,7 @@ struct Traits {
   static constexpr int kOTiles = kWarpCols / 8;  // n8 tiles of O per warp
   static constexpr int kRows = 2 * kMTiles;      // rows a thread holds: g, g + 8 of each m16 tile
   using SLayout = AccumulatorLayout<kMTiles, kSTiles>;
+  using OLayout = AccumulatorLayout<kMTiles, kOTiles>;  // fp32 accumulation
 
   static constexpr SmemLayout kSmem =
       smem_layout(TileShape{kOutCols, kWarpRows, kWarpsM, kWarpsN, kBlockN, kPVKeys, kStages});

@@ -4,6 +4,7 @@
 // while the tensor cores run P_{j-1} V_{j-1}.
 #pragma once
 
+#include "kernels/common/online_softmax.cuh"
 #include "kernels/sm90_wgmma/consumer.cuh"
 #include "kernels/sm90_wgmma/ring.hpp"
 #include "kernels/sm90_wgmma/wgmma.cuh"
@@ -54,11 +55,7 @@ __device__ __forceinline__ int Consumer<Traits>::issue_pv(int j, bool own) {
     for (int h = 0; h < 2; ++h) {
       const float scale = cta.stats()[buffer * 128 + 64 + row(h)];
       if (t == 0) cta.row_sums()[w * 64 + row(h)] *= scale;
-#pragma unroll
-      for (int i = 0; i < kHalfCols / 8; ++i) {
-        o_acc[4 * i + 2 * h] *= scale;
-        o_acc[4 * i + 2 * h + 1] *= scale;
-      }
+      scale_row<typename Traits::OLayout>(o_acc, h, scale);
     }
   }
   // This consumer's part of key half h of V_j is at position first + 2 * h.

@@ -79,12 +79,7 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
   fence_proxy_async();
   mbarrier_arrive(cta.p_full(buffer));
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
-#pragma unroll
-    for (int i = 0; i < kHalfCols / 8; ++i) {
-      o_acc[4 * i + 2 * h] *= scale[h];
-      o_acc[4 * i + 2 * h + 1] *= scale[h];
-    }
+  for (int h = 0; h < 2; ++h) scale_row<typename Traits::OLayout>(o_acc, h, scale[h]);
 }
 
 }  // namespace ffpa::detail::sm90_wgmma

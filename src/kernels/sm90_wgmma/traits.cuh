@@ -29,6 +29,8 @@ struct Traits {
   static constexpr int kVStages = kRingVStages;         // ring stages per V block
   // S of a consumer warp: one 16-row slab, kBlockN / 8 column blocks.
   using SLayout = AccumulatorLayout<1, kBlockN / 8>;
+  // This consumer's half of O: one slab, kHalfCols / 8 column blocks.
+  using OLayout = AccumulatorLayout<1, kHalfCols / 8>;
 
   static constexpr int kTileBytes = 64 * kSwizzleRowBytes;      // [64 rows][kBoxCols]: Q, P, O, V boxes
   static constexpr int kKBoxBytes = kBlockN * kSwizzleRowBytes;  // [128 keys][kBoxCols]
