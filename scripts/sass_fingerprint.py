@@ -26,6 +26,7 @@ import sys
 
 # Object files of kernel instances: the family and the head dim from the name.
 OBJECT_PATTERNS = [
+    # split_d_out / seesaw_d: the object names before the families were renamed.
     (re.compile(r"(?:split_d_out|sm80_split_d_d)(\d+)\.cu\.o$"), "sm80_split_d"),
     (re.compile(r"(?:seesaw_d|sm90_wgmma_d)(\d+)\.cu\.o$"), "sm90_wgmma"),
 ]
