@@ -6,6 +6,7 @@
 
 #include "common/attention_problem.hpp"
 #include "kernels/common/math_constants.hpp"
+#include "kernels/common/softmax_state.hpp"
 
 namespace ffpa::detail {
 
@@ -18,7 +19,7 @@ __device__ __forceinline__ float output_row_scale(float row_sum, float keep_scal
 // Natural-log LSE of a row from its log2-domain maximum and its denominator;
 // -inf for a row with no attended key.
 __device__ __forceinline__ float row_log_sum_exp(float row_max_log2, float row_sum) {
-  return row_sum > 0.0f ? row_max_log2 * kLn2 + logf(row_sum) : -INFINITY;
+  return log_sum_exp(RowSoftmaxState{row_max_log2, row_sum});
 }
 
 __device__ __forceinline__ void store_lse(const AttentionProblem& p, int batch, int head, int row, float lse) {

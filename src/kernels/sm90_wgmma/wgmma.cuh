@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/common/element.cuh"
+
 namespace ffpa::detail::sm90_wgmma {
 
 // The accumulator registers of an N = 128, 192, 256 wgmma (64, 96, 128 of them):
@@ -76,8 +78,11 @@ namespace ffpa::detail::sm90_wgmma {
 template <typename Element, int N, bool kTransposeB>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                          int accumulate) {
-  constexpr bool kBf16 = std::is_same_v<Element, __nv_bfloat16>;
-  static_assert(kBf16 || std::is_same_v<Element, __half>, "bf16 or fp16 operands");
+  // The operand kind is the element's trait: a 16-bit element is k16 per
+  // instruction (32 bytes of a 128-byte row, as for an 8-bit one at k32); an
+  // e4m3 operand adds its kind here, K-major B only.
+  static_assert(ElementTraits<Element>::kBytes == 2, "16-bit operands: bf16 or fp16");
+  constexpr bool kBf16 = ElementTraits<Element>::kIsBf16;
   static_assert(kTransposeB ? (N == 128 || N == 192 || N == 256) : N == 128,
                 "instantiated shapes: K-major B with N = 128, N-major B with N = 128, 192, 256");
   if constexpr (!kTransposeB) {
