@@ -19,6 +19,12 @@ Status select_kernel(const ForwardParams& params, KernelChoice* choice) {
   if (choice == nullptr) return {StatusCode::null_pointer, "choice is null"};
   detail::AttentionProblem problem;
   if (Status status = detail::validate_forward(params, &problem); !status.ok()) return status;
+  if (is_empty(problem)) {  // forward() runs nothing and succeeds, whatever impl was asked for
+    *choice = KernelChoice{};
+    choice->impl = params.options.impl;
+    choice->kernel = "none (empty problem: B, Hq or Nq is 0)";
+    return {};
+  }
   return detail::plan_forward(problem, params.options.impl, choice);
 }
 

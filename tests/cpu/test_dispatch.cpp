@@ -193,6 +193,32 @@ TEST(Dispatch, ExplicitGpuImplOnHostPointersIsRefused) {
   EXPECT_EQ(forward(c.params).code, status.code);
 }
 
+// B, Hq or Nq = 0 is a no-op that succeeds whatever impl is asked for, and
+// select_kernel says the same as forward (hostile-input finding 3: it
+// returned impl_unavailable where forward succeeded).
+TEST(Dispatch, EmptyProblemsSelectWhatForwardDoes) {
+  for (Impl impl : {Impl::automatic, Impl::cpu_reference, Impl::sm80_split_d, Impl::sm90_wgmma}) {
+    for (int empty_dim : {0, 1, 2}) {  // B, Hq, Nq
+      int64_t q_shape[4] = {1, 2, 5, 64}, kv_shape[4] = {1, 2, 7, 64};
+      q_shape[empty_dim] = 0;
+      if (empty_dim == 0) kv_shape[0] = 0;
+      HostCall c;
+      c.q = make_host_tensor(DType::bf16, {q_shape[0], q_shape[1], q_shape[2], q_shape[3]});
+      c.k = make_host_tensor(DType::bf16, {kv_shape[0], kv_shape[1], kv_shape[2], kv_shape[3]});
+      c.v = make_host_tensor(DType::bf16, {kv_shape[0], kv_shape[1], kv_shape[2], kv_shape[3]});
+      c.o = make_host_tensor(DType::bf16, {q_shape[0], q_shape[1], q_shape[2], q_shape[3]});
+      c.params.q = c.q.tensor, c.params.k = c.k.tensor, c.params.v = c.v.tensor, c.params.o = c.o.tensor;
+      c.params.options.impl = impl;
+      SCOPED_TRACE("impl " + std::to_string(static_cast<int>(impl)) + ", empty dim " + std::to_string(empty_dim));
+      KernelChoice choice;
+      const Status selected = select_kernel(c.params, &choice);
+      EXPECT_TRUE(selected.ok()) << status_name(selected.code) << ": " << selected.message;
+      EXPECT_NE(choice.kernel.find("empty"), std::string::npos) << choice.kernel;
+      EXPECT_EQ(forward(c.params).code, selected.code);
+    }
+  }
+}
+
 TEST(Dispatch, UnknownImplIsAnInvalidOption) {
   HostCall c = host_call(64);
   c.params.options.impl = static_cast<Impl>(42);
