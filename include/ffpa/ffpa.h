@@ -41,7 +41,16 @@ typedef enum ffpa_impl {
   FFPA_IMPL_SM90_WGMMA = 3
 } ffpa_impl;
 
-typedef enum ffpa_status {
+/* Under C++ the status has a fixed 32-bit underlying type, so that any
+ * integer a C caller passes (ffpa_status_name(100), (ffpa_status)-1) is a
+ * valid value there; C sees a plain enum of the same size. */
+#ifdef __cplusplus
+#define FFPA_STATUS_UNDERLYING : int32_t
+#else
+#define FFPA_STATUS_UNDERLYING
+#endif
+
+typedef enum ffpa_status FFPA_STATUS_UNDERLYING {
   FFPA_OK = 0,
   FFPA_NULL_POINTER = 1,
   FFPA_INVALID_RANK = 2,
@@ -100,6 +109,8 @@ FFPA_API ffpa_status ffpa_forward(const ffpa_forward_params* params, char* messa
 FFPA_API ffpa_status ffpa_workspace_size(const ffpa_forward_params* params, size_t* bytes,
                                          char* message, size_t message_size);
 
+/* The status's name ("ok", "null_pointer", ...); "unknown_status" for any
+ * other integer. */
 FFPA_API const char* ffpa_status_name(ffpa_status status);
 
 FFPA_API const char* ffpa_version(void);

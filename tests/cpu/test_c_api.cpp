@@ -93,6 +93,17 @@ TEST(CApi, StatusNamesAreDistinctAndMatchTheCppNames) {
   EXPECT_STREQ(ffpa_status_name(FFPA_OUT_OF_MEMORY), "out_of_memory");
 }
 
+// Any integer is a status a C caller may pass (hostile-input finding 1: 100 or
+// -1 was a value outside the C++ enum, undefined to load). The brace
+// initializations below compile only with the fixed underlying type.
+TEST(CApi, StatusNameTakesAnyInteger) {
+  static_assert(sizeof(ffpa_status) == sizeof(int32_t), "a 32-bit status, as C sees it");
+  const ffpa_status out_of_range{100}, negative{-1}, largest{INT32_MAX}, smallest{INT32_MIN};
+  for (ffpa_status status : {out_of_range, negative, largest, smallest})
+    EXPECT_STREQ(ffpa_status_name(status), "unknown_status");
+  EXPECT_STREQ(ffpa_status_name(ffpa_status{21}), "out_of_memory");
+}
+
 TEST(CApi, Version) {
   ASSERT_NE(ffpa_version(), nullptr);
   EXPECT_STREQ(ffpa_version(), ffpa::version());
