@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <new>
 #include <system_error>
 #include <thread>
 #include <vector>
@@ -24,6 +25,17 @@ namespace ffpa::detail {
 namespace {
 
 constexpr int kRowGroup = 4;  // query rows computed together (the inner loops spell out 4 lanes)
+
+// a * b elements of T for a scratch buffer; std::bad_alloc (reported as
+// out_of_memory) when the count overflows or exceeds what a vector can hold,
+// so that no size error escapes as another exception.
+template <typename T>
+size_t scratch_elements(int64_t a, int64_t b) {
+  int64_t n = 0;
+  if (__builtin_mul_overflow(a, b, &n) || n < 0 || static_cast<uint64_t>(n) > std::vector<T>().max_size())
+    throw std::bad_alloc();
+  return static_cast<size_t>(n);
+}
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 // Where results go: the problem's o and lse in their dtypes, or contiguous
@@ -264,12 +276,12 @@ void run(const AttentionProblem& p, RowSubset subset, int num_threads, const Des
 
   std::vector<Scratch> scratch(workers);
   for (Scratch& s : scratch) {
-    s.q.resize(dim * kRowGroup);
-    s.weight.resize(kRowGroup * nkv);
-    s.bias.resize(nkv);
-    s.out.resize(dim * kRowGroup);
+    s.q.resize(scratch_elements<double>(dim, kRowGroup));
+    s.weight.resize(scratch_elements<double>(kRowGroup, nkv));
+    s.bias.resize(scratch_elements<double>(nkv, 1));
+    s.out.resize(scratch_elements<double>(dim, kRowGroup));
   }
-  std::vector<float> k_block(nkv * dim), v_block(nkv * dim);
+  std::vector<float> k_block(scratch_elements<float>(nkv, dim)), v_block(scratch_elements<float>(nkv, dim));
   constexpr int64_t kElementsPerConversionSlice = int64_t{1} << 16;
   const int64_t slices = std::clamp<int64_t>(nkv * dim / kElementsPerConversionSlice, 1, threads);
 

@@ -104,6 +104,40 @@ TEST(CApi, StatusNameTakesAnyInteger) {
   EXPECT_STREQ(ffpa_status_name(ffpa_status{21}), "out_of_memory");
 }
 
+// A valid host call whose CPU-reference scratch cannot exist (Nkv = 2^58 + 1
+// keys, every one the same row through stride 0): out_of_memory from both
+// APIs, never an exception or a cuda_error (hostile-input finding 2: the C++
+// API let std::length_error escape, the C ABI said "internal error").
+TEST(CApi, ScratchBeyondAddressableMemoryIsOutOfMemory) {
+  for (const int64_t seq_kv : {(int64_t{1} << 58) + 1, int64_t{1} << 40}) {
+    SCOPED_TRACE("Nkv = " + std::to_string(seq_kv));
+    HostTensor q = make_host_tensor(DType::f16, {1, 1, 1, 8});
+    HostTensor o = make_host_tensor(DType::f16, {1, 1, 1, 8});
+    HostTensor row = make_host_tensor(DType::f16, {1, 1, 1, 8});
+    ffpa::testing::fill_uniform(q, 1, -1.0f, 1.0f);
+    ffpa::testing::fill_uniform(row, 2, -1.0f, 1.0f);
+    ffpa::testing::fill_nan(o);
+    const std::vector<unsigned char> o_before = o.storage;
+    ffpa::ForwardParams params;
+    params.q = q.tensor;
+    params.o = o.tensor;
+    params.k = params.v = ffpa::make_tensor(row.tensor.data, DType::f16, {1, 1, seq_kv, 8});
+    params.k.stride[0] = params.k.stride[1] = params.k.stride[2] = 0;
+    params.v = params.k;
+    ffpa::Status status;
+    EXPECT_NO_THROW(status = ffpa::forward(params));
+    EXPECT_EQ(status.code, ffpa::StatusCode::out_of_memory) << status.message;
+    EXPECT_TRUE(o.storage == o_before) << "o was written";
+
+    ffpa_forward_params c;
+    std::memset(&c, 0, sizeof c);
+    c.q = c_tensor(params.q), c.k = c_tensor(params.k), c.v = c_tensor(params.v), c.o = c_tensor(params.o);
+    char message[256] = {};
+    EXPECT_EQ(ffpa_forward(&c, message, sizeof message), FFPA_OUT_OF_MEMORY) << message;
+    EXPECT_TRUE(o.storage == o_before) << "o was written";
+  }
+}
+
 TEST(CApi, Version) {
   ASSERT_NE(ffpa_version(), nullptr);
   EXPECT_STREQ(ffpa_version(), ffpa::version());
