@@ -475,8 +475,10 @@ TEST(Validation, InterleavedOutputRowsAreDecidedExactly) {
 }
 
 TEST(Validation, InvalidStrideWhenAliasingCannotBeDecided) {
-  // 4096^3 rows of 8 elements, n and h strides interleaved: too many index
-  // differences to search, so the layout is rejected rather than trusted.
+  // 4096^3 rows of 8 elements whose three strides are near-equal (2^26 rows
+  // apart, offset by the primes 4099 and 4111): no two elements meet, but
+  // every assignment of the search's roles needs over 2^24 steps, so the
+  // layout is rejected rather than trusted.
   Sizes s{1, 1, 1, 1, 1, 8};
   Call call(s);
   ForwardParams p = call.params();
@@ -484,11 +486,19 @@ TEST(Validation, InvalidStrideWhenAliasingCannotBeDecided) {
   p.mask = {};
   for (Tensor* t : {&p.q, &p.k, &p.v, &p.o}) {
     t->shape[0] = t->shape[1] = t->shape[2] = 4096;
+    t->stride[0] = int64_t{8} << 26;
+    t->stride[1] = 8 * ((int64_t{1} << 26) + 4099);
+    t->stride[2] = 8 * ((int64_t{1} << 26) + 4111);
+  }
+  EXPECT_TRUE(rejected(call, p, StatusCode::invalid_stride, {"o.stride", "prove"}));
+  // n and h strides of 16 and 24 elements interleave rows that do meet
+  // (h = 2, n = 0 and h = 0, n = 3): found, not undecided.
+  for (Tensor* t : {&p.q, &p.k, &p.v, &p.o}) {
     t->stride[0] = int64_t{1} << 30;
     t->stride[1] = 24;
     t->stride[2] = 16;
   }
-  EXPECT_TRUE(rejected(call, p, StatusCode::invalid_stride, {"o.stride", "prove"}));
+  EXPECT_TRUE(rejected(call, p, StatusCode::invalid_stride, {"o.stride", "same memory"}));
 }
 
 TEST(Validation, InvalidStrideExtentOverflow) {
