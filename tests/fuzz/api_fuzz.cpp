@@ -1,0 +1,342 @@
+// A seeded random driver over the C ABI and the C++ API on host pointers, for
+// a build under AddressSanitizer and UndefinedBehaviorSanitizer
+// (-DFFPA_SANITIZE=ON). Each case draws a valid call, then perhaps one fault
+// (a null pointer, a wrong rank, shape, dtype, stride, alignment, overlap,
+// option or impl), runs it through both APIs and checks:
+//   - the C and C++ statuses are equal;
+//   - a call without a fault succeeds, and a call with one is refused;
+//   - a refused call leaves every input and output byte untouched;
+//   - select_kernel and workspace_size agree with forward;
+//   - a successful call equals an independent fp64 reference (written here,
+//     from the spec: masks, both causal alignments, GQA, dropout, LSE).
+//
+//   ffpa_api_fuzz [--seconds N] [--seed S] [--cases N] [--corpus FILE] [--list]
+// The corpus is a list of seeds (one a line, '#' comments) run first. Prints
+// the statuses seen and a closing "N passed, N failed" line; exits 1 on any
+// failed check. --list prints each case's seed, status and fault (to grow
+// the corpus).
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/philox.hpp"
+#include "ffpa/ffpa.h"
+#include "ffpa/ffpa.hpp"
+#include "support/host_tensors.hpp"
+
+namespace {
+
+using ffpa::Causal;
+using ffpa::DType;
+using ffpa::ForwardParams;
+using ffpa::Impl;
+using ffpa::Status;
+using ffpa::StatusCode;
+using ffpa::Tensor;
+using ffpa::testing::HostTensor;
+using ffpa::testing::Layout;
+
+ffpa_tensor c_tensor(const Tensor& t) {
+  ffpa_tensor c;
+  std::memset(&c, 0, sizeof c);
+  c.data = t.data;
+  c.dtype = static_cast<int32_t>(t.dtype);
+  c.rank = t.rank;
+  for (int i = 0; i < 4; ++i) c.shape[i] = t.shape[i], c.stride[i] = t.stride[i];
+  return c;
+}
+
+ffpa_forward_params c_params(const ForwardParams& p) {
+  ffpa_forward_params c;
+  std::memset(&c, 0, sizeof c);
+  c.q = c_tensor(p.q), c.k = c_tensor(p.k), c.v = c_tensor(p.v), c.o = c_tensor(p.o);
+  c.mask = c_tensor(p.mask), c.lse = c_tensor(p.lse);
+  c.options.has_scale = p.options.scale.has_value() ? 1 : 0;
+  c.options.scale = p.options.scale.value_or(0.0f);
+  c.options.causal = static_cast<int32_t>(p.options.causal);
+  c.options.dropout_p = p.options.dropout_p;
+  c.options.dropout_seed = p.options.dropout_seed;
+  c.options.dropout_offset = p.options.dropout_offset;
+  c.options.accumulation = static_cast<int32_t>(p.options.accumulation);
+  c.options.impl = static_cast<int32_t>(p.options.impl);
+  return c;
+}
+
+// One drawn call: the buffers it owns and its parameters.
+struct Case {
+  int64_t batch = 1, heads_q = 1, heads_kv = 1, seq_q = 1, seq_kv = 1, dim = 8;
+  DType dtype = DType::bf16;
+  HostTensor q, k, v, o, mask, lse;
+  bool has_mask = false, has_lse = false;
+  std::array<bool, 4> mask_broadcast{};
+  ForwardParams params;
+  std::string fault;  // empty: a valid call
+};
+
+Case draw_valid(std::mt19937_64& rng) {
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  Case c;
+  c.batch = pick(0, 4) == 0 ? 0 : pick(1, 2);
+  c.heads_kv = pick(1, 3);
+  c.heads_q = c.heads_kv * pick(1, 3);
+  c.seq_q = pick(0, 5) == 0 ? 0 : pick(1, 9);
+  c.seq_kv = pick(0, 5) == 0 ? 0 : pick(1, 11);
+  c.dim = 8 * pick(1, 9);
+  c.dtype = pick(0, 1) ? DType::bf16 : DType::f16;
+  const Layout q_layout = pick(0, 1) ? Layout::bhnd : Layout::bnhd;
+  const Layout kv_layout = pick(0, 1) ? Layout::bhnd : Layout::bnhd;
+  c.q = ffpa::testing::make_host_tensor(c.dtype, {c.batch, c.heads_q, c.seq_q, c.dim}, q_layout);
+  c.k = ffpa::testing::make_host_tensor(c.dtype, {c.batch, c.heads_kv, c.seq_kv, c.dim}, kv_layout);
+  c.v = ffpa::testing::make_host_tensor(c.dtype, {c.batch, c.heads_kv, c.seq_kv, c.dim}, kv_layout);
+  c.o = ffpa::testing::make_host_tensor(c.dtype, {c.batch, c.heads_q, c.seq_q, c.dim}, q_layout);
+  const uint64_t seed = rng();
+  ffpa::testing::fill_uniform(c.q, seed, -2.0f, 2.0f);
+  ffpa::testing::fill_uniform(c.k, seed + 1, -2.0f, 2.0f);
+  ffpa::testing::fill_uniform(c.v, seed + 2, -1.0f, 1.0f);
+  ffpa::testing::fill_nan(c.o);
+  ForwardParams& p = c.params;
+  p.q = c.q.tensor, p.k = c.k.tensor, p.v = c.v.tensor, p.o = c.o.tensor;
+  c.has_mask = pick(0, 2) == 0;
+  if (c.has_mask) {
+    const int kind = static_cast<int>(pick(0, 2));
+    const DType mask_dtype = kind == 0 ? DType::boolean : kind == 1 ? c.dtype : DType::f32;
+    c.mask = ffpa::testing::make_host_tensor(mask_dtype, {c.batch, c.heads_q, c.seq_q, c.seq_kv});
+    ffpa::testing::fill_uniform(c.mask, seed + 3, -3.0f, 1.0f);
+    c.mask_broadcast = {pick(0, 1) == 1, pick(0, 1) == 1, pick(0, 1) == 1, pick(0, 3) == 0};
+    p.mask = ffpa::testing::broadcast_view(c.mask, c.mask_broadcast);
+  }
+  c.has_lse = pick(0, 1) == 1;
+  if (c.has_lse) {
+    c.lse = ffpa::testing::make_host_lse(c.batch, c.heads_q, c.seq_q);
+    ffpa::testing::fill_nan(c.lse);
+    p.lse = c.lse.tensor;
+  }
+  p.options.causal = static_cast<Causal>(pick(0, 2));
+  if (pick(0, 2) == 0) p.options.scale = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+  if (pick(0, 3) == 0) {
+    p.options.dropout_p = std::uniform_real_distribution<float>(0.0f, 0.9f)(rng);
+    p.options.dropout_seed = rng(), p.options.dropout_offset = rng();
+  }
+  if (c.dtype == DType::f16 && pick(0, 3) == 0) p.options.accumulation = ffpa::Accumulation::f16;
+  p.options.impl = pick(0, 1) ? Impl::automatic : Impl::cpu_reference;
+  return c;
+}
+
+bool is_empty(const Case& c) { return c.batch == 0 || c.heads_q == 0 || c.seq_q == 0; }
+
+// One fault that validation or dispatch must refuse.
+void inject_fault(Case& c, std::mt19937_64& rng) {
+  ForwardParams& p = c.params;
+  Tensor* tensors[4] = {&p.q, &p.k, &p.v, &p.o};
+  Tensor& t = *tensors[rng() % 4];
+  switch (rng() % 10) {
+    case 0: p.o.data = nullptr, p.o.shape[0] = std::max<int64_t>(p.o.shape[0], 1), c.fault = "null o"; break;
+    case 1: t.rank = static_cast<int32_t>(rng() % 2 ? 3 : 5), c.fault = "rank"; break;
+    case 2: t.shape[3] += 8, c.fault = "head dim mismatch"; break;
+    case 3: t.dtype = t.dtype == DType::bf16 ? DType::f16 : DType::bf16, c.fault = "dtype mismatch"; break;
+    case 4: t.stride[3] = 2, c.fault = "last-dim stride"; break;
+    case 5: p.q.data = static_cast<unsigned char*>(p.q.data) + 2, c.fault = "misaligned q"; break;
+    case 6: p.options.dropout_p = (rng() % 2) ? 1.0f : -0.25f, c.fault = "dropout p"; break;
+    case 7: p.options.impl = static_cast<Impl>(4 + rng() % 100), c.fault = "impl value"; break;
+    case 8: p.options.scale = std::nanf(""), c.fault = "scale NaN"; break;
+    default: p.options.impl = Impl::sm80_split_d, c.fault = "GPU impl on host pointers"; break;
+  }
+}
+
+// fp64 reference of row i of head h of batch b, from the spec.
+void reference_row(const Case& c, int64_t b, int64_t h, int64_t i, std::vector<double>* o, double* lse) {
+  const ForwardParams& p = c.params;
+  using ffpa::testing::element_as_double;
+  const int64_t kv_h = h / (c.heads_q / c.heads_kv);
+  const double scale = p.options.scale.value_or(1.0 / std::sqrt(static_cast<double>(c.dim)));
+  const int64_t shift = p.options.causal == Causal::bottom_right ? c.seq_kv - c.seq_q : 0;
+  std::vector<double> score(c.seq_kv, -INFINITY);
+  double max_score = -INFINITY;
+  for (int64_t j = 0; j < c.seq_kv; ++j) {
+    if (p.options.causal != Causal::none && j > i + shift) continue;
+    double s = 0.0;
+    for (int64_t d = 0; d < c.dim; ++d)
+      s += element_as_double(p.q, {b, h, i, d}) * element_as_double(p.k, {b, kv_h, j, d});
+    s *= scale;
+    if (c.has_mask) {
+      const double m = element_as_double(p.mask, {b, h, i, j});
+      if (p.mask.dtype == DType::boolean) {
+        if (m == 0.0) continue;
+      } else {
+        s += m;
+      }
+    }
+    score[j] = s;
+    max_score = std::max(max_score, s);
+  }
+  o->assign(c.dim, 0.0);
+  double sum = 0.0;
+  if (max_score == -INFINITY) {
+    *lse = -INFINITY;
+    return;
+  }
+  for (double& s : score) s = s == -INFINITY ? 0.0 : std::exp(s - max_score), sum += s;
+  *lse = max_score + std::log(sum);
+  const uint32_t threshold = ffpa::detail::dropout_threshold(p.options.dropout_p);
+  const double keep_scale = p.options.dropout_p > 0.0f ? 1.0 / (1.0 - p.options.dropout_p) : 1.0;
+  for (int64_t j = 0; j < c.seq_kv; ++j) {
+    if (score[j] == 0.0) continue;
+    if (p.options.dropout_p > 0.0f &&
+        !ffpa::detail::dropout_keep(p.options.dropout_seed, p.options.dropout_offset, b * c.heads_q + h, i, j,
+                                    threshold))
+      continue;
+    for (int64_t d = 0; d < c.dim; ++d)
+      (*o)[d] += score[j] / sum * keep_scale * element_as_double(p.v, {b, kv_h, j, d});
+  }
+}
+
+struct Tally {
+  int64_t cases = 0, failed = 0, reports = 0;
+  bool case_failed = false, list = false;
+  std::map<std::string, int64_t> statuses;
+};
+
+void fail(Tally* tally, uint64_t seed, const Case& c, const std::string& what) {
+  if (!tally->case_failed) ++tally->failed;
+  tally->case_failed = true;
+  if (++tally->reports <= 20)
+    std::fprintf(stderr, "FAILED seed %llu (fault '%s'): %s\n", static_cast<unsigned long long>(seed),
+                 c.fault.c_str(), what.c_str());
+}
+
+void run_case(uint64_t seed, Tally* tally) {
+  std::mt19937_64 rng(seed);
+  Case c = draw_valid(rng);
+  // Faults go into non-empty calls: an empty one (B, Hq or Nq = 0) is a
+  // no-op that may, for example, have null pointers.
+  const bool faulty = !is_empty(c) && rng() % 3 == 0;
+  if (faulty) inject_fault(c, rng);
+  ++tally->cases;
+  tally->case_failed = false;
+
+  // Snapshots of every buffer, to prove a refused call writes nothing and no
+  // call writes an input.
+  const std::vector<unsigned char> q0 = c.q.storage, k0 = c.k.storage, v0 = c.v.storage, m0 = c.mask.storage;
+  const std::vector<unsigned char> o0 = c.o.storage, l0 = c.lse.storage;
+
+  ffpa::KernelChoice choice;
+  const Status selected = ffpa::select_kernel(c.params, &choice);
+  size_t bytes = 1;
+  const Status sized = ffpa::workspace_size(c.params, &bytes);
+  const Status cpp = ffpa::forward(c.params);
+  const std::vector<unsigned char> o_cpp = c.o.storage, l_cpp = c.lse.storage;
+  c.o.storage = o0, c.lse.storage = l0;
+  const ffpa_forward_params cp = c_params(c.params);
+  char message[512] = {};
+  const ffpa_status cs = ffpa_forward(&cp, message, sizeof message);
+  tally->statuses[ffpa::status_name(cpp.code)]++;
+  if (tally->list)
+    std::printf("%llu %s %s\n", static_cast<unsigned long long>(seed), ffpa::status_name(cpp.code), c.fault.c_str());
+
+  if (static_cast<int>(cs) != static_cast<int>(cpp.code))
+    fail(tally, seed, c, std::string("C status ") + ffpa_status_name(cs) + " != C++ " + ffpa::status_name(cpp.code));
+  if (c.q.storage != q0 || c.k.storage != k0 || c.v.storage != v0 || c.mask.storage != m0)
+    fail(tally, seed, c, "an input was written");
+  if (selected.code != cpp.code) fail(tally, seed, c, std::string("select_kernel said ") + ffpa::status_name(selected.code));
+  const bool dispatch_refusal = cpp.code == StatusCode::impl_unavailable || cpp.code == StatusCode::wrong_memory_space;
+  if (!dispatch_refusal && sized.code != cpp.code)
+    fail(tally, seed, c, std::string("workspace_size said ") + ffpa::status_name(sized.code));
+  if (faulty == cpp.ok()) {
+    fail(tally, seed, c, faulty ? "a faulty call succeeded" : "a valid call failed: " + cpp.message);
+    return;
+  }
+  if (!cpp.ok()) {
+    if (o_cpp != o0 || l_cpp != l0 || c.o.storage != o0 || c.lse.storage != l0)
+      fail(tally, seed, c, "a refused call wrote its output");
+    return;
+  }
+  if (o_cpp != c.o.storage || l_cpp != c.lse.storage) fail(tally, seed, c, "C and C++ outputs differ");
+  if (is_empty(c)) return;
+  const double tolerance = c.params.options.accumulation == ffpa::Accumulation::f16 ? 3e-2 : 1.6e-2;
+  std::vector<double> ref;
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < c.heads_q; ++h)
+      for (int64_t i = 0; i < c.seq_q; ++i) {
+        double lse = 0.0;
+        reference_row(c, b, h, i, &ref, &lse);
+        for (int64_t d = 0; d < c.dim; ++d) {
+          const double got = ffpa::testing::element_as_double(c.params.o, {b, h, i, d});
+          if (!(std::fabs(got - ref[d]) <= tolerance * (1.0 + std::fabs(ref[d])))) {
+            fail(tally, seed, c, "o[" + std::to_string(b) + "," + std::to_string(h) + "," + std::to_string(i) + "," +
+                                     std::to_string(d) + "] = " + std::to_string(got) + ", reference " +
+                                     std::to_string(ref[d]));
+            return;
+          }
+        }
+        if (c.has_lse) {
+          const double got = ffpa::testing::element_as_double(c.params.lse, {b, h, i, 0});
+          const bool both_empty = got == -INFINITY && lse == -INFINITY;
+          if (!both_empty && !(std::fabs(got - lse) <= 1e-3 * (1.0 + std::fabs(lse)))) {
+            fail(tally, seed, c, "lse " + std::to_string(got) + ", reference " + std::to_string(lse));
+            return;
+          }
+        }
+      }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double seconds = 10.0;
+  uint64_t base = std::random_device{}();
+  int64_t max_cases = -1;
+  std::string corpus;
+  Tally tally;
+  for (int a = 1; a < argc; ++a) {
+    const std::string flag = argv[a];
+    if (flag == "--list") {
+      tally.list = true;
+      continue;
+    }
+    const char* value = a + 1 < argc ? argv[++a] : nullptr;
+    if (value != nullptr && flag == "--seconds") {
+      seconds = std::atof(value);
+    } else if (value != nullptr && flag == "--seed") {
+      base = std::strtoull(value, nullptr, 0);
+    } else if (value != nullptr && flag == "--cases") {
+      max_cases = std::atoll(value);
+    } else if (value != nullptr && flag == "--corpus") {
+      corpus = value;
+    } else {
+      std::fprintf(stderr, "usage: ffpa_api_fuzz [--seconds N] [--seed S] [--cases N] [--corpus FILE] [--list]\n");
+      return 2;
+    }
+  }
+  if (!corpus.empty()) {
+    std::ifstream in(corpus);
+    if (!in) {
+      std::fprintf(stderr, "ffpa_api_fuzz: cannot read %s\n", corpus.c_str());
+      return 2;
+    }
+    for (std::string line; std::getline(in, line);) {
+      if (line.empty() || line[0] == '#') continue;
+      run_case(std::strtoull(line.c_str(), nullptr, 0), &tally);
+    }
+  }
+  std::printf("ffpa_api_fuzz: seed base %llu, %.0f s\n", static_cast<unsigned long long>(base), seconds);
+  const auto start = std::chrono::steady_clock::now();
+  for (uint64_t n = 0;; ++n) {
+    if (max_cases >= 0 && static_cast<int64_t>(n) >= max_cases) break;
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > seconds) break;
+    run_case(base + n, &tally);
+  }
+  for (const auto& [name, count] : tally.statuses) std::printf("  %-26s %lld\n", name.c_str(), static_cast<long long>(count));
+  std::printf("%lld passed, %lld failed\n", static_cast<long long>(tally.cases - tally.failed),
+              static_cast<long long>(tally.failed));
+  return tally.failed == 0 ? 0 : 1;
+}
