@@ -10,11 +10,12 @@
 //   - a successful call equals an independent fp64 reference (written here,
 //     from the spec: masks, both causal alignments, GQA, dropout, LSE).
 //
-//   ffpa_api_fuzz [--seconds N] [--seed S] [--cases N] [--corpus FILE] [--list]
+//   ffpa_api_fuzz [--seconds N] [--seed S] [--cases N] [--corpus FILE] [--list] [--threads N]
 // The corpus is a list of seeds (one a line, '#' comments) run first. Prints
 // the statuses seen and a closing "N passed, N failed" line; exits 1 on any
 // failed check. --list prints each case's seed, status and fault (to grow
-// the corpus).
+// the corpus). --threads N runs the random cases from N threads at once (for
+// the ThreadSanitizer build, -DFFPA_SANITIZE=thread).
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -27,6 +28,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/philox.hpp"
@@ -295,6 +297,7 @@ int main(int argc, char** argv) {
   double seconds = 10.0;
   uint64_t base = std::random_device{}();
   int64_t max_cases = -1;
+  int threads = 1;
   std::string corpus;
   Tally tally;
   for (int a = 1; a < argc; ++a) {
@@ -312,8 +315,10 @@ int main(int argc, char** argv) {
       max_cases = std::atoll(value);
     } else if (value != nullptr && flag == "--corpus") {
       corpus = value;
+    } else if (value != nullptr && flag == "--threads") {
+      threads = std::max(1, std::atoi(value));
     } else {
-      std::fprintf(stderr, "usage: ffpa_api_fuzz [--seconds N] [--seed S] [--cases N] [--corpus FILE] [--list]\n");
+      std::fprintf(stderr, "usage: ffpa_api_fuzz [--seconds N] [--seed S] [--cases N] [--corpus FILE] [--list] [--threads N]\n");
       return 2;
     }
   }
@@ -328,12 +333,26 @@ int main(int argc, char** argv) {
       run_case(std::strtoull(line.c_str(), nullptr, 0), &tally);
     }
   }
-  std::printf("ffpa_api_fuzz: seed base %llu, %.0f s\n", static_cast<unsigned long long>(base), seconds);
+  std::printf("ffpa_api_fuzz: seed base %llu, %.0f s, %d thread(s)\n", static_cast<unsigned long long>(base),
+              seconds, threads);
   const auto start = std::chrono::steady_clock::now();
-  for (uint64_t n = 0;; ++n) {
-    if (max_cases >= 0 && static_cast<int64_t>(n) >= max_cases) break;
-    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > seconds) break;
-    run_case(base + n, &tally);
+  // Thread w takes seeds base + w, base + w + threads, ...; each its own tally.
+  std::vector<Tally> tallies(threads);
+  for (Tally& t : tallies) t.list = tally.list;
+  auto work = [&](int w) {
+    for (uint64_t n = w;; n += threads) {
+      if (max_cases >= 0 && static_cast<int64_t>(n) >= max_cases) break;
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > seconds) break;
+      run_case(base + n, &tallies[w]);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int w = 1; w < threads; ++w) pool.emplace_back(work, w);
+  work(0);
+  for (std::thread& t : pool) t.join();
+  for (const Tally& t : tallies) {
+    tally.cases += t.cases, tally.failed += t.failed;
+    for (const auto& [name, count] : t.statuses) tally.statuses[name] += count;
   }
   for (const auto& [name, count] : tally.statuses) std::printf("  %-26s %lld\n", name.c_str(), static_cast<long long>(count));
   std::printf("%lld passed, %lld failed\n", static_cast<long long>(tally.cases - tally.failed),
