@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "kernels/common/accumulator_layout.cuh"
+#include "kernels/common/softmax_state.hpp"
 
 namespace ffpa::detail {
 
@@ -42,8 +43,8 @@ struct RowRescale {
 __device__ __forceinline__ RowRescale rescale_row(float old_max, float block_max) {
   RowRescale rescale;
   rescale.new_max = fmaxf(old_max, block_max);
-  rescale.base = rescale.new_max == -INFINITY ? 0.0f : rescale.new_max;
-  rescale.scale = exp2f(old_max - rescale.base);
+  rescale.base = exponent_base(rescale.new_max);
+  rescale.scale = rescale_factor(old_max, rescale.new_max);
   return rescale;
 }
 

@@ -19,11 +19,13 @@ struct RowSoftmaxState {
   float sum = 0.0f;            // sum of exp2(score - base) over the range, base = max or 0
 };
 
+// What a row's exponentials subtract: its maximum, or 0 while nothing is
+// attended (-inf), so that exp2(-inf - 0) = 0 rather than NaN.
+FFPA_HOST_DEVICE float exponent_base(float max_log2) { return max_log2 == -INFINITY ? 0.0f : max_log2; }
+
 // The factor that moves values relative to `from` onto `to` (both maxima, in
 // the log2 domain); a state with nothing attended contributes 0.
-FFPA_HOST_DEVICE float rescale_factor(float from, float to) {
-  return exp2f(from - (to == -INFINITY ? 0.0f : to));
-}
+FFPA_HOST_DEVICE float rescale_factor(float from, float to) { return exp2f(from - exponent_base(to)); }
 
 struct MergedRowState {
   RowSoftmaxState state;
