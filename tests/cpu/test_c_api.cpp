@@ -14,28 +14,17 @@
 
 #include "ffpa/ffpa.h"
 #include "ffpa/ffpa.hpp"
+#include "support/c_tensors.hpp"
 #include "support/host_tensors.hpp"
 
 namespace {
 
 using ffpa::DType;
+using ffpa::testing::c_tensor;
 using ffpa::testing::HostTensor;
 using ffpa::testing::Layout;
 using ffpa::testing::make_host_lse;
 using ffpa::testing::make_host_tensor;
-
-ffpa_tensor c_tensor(const ffpa::Tensor& t) {
-  ffpa_tensor c;
-  std::memset(&c, 0, sizeof c);
-  c.data = t.data;
-  c.dtype = static_cast<int32_t>(t.dtype);
-  c.rank = t.rank;
-  for (int i = 0; i < 4; ++i) {
-    c.shape[i] = t.shape[i];
-    c.stride[i] = t.stride[i];
-  }
-  return c;
-}
 
 struct Sizes {
   int64_t batch, heads_q, heads_kv, seq_q, seq_kv, head_dim;

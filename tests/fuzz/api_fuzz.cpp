@@ -34,6 +34,7 @@
 #include "common/philox.hpp"
 #include "ffpa/ffpa.h"
 #include "ffpa/ffpa.hpp"
+#include "support/c_tensors.hpp"
 #include "support/host_tensors.hpp"
 
 namespace {
@@ -45,18 +46,9 @@ using ffpa::Impl;
 using ffpa::Status;
 using ffpa::StatusCode;
 using ffpa::Tensor;
+using ffpa::testing::c_tensor;
 using ffpa::testing::HostTensor;
 using ffpa::testing::Layout;
-
-ffpa_tensor c_tensor(const Tensor& t) {
-  ffpa_tensor c;
-  std::memset(&c, 0, sizeof c);
-  c.data = t.data;
-  c.dtype = static_cast<int32_t>(t.dtype);
-  c.rank = t.rank;
-  for (int i = 0; i < 4; ++i) c.shape[i] = t.shape[i], c.stride[i] = t.stride[i];
-  return c;
-}
 
 ffpa_forward_params c_params(const ForwardParams& p) {
   ffpa_forward_params c;
