@@ -7,11 +7,15 @@
 #   scripts/ab_bench.sh A_BENCH B_BENCH OUT_JSONL ROUNDS [POINTS_FILE]
 #
 # POINTS_FILE: one set of ffpa-bench arguments a line (default: the points
-# below, every compiled instance of both families). Summarize with
+# below, every compiled instance of both families). AB_BENCH_OPTS: the
+# measurement options added to every point (default "--iters 10 --check-rows 4";
+# longer runs, e.g. "--warmup 10 --iters 30 --check-rows 2", settle the power-
+# limited instances). Summarize with
 #   python3 scripts/ab_summary.py OUT_JSONL
 set -uo pipefail
 A=$1 B=$2 OUTFILE=$3 ROUNDS=${4:-3}
 POINTS_FILE=${5:-}
+OPTS=${AB_BENCH_OPTS:---iters 10 --check-rows 4}
 if [ -n "$POINTS_FILE" ]; then
   mapfile -t POINTS <"$POINTS_FILE"
 else
@@ -33,8 +37,8 @@ for ((round = 0; round < ROUNDS; ++round)); do
     for side in "${order[@]}"; do
       bin=$A
       [ "$side" = B ] && bin=$B
-      # shellcheck disable=SC2086  # the point is word-split on purpose
-      line=$("$bin" $point --iters 10 --check-rows 4 --json 2>/dev/null | tail -n 1)
+      # shellcheck disable=SC2086  # the point and the options are word-split on purpose
+      line=$("$bin" $point $OPTS --json 2>/dev/null | tail -n 1)
       printf '{"side": "%s", "round": %d, "point": "%s", "result": %s}\n' "$side" "$round" "$point" \
         "${line:-null}" >>"$OUTFILE"
     done
