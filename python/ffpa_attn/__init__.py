@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 from ._library import library_info, library_path
 from .config import CUDABackend
 
-__all__ = ["ffpa_attn_func", "CUDABackend", "monkey_patch", "unpatch", "library_info", "library_path", "__version__"]
+__all__ = ["ffpa_attn_func", "explain", "CUDABackend", "monkey_patch", "unpatch", "library_info", "library_path", "__version__"]
 
 try:
     import torch  # noqa: F401
@@ -20,12 +20,12 @@ except ModuleNotFoundError as error:
         raise  # torch is there but broken: say so
     _torch_missing = error
 else:
-    from .functional import ffpa_attn_func
+    from .functional import explain, ffpa_attn_func
     from .patching import monkey_patch, unpatch
 
 
 def __getattr__(name: str) -> object:
     # Reached only for names not set above: those that need torch when it is missing.
-    if name in ("ffpa_attn_func", "monkey_patch", "unpatch"):
+    if name in ("ffpa_attn_func", "explain", "monkey_patch", "unpatch"):
         raise ImportError(f"ffpa_attn.{name} needs PyTorch, which is not installed") from _torch_missing
     raise AttributeError(f"module 'ffpa_attn' has no attribute {name!r}")

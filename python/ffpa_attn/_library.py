@@ -234,8 +234,10 @@ class Library:
 
     def forward(self, params: FfpaForwardParams) -> None:
         """ffpa_forward; raises FFPAError on a non-zero status."""
-        # A buffer per call: calls from several threads must not share one.
-        message = ctypes.create_string_buffer(MESSAGE_BYTES)
+        # One message buffer per thread: calls from several threads must not share one.
+        message = getattr(_thread_buffers, "message", None)
+        if message is None:
+            message = _thread_buffers.message = ctypes.create_string_buffer(MESSAGE_BYTES)
         status = self._dll.ffpa_forward(ctypes.byref(params), message, MESSAGE_BYTES)
         if status != 0:
             raise FFPAError(self.status_name(status), message.value.decode(errors="replace"))
@@ -243,6 +245,7 @@ class Library:
 
 _loaded: Library | None = None
 _load_lock = threading.Lock()
+_thread_buffers = threading.local()
 
 
 def load_library() -> Library:
@@ -271,7 +274,7 @@ def limits() -> Limits:
 
 def forward(params: FfpaForwardParams) -> None:
     """ffpa_forward on the loaded library; raises FFPAError on a non-zero status."""
-    load_library().forward(params)
+    (_loaded or load_library()).forward(params)
 
 
 def _open_library() -> Library:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-IMPLS = ("auto", "sm80_split_d", "sm90_wgmma")
+IMPLS = ("auto", "ffpa", "sm80_split_d", "sm90_wgmma")
 ACCUMULATIONS = ("f32", "f16")
 CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 
@@ -19,9 +19,13 @@ MAX_DROPOUT_COUNTER = 2**63 - 1
 class CUDABackend:
     """How the ffpa library serves a call; validated on construction.
 
-    impl: "auto" picks the fastest path and falls back to SDPA for calls the
-        library cannot serve; an explicit impl ("sm80_split_d", or "sm90_wgmma"
-        on Hopper) runs that path or raises saying why it cannot.
+    impl: "auto" runs the fastest correct path for the call: the library's own
+        choice of kernel, or PyTorch's SDPA where the routing table
+        (routing.py) measured SDPA faster, and SDPA for calls the library
+        cannot serve. "ffpa" runs the library's own choice and never SDPA
+        (raising where the library cannot serve the call); an explicit family
+        ("sm80_split_d", or "sm90_wgmma" on Hopper) runs that family or raises
+        saying why it cannot.
     accumulation: "f32", or "f16" for float16 inputs only.
     causal_alignment: what is_causal=True means: "top_left" (SDPA's j <= i) or
         "bottom_right" (FlashAttention's j <= i + Nkv - Nq).

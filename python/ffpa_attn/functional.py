@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import _library, ops  # noqa: F401  (ops registers torch.ops.ffpa_attn.forward)
 from ._library import Accumulation, Causal, FFPAError, Impl
 from .config import CUDABackend
 from .decisions import CallSpec, Limits, fallback_reason
+from .routing import route, sdpa_backends
 
 logger = logging.getLogger("ffpa_attn")
 
 _sdpa = torch.nn.functional.scaled_dot_product_attention
 _DEFAULT_BACKEND = CUDABackend()
 _SEED_BOUND = 2**63 - 1  # seeds travel as int64
+# CUDABackend.impl -> the C ABI's: "auto" and "ffpa" both let the library pick its kernel.
+_LIBRARY_IMPLS = {"auto": Impl.AUTO, "ffpa": Impl.AUTO, "sm80_split_d": Impl.SM80_SPLIT_D, "sm90_wgmma": Impl.SM90_WGMMA}
 
 
 def _library_limits() -> Limits | None:
@@ -58,48 +63,78 @@ def ffpa_attn_func(
           dropout seed and offset); None means CUDABackend().
       return_lse: also return the log-sum-exp of the scaled, masked scores,
           fp32 [B, Hq, Nq] (-inf for a row with no attended key): (out, lse).
-    A call the library cannot serve goes to SDPA when backend.impl is "auto"
-    (the reason is logged at DEBUG on the "ffpa_attn" logger) and raises
-    NotImplementedError with the reason for an explicit impl.
+    With backend.impl "auto" a call runs where it is fastest and correct
+    (routing.py): on ffpa's kernels, or on PyTorch's SDPA where SDPA's kernels
+    are measured faster (D <= 256) and the call asks for nothing only ffpa
+    gives, and on SDPA when the library cannot serve it; the reason is logged
+    at DEBUG on the "ffpa_attn" logger, and explain(...) tells it without
+    running. Another impl never hands the call to SDPA: it raises
+    NotImplementedError with the reason where it cannot serve it.
     """
-    backend = _DEFAULT_BACKEND if backend is None else backend
-    if not isinstance(backend, CUDABackend):
+    if backend is None:
+        backend = _DEFAULT_BACKEND
+    elif not isinstance(backend, CUDABackend):
         raise TypeError(f"backend must be a CUDABackend or None, got {type(backend).__name__}")
-    if not all(isinstance(t, torch.Tensor) for t in _given_tensors(query, key, value, attn_mask)):
+    compiling = _is_compiling()
+    # Plain tensors in eager mode: the decision is looked up by the call's metadata.
+    plain = (
+        not compiling
+        and type(query) is _TENSOR
+        and type(key) is _TENSOR
+        and type(value) is _TENSOR
+        and (attn_mask is None or type(attn_mask) is _TENSOR)
+    )
+    if plain:
+        decision = _cached_decision(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, backend, return_lse)
+    elif not all(isinstance(t, torch.Tensor) for t in _given_tensors(query, key, value, attn_mask)):
         # Not ours to judge: SDPA raises its own error for these.
         return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-    if backend.accumulation == "f16" and query.dtype == torch.bfloat16:
-        raise ValueError("backend.accumulation = 'f16' needs float16 inputs, but query.dtype is torch.bfloat16")
-    if (invalid := _invalid_sdpa_arguments(query, key, dropout_p)) is not None:
-        raise RuntimeError(f"ffpa_attn_func: {invalid}")
-
-    reason = fallback_reason(
-        _call_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa), _LIBRARY_LIMITS
-    )
-    if reason is not None:
-        if backend.impl != "auto":
-            raise NotImplementedError(f"ffpa_attn: backend.impl = {backend.impl!r} cannot serve this call: {reason}")
-        if not torch.compiler.is_compiling():
-            logger.debug("ffpa_attn: SDPA serves this call: %s", reason)
+    else:
+        decision = _decision(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, backend, return_lse)
+    if decision.error is not None:
+        error_type, message = decision.error
+        raise error_type(message)
+    if decision.path == "sdpa":
+        if decision.refusal is not None:
+            raise NotImplementedError(decision.refusal)
+        if not compiling:
+            logger.debug("ffpa_attn: SDPA serves this call: %s", decision.reason)
         return _sdpa_fallback(
-            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, backend.causal_alignment, return_lse
-        )
-
-    try:
-        out, lse = torch.ops.ffpa_attn.forward(
             query,
             key,
             value,
             attn_mask,
-            float(dropout_p),
-            Causal[backend.causal_alignment.upper()] if is_causal else Causal.NONE,
-            1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale),
-            Accumulation[backend.accumulation.upper()],
-            Impl[backend.impl.upper()],
-            _dropout_seed(backend, dropout_p),
-            backend.dropout_offset,
+            dropout_p,
+            is_causal,
+            scale,
+            enable_gqa,
+            backend.causal_alignment,
             return_lse,
+            decision.sdpa_backends,
         )
+
+    arguments = (
+        query,
+        key,
+        value,
+        attn_mask,
+        decision.dropout_p,
+        decision.causal,
+        decision.scale,
+        decision.accumulation,
+        decision.impl,
+        _dropout_seed(backend, dropout_p),
+        backend.dropout_offset,
+        return_lse,
+    )
+    try:
+        if not plain or _profiler_enabled() or _dispatch_modes():
+            # Tracing, a mode, a tensor subclass or the profiler: they see the op.
+            out, lse = torch.ops.ffpa_attn.forward(*arguments)
+        else:
+            # The op's body without the dispatcher, whose host time is most of a
+            # small call's (docs/perf/h200-2026-11-30-dropin/): nothing needs it here.
+            out, lse = ops.run(*arguments)
     except FFPAError as error:
         # An explicit impl the library cannot route this call to: the documented refusal.
         if error.status_name == "impl_unavailable" and backend.impl != "auto":
@@ -108,6 +143,142 @@ def ffpa_attn_func(
             ) from error
         raise
     return (out, lse) if return_lse else out
+
+
+def explain(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    backend: CUDABackend | None = None,
+    return_lse: bool = False,
+) -> str:
+    """What ffpa_attn_func would run for these arguments, and why, in one line (runs nothing).
+
+    The tensors may be on the "meta" device, or fake: only their metadata is read.
+    """
+    backend = _DEFAULT_BACKEND if backend is None else backend
+    decision = _decision(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, backend, return_lse)
+    if decision.error is not None:
+        return f"raises {decision.error[0].__name__}: {decision.error[1]}"
+    if decision.refusal is not None:
+        return f"raises NotImplementedError: {decision.refusal}"
+    if decision.path == "sdpa":
+        backends = "its own choice" if decision.sdpa_backends is None else ", ".join(decision.sdpa_backends)
+        return f"PyTorch SDPA ({backends}): {decision.reason}"
+    return f"ffpa (impl {backend.impl}): {decision.reason}"
+
+
+@dataclass(frozen=True)
+class _Decision:
+    """Where a call goes (routing.Route's path, reason, SDPA backends) and, for ffpa, the op's enum arguments."""
+
+    path: str
+    reason: str
+    sdpa_backends: tuple[str, ...] | None = None
+    refusal: str | None = None  # an explicit impl that cannot serve the call: the NotImplementedError message
+    error: tuple[type, str] | None = None  # invalid arguments: the exception to raise
+    causal: int = 0
+    accumulation: int = 0
+    impl: int = 0
+    scale: float = 0.0
+    dropout_p: float = 0.0
+
+
+# Decisions of recent calls by their metadata: a pure function's values, so
+# that an eager call pays for a tuple and a lookup, not for CallSpec and the
+# rules (decisions.py, routing.py). Bounded; cleared when full.
+_DECISIONS: dict = {}
+_MAX_DECISIONS = 4096
+
+
+def _cached_decision(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+    backend: CUDABackend,
+    return_lse: bool,
+) -> _Decision:
+    """_decision of a call on plain tensors, looked up by its metadata."""
+    if query.is_nested or key.is_nested or value.is_nested:
+        return _decision(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, backend, return_lse)
+    cache_key = (
+        query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
+        query.device, key.device, value.device,
+        None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device, attn_mask.is_nested),
+        dropout_p, is_causal, scale, enable_gqa, None if backend is _DEFAULT_BACKEND else backend, return_lse,
+        _grad_enabled() and (
+            query.requires_grad or key.requires_grad or value.requires_grad
+            or (attn_mask is not None and attn_mask.requires_grad)
+        ),
+    )  # fmt: skip
+    decision = _DECISIONS.get(cache_key)
+    if decision is None:
+        decision = _decision(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, backend, return_lse)
+        if len(_DECISIONS) >= _MAX_DECISIONS:
+            _DECISIONS.clear()
+        _DECISIONS[cache_key] = decision
+    return decision
+
+
+def _decision(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+    backend: CUDABackend,
+    return_lse: bool,
+) -> _Decision:
+    """Where a call goes and why, from its metadata only (the rules of decisions.py and routing.py)."""
+    if backend.accumulation == "f16" and query.dtype == torch.bfloat16:
+        message = "backend.accumulation = 'f16' needs float16 inputs, but query.dtype is torch.bfloat16"
+        return _Decision("ffpa", message, error=(ValueError, message))
+    if (invalid := _invalid_sdpa_arguments(query, key, dropout_p)) is not None:
+        return _Decision("ffpa", invalid, error=(RuntimeError, f"ffpa_attn_func: {invalid}"))
+    spec = _call_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    reason = fallback_reason(spec, _LIBRARY_LIMITS)
+    if reason is not None:
+        if backend.impl != "auto":
+            refusal = f"ffpa_attn: backend.impl = {backend.impl!r} cannot serve this call: {reason}"
+            return _Decision("sdpa", reason, refusal=refusal)
+        backends, why = sdpa_backends(spec)
+        return _Decision("sdpa", reason if why is None else f"{reason}; {why}", backends)
+    chosen = route(spec, backend, return_lse)
+    if chosen.path == "sdpa":
+        backends, why = sdpa_backends(spec)
+        return _Decision("sdpa", chosen.reason if why is None else f"{chosen.reason}; {why}", backends)
+    return _Decision(
+        "ffpa",
+        chosen.reason,
+        causal=Causal[backend.causal_alignment.upper()] if is_causal else Causal.NONE,
+        accumulation=Accumulation[backend.accumulation.upper()],
+        impl=_LIBRARY_IMPLS[backend.impl],
+        scale=1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale),
+        dropout_p=float(dropout_p),
+    )
+
+
+# The number of active TorchDispatchModes and whether the profiler records (C
+# calls); where this torch lacks them, "some" and "yes": the op path.
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 1)
+_profiler_enabled = getattr(torch.autograd, "_profiler_enabled", lambda: True)
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+_TENSOR = torch.Tensor
 
 
 def _invalid_sdpa_arguments(query: torch.Tensor, key: torch.Tensor, dropout_p: float) -> str | None:
@@ -179,8 +350,13 @@ def _sdpa_fallback(
     enable_gqa: bool,
     causal_alignment: str,
     return_lse: bool,
+    backends: tuple[str, ...] | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """SDPA, given bottom-right causal alignment as a mask, plus the fp32 LSE when asked."""
+    """SDPA, given bottom-right causal alignment as a mask, plus the fp32 LSE when asked.
+
+    backends: the SDPA backends allowed (routing.sdpa_backends: those that
+    compute the call correctly), or None for SDPA's own choice.
+    """
     if (
         is_causal
         and causal_alignment == "bottom_right"
@@ -191,7 +367,11 @@ def _sdpa_fallback(
     ):
         attn_mask = _causal_mask(query.shape[-2], key.shape[-2], "bottom_right", query.device)
         is_causal = False
-    out = _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    if backends is None:
+        out = _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    else:
+        with sdpa_kernel([getattr(SDPBackend, name) for name in backends]):
+            out = _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
     if not return_lse:
         return out
     return out, _lse_float32(query, key, attn_mask, is_causal, scale, enable_gqa)

@@ -7,6 +7,7 @@ input whose layout the library cannot read). On CPU tensors it runs the
 library's CPU reference (impl auto or cpu_reference): slow, exact, for tests.
 """
 
+import struct
 from typing import Optional
 
 import torch
@@ -48,36 +49,8 @@ def forward(
     enum values (_library.Causal, Accumulation, Impl). Raises FFPAError when
     the library rejects the call.
     """
-    o = _new_output(q)
-    lse = _new_lse(q, return_lse)
-    q, k, v = (_readable_by_library(t) for t in (q, k, v))
-    params = _library.FfpaForwardParams(
-        q=_describe("q", q),
-        k=_describe("k", k),
-        v=_describe("v", v),
-        o=_describe("o", o),
-        lse=_describe("lse", lse) if return_lse else _library.FfpaTensor(),
-        options=_library.FfpaOptions(
-            has_scale=1,
-            scale=scale,
-            causal=causal,
-            dropout_p=dropout_p,
-            dropout_seed=dropout_seed,
-            dropout_offset=dropout_offset,
-            accumulation=accumulation,
-            impl=impl,
-        ),
-    )
-    if mask is not None:
-        # A view with stride 0 along the broadcast dims: nothing is copied.
-        params.mask = _describe("mask", mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2]))
-    if q.device.type == "cuda":
-        with torch.cuda.device(q.device):
-            params.stream = torch.cuda.current_stream(q.device).cuda_stream
-            _library.forward(params)
-    else:
-        _library.forward(params)
-    return o, lse
+    o, lse = run(q, k, v, mask, dropout_p, causal, scale, accumulation, impl, dropout_seed, dropout_offset, return_lse)
+    return o, _new_lse(q, False) if lse is None else lse
 
 
 @forward.register_fake
@@ -96,6 +69,147 @@ def _forward_fake(
     return_lse: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return _new_output(q), _new_lse(q, return_lse)
+
+
+def run(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: Optional[torch.Tensor],
+    dropout_p: float,
+    causal: int,
+    scale: float,
+    accumulation: int,
+    impl: int,
+    dropout_seed: int,
+    dropout_offset: int,
+    return_lse: bool,
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The body of the op (same arguments; lse is None unless return_lse), also
+    called directly by ffpa_attn_func's eager path.
+
+    Host time matters here (a decoder calls this once per layer and token): what
+    depends only on shapes, strides, dtypes and options (the C structs, whether
+    an input needs a copy, o's layout) is worked out once per combination
+    (_Plan) and a call writes in its data pointers and stream.
+    """
+    options = (dropout_p, causal, scale, accumulation, impl, dropout_seed, dropout_offset)
+    key = (
+        q.dtype, k.dtype, v.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
+        None if mask is None else (mask.dtype, mask.shape, mask.stride()), return_lse, options,
+    )  # fmt: skip
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = _Plan(q, k, v, mask, return_lse, options)
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    q_data, k_data, v_data = q.data_ptr(), k.data_ptr(), v.data_ptr()
+    if not plan.in_place or (q_data | k_data | v_data) % _VECTOR_BYTES:
+        return _run_on_copies(q, k, v, mask, return_lse, options)
+    o = torch.empty_like(q) if plan.o_like_q else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
+    params = _library.FfpaForwardParams.from_buffer_copy(plan.params)
+    on_cuda = q.is_cuda
+    device = q.get_device()
+    pointers = (
+        q_data,
+        k_data,
+        v_data,
+        o.data_ptr(),
+        0 if mask is None else mask.data_ptr(),  # the broadcast view shares the mask's storage
+        0 if lse is None else lse.data_ptr(),
+        _RAW_STREAM(device) if on_cuda else 0,
+    )
+    for offset, pointer in zip(_POINTER_OFFSETS, pointers):
+        _POINTER.pack_into(params, offset, pointer)
+    if on_cuda and device != _CURRENT_DEVICE():
+        with torch.cuda.device(device):
+            _library.forward(params)
+    else:
+        _library.forward(params)
+    return o, lse
+
+
+class _Plan:
+    """What run works out once per combination of shapes, strides, dtypes and options."""
+
+    __slots__ = ("in_place", "o_like_q", "params")
+
+    def __init__(self, q, k, v, mask, return_lse, options) -> None:
+        # Inputs the library reads where they are (their addresses are checked per call).
+        self.in_place = all(t.numel() == 0 or _strides_readable(t) for t in (q, k, v))
+        o = _new_output(q)
+        self.o_like_q = o.stride() == torch.empty_like(q).stride()
+        lse = _new_lse(q, True) if return_lse else None
+        self.params = _params_template(q, k, v, o, lse, _broadcast_mask(mask, q, k), options)
+
+
+def _run_on_copies(q, k, v, mask, return_lse, options) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """run for inputs the library cannot read in place: copies of them, structs built for the call."""
+    q, k, v = _readable_by_library(q), _readable_by_library(k), _readable_by_library(v)
+    o = _new_output(q)
+    lse = _new_lse(q, True) if return_lse else None
+    params = _params_template(q, k, v, o, lse, _broadcast_mask(mask, q, k), options)
+    if q.is_cuda:
+        with torch.cuda.device(q.device):
+            params.stream = torch.cuda.current_stream(q.device).cuda_stream
+            _library.forward(params)
+    else:
+        _library.forward(params)
+    return o, lse
+
+
+def _broadcast_mask(mask: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor) -> Optional[torch.Tensor]:
+    # A view with stride 0 along the broadcast dims: nothing is copied.
+    return None if mask is None else mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+
+
+# Plans of recent calls (see run); a cache of pure values, bounded.
+_PLANS: dict = {}
+_MAX_PLANS = 1024
+# Where run writes the per-call values into an FfpaForwardParams: the data
+# pointers of q, k, v, o, mask, lse (each FfpaTensor starts with its pointer)
+# and the stream. Offsets from ctypes, so a changed struct moves them too.
+_POINTER = struct.Struct("<Q")
+_POINTER_OFFSETS = tuple(
+    getattr(_library.FfpaForwardParams, field).offset + _library.FfpaTensor.data.offset
+    for field in ("q", "k", "v", "o", "mask", "lse")
+) + (_library.FfpaForwardParams.stream.offset,)
+
+
+def _params_template(q, k, v, o, lse, mask, options) -> _library.FfpaForwardParams:
+    dropout_p, causal, scale, accumulation, impl, dropout_seed, dropout_offset = options
+    return _library.FfpaForwardParams(
+        q=_describe("q", q),
+        k=_describe("k", k),
+        v=_describe("v", v),
+        o=_describe("o", o),
+        lse=_describe("lse", lse) if lse is not None else _library.FfpaTensor(),
+        mask=_describe("mask", mask) if mask is not None else _library.FfpaTensor(),
+        options=_library.FfpaOptions(
+            has_scale=1,
+            scale=scale,
+            causal=causal,
+            dropout_p=dropout_p,
+            dropout_seed=dropout_seed,
+            dropout_offset=dropout_offset,
+            accumulation=accumulation,
+            impl=impl,
+        ),
+    )
+
+
+def _raw_stream(device: int) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+# The current stream's cudaStream_t and the current device: torch's C
+# accessors (what torch.compile's generated code calls), an order of magnitude
+# cheaper than torch.cuda.current_stream() and torch.cuda.current_device();
+# the public calls where this torch lacks them.
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", _raw_stream)
+_CURRENT_DEVICE = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 
 
 def _new_output(q: torch.Tensor) -> torch.Tensor:

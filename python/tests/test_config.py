@@ -8,7 +8,7 @@ import pytest
 from ffpa_attn.config import CUDABackend
 
 ALLOWED = {
-    "impl": ("auto", "sm80_split_d", "sm90_wgmma"),
+    "impl": ("auto", "ffpa", "sm80_split_d", "sm90_wgmma"),
     "accumulation": ("f32", "f16"),
     "causal_alignment": ("top_left", "bottom_right"),
 }

@@ -3,6 +3,8 @@ randomized odd shapes, head dims 8..1024, every mask broadcast pattern and dtype
 both causal alignments, GQA, LSE, strided inputs, fp16 accumulation, dropout with
 the library's own keep-mask, streams, and the calls that go to the fallback."""
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -37,11 +39,25 @@ from dispatch_probe import (  # noqa: E402
     fallback_reasons,
     run_and_check_served,
 )
-from ffpa_attn import CUDABackend, ffpa_attn_func  # noqa: E402
+from ffpa_attn import CUDABackend  # noqa: E402
+from ffpa_attn import ffpa_attn_func as auto_attn_func  # noqa: E402
 
 CUDA = "cuda"
 DTYPES = [torch.bfloat16, torch.float16]
 HEAD_DIMS = [8, 16, 24, 40, 64, 72, 96, 128, 136, 200, 256, 320, 392, 512, 520, 640, 776, 1000, 1024]
+
+
+def ffpa_attn_func(*args, backend=None, **kwargs):
+    """The drop-in on the library's kernels: impl "ffpa" unless the test names a family.
+
+    (With impl "auto" D <= 256 goes to SDPA's own kernels: test_routing_gpu.py
+    tests that routing; the auto-only behaviour, fallback and SDPA's outcome,
+    is tested here through auto_attn_func.)"""
+    if backend is None:
+        backend = CUDABackend(impl="ffpa")
+    elif backend.impl == "auto":
+        backend = dataclasses.replace(backend, impl="ffpa")
+    return auto_attn_func(*args, backend=backend, **kwargs)
 
 
 def served(call):
@@ -332,7 +348,7 @@ def test_fallback_is_sdpa(case, caplog):
     q, k, v = FALLBACK_CASES[case]()
     is_causal = case != "nested"  # SDPA takes no is_causal with nested tensors
     capture_fallback_reasons(caplog)
-    out, ran_ffpa = run_and_check_served(lambda: ffpa_attn_func(q, k, v, is_causal=is_causal))
+    out, ran_ffpa = run_and_check_served(lambda: auto_attn_func(q, k, v, is_causal=is_causal))
     expected = ORIGINAL_SDPA(q, k, v, is_causal=is_causal)
     assert not ran_ffpa, "the library cannot serve this call"
     assert fallback_reasons(caplog), "the fallback reason is logged at DEBUG"
@@ -369,7 +385,7 @@ def test_explicit_impl_on_unservable_call_raises():
 def test_sdpa_outcome_passes_through(case):
     q, k, v = random_qkv(1, 4, 4, 33, 47, 128, torch.bfloat16, CUDA)
     kwargs = dict(query=q, key=k, value=v) | SDPA_OWN_CASES[case](q, k, v)
-    assert_same_outcome(lambda: ffpa_attn_func(**kwargs), lambda: ORIGINAL_SDPA(**kwargs))
+    assert_same_outcome(lambda: auto_attn_func(**kwargs), lambda: ORIGINAL_SDPA(**kwargs))
 
 
 @pytest.mark.parametrize("case", REJECTED_CASES)
@@ -377,7 +393,7 @@ def test_invalid_sdpa_arguments_raise_without_calling_sdpa(case):
     q, k, v = random_qkv(1, 4, 4, 33, 47, 128, torch.bfloat16, CUDA)
     build, named = REJECTED_CASES[case]
     with pytest.raises(RuntimeError, match=named):
-        ffpa_attn_func(**(dict(query=q, key=k, value=v) | build(q, k, v)))
+        auto_attn_func(**(dict(query=q, key=k, value=v) | build(q, k, v)))
 
 
 def test_runs_on_current_stream(rng):

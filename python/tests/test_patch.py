@@ -85,6 +85,7 @@ def mixed_calls():
     odd = random_qkv(1, 2, 2, 33, 47, 100, bf16, cuda)
     fp32 = random_qkv(1, 4, 4, 63, 63, 256, torch.float32, cuda)
     host = random_qkv(1, 2, 2, 19, 23, 64, bf16, "cpu")
+    small = random_qkv(2, 4, 4, 129, 129, 128, bf16, cuda)
     return [
         ("bf16-D512-causal", True, dict(query=q, key=k, value=v, is_causal=True)),
         ("fp16-D320-gqa-mask-bnhd", True, dict(query=gq, key=gk, value=gv, attn_mask=mask, enable_gqa=True)),
@@ -94,6 +95,7 @@ def mixed_calls():
         ("D100", False, dict(zip(("query", "key", "value"), odd))),
         ("float32", False, dict(zip(("query", "key", "value"), fp32))),
         ("cpu", False, dict(zip(("query", "key", "value"), host))),
+        ("bf16-D128-sdpa-faster", False, dict(zip(("query", "key", "value"), small))),
     ]
 
 

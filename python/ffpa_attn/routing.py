@@ -1,0 +1,120 @@
+"""Which path runs a call the library can serve, for impl="auto": ffpa's kernel or PyTorch's SDPA.
+
+The drop-in promises a model that is never slower and never different. So a
+call goes to SDPA where SDPA's own kernels are measured faster (the table
+below), unless the call asks for something only ffpa gives, or SDPA is known
+to compute it wrongly (then it stays on ffpa). Calls that go to SDPA for any
+reason (also those the library cannot serve, decisions.py) get the SDPA
+backends that compute them correctly (sdpa_backends).
+
+Torch-free and cheap (no timing at run time): a decision reads the call's
+metadata and the constant tables here. The device's architecture does not
+enter: the split below holds on every GPU the library has kernels for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import CUDABackend
+from .decisions import CallSpec
+
+# --- where SDPA's own kernels are faster (measured) ---------------------------------------
+#
+# NVIDIA H200 (sm_90), torch 2.11 (cuDNN 9.19), bf16, B=1, H=32, 2026-11-30
+# (issue 16; docs/perf/h200-2026-11-30-dropin/): for D <= 256 SDPA runs cuDNN or
+# FlashAttention-2, 1.7-3.3x faster than ffpa's kernels at every N, causal or
+# not; for D > 256 SDPA has only its memory-efficient and math kernels, which
+# ffpa's beat 3-4x. Off Hopper the same split holds by construction: SDPA's
+# flash kernels serve D <= 256 from sm_80 on (ffpa's kernels need sm_80 too),
+# and nothing in SDPA serves D > 256 but the memory-efficient and math kernels.
+SDPA_FASTER_MAX_HEAD_DIM = 256
+
+# --- where SDPA's default dispatch computes a wrong result (measured) --------------------
+#
+# cuDNN (SDPA's first choice for D <= 256 on Hopper) is not told an fp32
+# additive mask's dtype and returns NaN or garbage for fp16/bf16 q, k, v, with
+# and without grad (PyTorch PR #191612; H200, torch 2.11, cuDNN 9.19). The
+# memory-efficient kernel refuses an fp32 mask; the math kernel is right.
+CUDNN_FP32_MASK_MAX_HEAD_DIM = 256
+# cuDNN's backward returns NaN dQ when a sequence length % 128 == 64 with a
+# mask (PyTorch issue #196678, H100/H200); the memory-efficient kernel is right.
+CUDNN_MASKED_BACKWARD_BAD_REMAINDER = (128, 64)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where a call runs ("ffpa" or "sdpa") and why, in a few words.
+
+    sdpa_backends: for path "sdpa", the SDPA backends to allow (names of
+    torch.nn.attention.SDPBackend), or None for SDPA's own choice.
+    """
+
+    path: str
+    reason: str
+    sdpa_backends: tuple[str, ...] | None = None
+
+
+def only_ffpa_reason(spec: CallSpec, backend: CUDABackend, return_lse: bool) -> str | None:
+    """What the call asks for that only ffpa gives, or None."""
+    if backend.impl != "auto":
+        return f"backend.impl = {backend.impl!r} asks for ffpa"
+    if return_lse:
+        return "return_lse=True (SDPA's public call returns no LSE)"
+    if backend.accumulation == "f16":
+        return "fp16 accumulation (SDPA has none)"
+    if spec.is_causal and backend.causal_alignment == "bottom_right" and spec.q_shape[2] != spec.k_shape[2]:
+        return "bottom-right causal alignment with Nq != Nkv (SDPA's is_causal is top-left)"
+    if spec.dropout_p > 0 and backend.dropout_seed is not None:
+        return "an explicit dropout seed (ffpa's Philox stream)"
+    return None
+
+
+def sdpa_wrong_reason(spec: CallSpec) -> str | None:
+    """Why SDPA's default dispatch would compute this call wrongly, or None."""
+    head_dim = spec.q_shape[-1] if spec.q_shape else 0
+    if (
+        spec.device_type == "cuda"
+        and spec.mask_dtype == "float32"
+        and spec.dtype in ("float16", "bfloat16")
+        and head_dim <= CUDNN_FP32_MASK_MAX_HEAD_DIM
+    ):
+        return "an fp32 additive mask with fp16/bf16 inputs: SDPA's cuDNN kernel returns NaN or garbage (PyTorch PR #191612)"
+    return None
+
+
+def route(spec: CallSpec, backend: CUDABackend, return_lse: bool) -> Route:
+    """The path of a call the library can serve (decisions.fallback_reason(spec) is None)."""
+    if (reason := only_ffpa_reason(spec, backend, return_lse)) is not None:
+        return Route("ffpa", reason)
+    if (reason := sdpa_wrong_reason(spec)) is not None:
+        return Route("ffpa", reason)
+    head_dim = spec.q_shape[-1]
+    if head_dim <= SDPA_FASTER_MAX_HEAD_DIM:
+        return Route(
+            "sdpa", f"D = {head_dim} <= {SDPA_FASTER_MAX_HEAD_DIM}: SDPA's cuDNN/flash kernels are faster (measured)"
+        )
+    return Route("ffpa", f"D = {head_dim}: ffpa's kernels are faster than SDPA's (measured)")
+
+
+def sdpa_backends(spec: CallSpec) -> tuple[tuple[str, ...] | None, str | None]:
+    """The SDPA backends that compute a call going to SDPA correctly, and why they are restricted.
+
+    (None, None): SDPA's own choice is right for the call.
+    """
+    if spec.device_type != "cuda" or spec.mask_dtype is None or spec.dtype not in ("float16", "bfloat16"):
+        return None, None
+    head_dim = spec.q_shape[-1] if spec.q_shape else 0
+    if head_dim > CUDNN_FP32_MASK_MAX_HEAD_DIM:
+        return None, None  # cuDNN is not among SDPA's choices there
+    if spec.mask_dtype == "float32":
+        # The memory-efficient kernel refuses an fp32 mask; math computes it exactly.
+        return ("MATH",), "fp32 mask: SDPA's cuDNN kernel is wrong for it, the math kernel is right"
+    modulus, remainder = CUDNN_MASKED_BACKWARD_BAD_REMAINDER
+    lengths = (spec.q_shape[2], spec.k_shape[2]) if len(spec.q_shape) == 4 and len(spec.k_shape) == 4 else ()
+    if spec.needs_grad and any(n % modulus == remainder for n in lengths):
+        return (
+            ("EFFICIENT_ATTENTION", "MATH"),
+            f"masked backward with a length % {modulus} == {remainder}: cuDNN's dQ is NaN (PyTorch #196678)",
+        )
+    return None, None

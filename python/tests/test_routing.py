@@ -1,0 +1,124 @@
+"""routing.route and routing.sdpa_backends on hand-built CallSpecs (torch-free, runs in CI):
+where impl="auto" sends a call the library can serve, and which SDPA backends
+a call going to SDPA may use."""
+
+import pytest
+
+from ffpa_attn.config import CUDABackend
+from ffpa_attn.decisions import CallSpec
+from ffpa_attn.routing import (
+    CUDNN_FP32_MASK_MAX_HEAD_DIM,
+    SDPA_FASTER_MAX_HEAD_DIM,
+    route,
+    sdpa_backends,
+)
+
+B, H, N = 2, 8, 300
+
+
+def spec(d=512, nq=N, nkv=N, **changes) -> CallSpec:
+    fields = dict(
+        device_type="cuda",
+        same_device=True,
+        dtype="bfloat16",
+        kv_dtypes_match=True,
+        q_shape=(B, H, nq, d),
+        k_shape=(B, H, nkv, d),
+        v_shape=(B, H, nkv, d),
+        mask_dtype=None,
+        mask_shape=None,
+        dropout_p=0.0,
+        enable_gqa=False,
+        needs_grad=False,
+        nested=False,
+    )
+    fields.update(changes)
+    return CallSpec(**fields)
+
+
+AUTO = CUDABackend()
+
+
+@pytest.mark.parametrize("d", [8, 64, 128, 256])
+def test_small_head_dims_go_to_sdpa(d):
+    chosen = route(spec(d), AUTO, return_lse=False)
+    assert chosen.path == "sdpa" and f"D = {d}" in chosen.reason
+
+
+@pytest.mark.parametrize("d", [264, 320, 512, 1024])
+def test_large_head_dims_stay_on_ffpa(d):
+    assert route(spec(d), AUTO, return_lse=False).path == "ffpa"
+
+
+def test_the_split_is_the_measured_one():
+    assert SDPA_FASTER_MAX_HEAD_DIM == 256
+    assert route(spec(SDPA_FASTER_MAX_HEAD_DIM), AUTO, False).path == "sdpa"
+    assert route(spec(SDPA_FASTER_MAX_HEAD_DIM + 8), AUTO, False).path == "ffpa"
+
+
+ONLY_FFPA = {
+    "explicit impl": (spec(128), CUDABackend(impl="ffpa"), False, "asks for ffpa"),
+    "explicit family": (spec(128), CUDABackend(impl="sm80_split_d"), False, "asks for ffpa"),
+    "lse": (spec(128), AUTO, True, "return_lse"),
+    "f16 accumulation": (spec(128, dtype="float16"), CUDABackend(accumulation="f16"), False, "fp16 accumulation"),
+    "bottom-right causal, Nq != Nkv": (
+        spec(128, nq=5, nkv=300, is_causal=True),
+        CUDABackend(causal_alignment="bottom_right"),
+        False,
+        "bottom-right",
+    ),
+    "explicit dropout seed": (spec(128, dropout_p=0.1), CUDABackend(dropout_seed=7), False, "dropout seed"),
+}
+
+
+@pytest.mark.parametrize("case", ONLY_FFPA.values(), ids=ONLY_FFPA.keys())
+def test_calls_asking_for_what_only_ffpa_gives_stay_on_ffpa(case):
+    call, backend, return_lse, words = case
+    chosen = route(call, backend, return_lse)
+    assert chosen.path == "ffpa" and words in chosen.reason
+
+
+def test_bottom_right_with_equal_lengths_is_sdpas_is_causal():
+    chosen = route(spec(128, is_causal=True), CUDABackend(causal_alignment="bottom_right"), False)
+    assert chosen.path == "sdpa"
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", [(1, 1, N, N), (B, H, N, N), (B, 1, 1, N)])
+def test_fp32_masks_at_small_head_dims_stay_on_ffpa(dtype, shape):
+    # SDPA's default (cuDNN) returns NaN or garbage for them.
+    call = spec(128, dtype=dtype, mask_dtype="float32", mask_shape=shape)
+    chosen = route(call, AUTO, False)
+    assert chosen.path == "ffpa" and "fp32 additive mask" in chosen.reason
+
+
+def test_masks_of_the_query_dtype_at_small_head_dims_go_to_sdpa():
+    for dtype in ("bool", "bfloat16"):
+        assert route(spec(128, mask_dtype=dtype, mask_shape=(B, 1, 1, N)), AUTO, False).path == "sdpa"
+
+
+def test_sdpa_backends_for_an_fp32_mask_is_math_only_where_cudnn_is_chosen():
+    backends, why = sdpa_backends(spec(128, mask_dtype="float32", mask_shape=(1, 1, N, N), needs_grad=True))
+    assert backends == ("MATH",) and "fp32 mask" in why
+    assert sdpa_backends(spec(CUDNN_FP32_MASK_MAX_HEAD_DIM + 8, mask_dtype="float32", mask_shape=(1, 1, N, N))) == (
+        None,
+        None,
+    )
+
+
+@pytest.mark.parametrize("nq,nkv", [(192, 192), (64, 300), (300, 320)])
+def test_masked_backward_with_a_length_64_mod_128_avoids_cudnn(nq, nkv):
+    call = spec(128, nq=nq, nkv=nkv, mask_dtype="bool", mask_shape=(B, 1, 1, nkv), needs_grad=True)
+    backends, why = sdpa_backends(call)
+    if nq % 128 == 64 or nkv % 128 == 64:
+        assert backends == ("EFFICIENT_ATTENTION", "MATH") and "196678" in why
+    else:
+        assert backends is None
+
+
+def test_sdpa_backends_leave_unaffected_calls_to_sdpa():
+    assert sdpa_backends(spec(128)) == (None, None)
+    assert sdpa_backends(spec(128, mask_dtype="bool", mask_shape=(B, 1, 1, N))) == (None, None)
+    assert sdpa_backends(spec(128, device_type="cpu", mask_dtype="float32", mask_shape=(1, 1, N, N))) == (None, None)
+    # Without grad, no backward: cuDNN's forward is right for these lengths.
+    assert sdpa_backends(spec(128, nq=192, nkv=192, mask_dtype="bool", mask_shape=(B, 1, 1, 192))) == (None, None)
