@@ -84,8 +84,11 @@ def ffpa_attn_func(
         and type(value) is _TENSOR
         and (attn_mask is None or type(attn_mask) is _TENSOR)
     )
+    plan = None
     if plain:
-        decision = _cached_decision(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, backend, return_lse)
+        decision, plan = _cached_decision(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, backend, return_lse
+        )
     elif not all(isinstance(t, torch.Tensor) for t in _given_tensors(query, key, value, attn_mask)):
         # Not ours to judge: SDPA raises its own error for these.
         return _sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
@@ -113,28 +116,31 @@ def ffpa_attn_func(
             decision.sdpa_backends,
         )
 
-    arguments = (
-        query,
-        key,
-        value,
-        attn_mask,
-        decision.dropout_p,
-        decision.causal,
-        decision.scale,
-        decision.accumulation,
-        decision.impl,
-        _dropout_seed(backend, dropout_p),
-        backend.dropout_offset,
-        return_lse,
-    )
+    dropout_seed = _dropout_seed(backend, dropout_p)
     try:
-        if not plain or _profiler_enabled() or _dispatch_modes():
-            # Tracing, a mode, a tensor subclass or the profiler: they see the op.
-            out, lse = torch.ops.ffpa_attn.forward(*arguments)
-        else:
+        result = None
+        if plan is not None and not _profiler_enabled() and not _dispatch_modes():
             # The op's body without the dispatcher, whose host time is most of a
-            # small call's (docs/perf/h200-2026-11-30-dropin/): nothing needs it here.
-            out, lse = ops.run(*arguments)
+            # small call's (docs/perf/h200-2026-11-30-dropin/): nothing needs it
+            # here (plain tensors, no tracing, mode or profiler). None: inputs
+            # the library reads only through copies, which the op makes.
+            result = ops.launch(plan, query, key, value, attn_mask, return_lse, dropout_seed)
+        if result is None:
+            result = torch.ops.ffpa_attn.forward(
+                query,
+                key,
+                value,
+                attn_mask,
+                decision.dropout_p,
+                decision.causal,
+                decision.scale,
+                decision.accumulation,
+                decision.impl,
+                dropout_seed,
+                backend.dropout_offset,
+                return_lse,
+            )
+        out, lse = result
     except FFPAError as error:
         # An explicit impl the library cannot route this call to: the documented refusal.
         if error.status_name == "impl_unavailable" and backend.impl != "auto":
@@ -208,27 +214,43 @@ def _cached_decision(
     enable_gqa: bool,
     backend: CUDABackend,
     return_lse: bool,
-) -> _Decision:
-    """_decision of a call on plain tensors, looked up by its metadata."""
+) -> tuple[_Decision, object]:
+    """_decision of a call on plain tensors and, for ffpa, the op's plan of its
+    layout (ops.plan_for), looked up together by the call's metadata."""
     if query.is_nested or key.is_nested or value.is_nested:
-        return _decision(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, backend, return_lse)
+        decision = _decision(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, backend, return_lse)
+        return decision, None
     cache_key = (
-        query.shape, key.shape, value.shape, query.dtype, key.dtype, value.dtype,
-        query.device, key.device, value.device,
-        None if attn_mask is None else (attn_mask.shape, attn_mask.dtype, attn_mask.device, attn_mask.is_nested),
+        query.shape, query.stride(), key.shape, key.stride(), value.shape, value.stride(),
+        query.dtype, key.dtype, value.dtype, query.get_device(), key.get_device(), value.get_device(),
+        None if attn_mask is None else (
+            attn_mask.shape, attn_mask.stride(), attn_mask.dtype, attn_mask.get_device(), attn_mask.is_nested
+        ),
         dropout_p, is_causal, scale, enable_gqa, None if backend is _DEFAULT_BACKEND else backend, return_lse,
         _grad_enabled() and (
             query.requires_grad or key.requires_grad or value.requires_grad
             or (attn_mask is not None and attn_mask.requires_grad)
         ),
     )  # fmt: skip
-    decision = _DECISIONS.get(cache_key)
-    if decision is None:
+    entry = _DECISIONS.get(cache_key)
+    if entry is None:
         decision = _decision(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, backend, return_lse)
+        plan = None
+        if decision.path == "ffpa" and decision.error is None:
+            options = (
+                decision.dropout_p,
+                decision.causal,
+                decision.scale,
+                decision.accumulation,
+                decision.impl,
+                backend.dropout_offset,
+            )
+            plan = ops.plan_for(query, key, value, attn_mask, return_lse, options)
+        entry = (decision, plan)
         if len(_DECISIONS) >= _MAX_DECISIONS:
             _DECISIONS.clear()
-        _DECISIONS[cache_key] = decision
-    return decision
+        _DECISIONS[cache_key] = entry
+    return entry
 
 
 def _decision(

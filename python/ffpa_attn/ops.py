@@ -93,7 +93,17 @@ def run(
     an input needs a copy, o's layout) is worked out once per combination
     (_Plan) and a call writes in its data pointers and stream.
     """
-    options = (dropout_p, causal, scale, accumulation, impl, dropout_seed, dropout_offset)
+    plan = plan_for(q, k, v, mask, return_lse, (dropout_p, causal, scale, accumulation, impl, dropout_offset))
+    result = launch(plan, q, k, v, mask, return_lse, dropout_seed)
+    if result is None:
+        options = (dropout_p, causal, scale, accumulation, impl, dropout_seed, dropout_offset)
+        return _run_on_copies(q, k, v, mask, return_lse, options)
+    return result
+
+
+def plan_for(q, k, v, mask, return_lse: bool, options: tuple) -> "_Plan":
+    """The plan of a call (options: dropout_p, causal, scale, accumulation, impl,
+    dropout_offset -- the seed is written per call), cached by the call's layout."""
     key = (
         q.dtype, k.dtype, v.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
         None if mask is None else (mask.dtype, mask.shape, mask.stride()), return_lse, options,
@@ -104,9 +114,15 @@ def run(
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         _PLANS[key] = plan
+    return plan
+
+
+def launch(plan: "_Plan", q, k, v, mask, return_lse: bool, dropout_seed: int):
+    """One call of a planned layout: (o, lse or None), or None when the inputs need copies
+    (a layout or address the library cannot read in place: run does those)."""
     q_data, k_data, v_data = q.data_ptr(), k.data_ptr(), v.data_ptr()
     if not plan.in_place or (q_data | k_data | v_data) % _VECTOR_BYTES:
-        return _run_on_copies(q, k, v, mask, return_lse, options)
+        return None
     o = torch.empty_like(q) if plan.o_like_q else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
     params = _library.FfpaForwardParams.from_buffer_copy(plan.params)
@@ -120,9 +136,10 @@ def run(
         0 if mask is None else mask.data_ptr(),  # the broadcast view shares the mask's storage
         0 if lse is None else lse.data_ptr(),
         _RAW_STREAM(device) if on_cuda else 0,
+        dropout_seed,
     )
-    for offset, pointer in zip(_POINTER_OFFSETS, pointers):
-        _POINTER.pack_into(params, offset, pointer)
+    for offset, value in zip(_PER_CALL_OFFSETS, pointers):
+        _U64.pack_into(params, offset, value)
     if on_cuda and device != _CURRENT_DEVICE():
         with torch.cuda.device(device):
             _library.forward(params)
@@ -137,6 +154,8 @@ class _Plan:
     __slots__ = ("in_place", "o_like_q", "params")
 
     def __init__(self, q, k, v, mask, return_lse, options) -> None:
+        dropout_p, causal, scale, accumulation, impl, dropout_offset = options
+        options = (dropout_p, causal, scale, accumulation, impl, 0, dropout_offset)
         # Inputs the library reads where they are (their addresses are checked per call).
         self.in_place = all(t.numel() == 0 or _strides_readable(t) for t in (q, k, v))
         o = _new_output(q)
@@ -168,14 +187,19 @@ def _broadcast_mask(mask: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tens
 # Plans of recent calls (see run); a cache of pure values, bounded.
 _PLANS: dict = {}
 _MAX_PLANS = 1024
-# Where run writes the per-call values into an FfpaForwardParams: the data
-# pointers of q, k, v, o, mask, lse (each FfpaTensor starts with its pointer)
-# and the stream. Offsets from ctypes, so a changed struct moves them too.
-_POINTER = struct.Struct("<Q")
-_POINTER_OFFSETS = tuple(
-    getattr(_library.FfpaForwardParams, field).offset + _library.FfpaTensor.data.offset
-    for field in ("q", "k", "v", "o", "mask", "lse")
-) + (_library.FfpaForwardParams.stream.offset,)
+# Where launch writes the per-call values into an FfpaForwardParams: the data
+# pointers of q, k, v, o, mask, lse (each FfpaTensor starts with its pointer),
+# the stream and the dropout seed, all 64-bit. Offsets from ctypes, so a
+# changed struct moves them too.
+_U64 = struct.Struct("<Q")
+_PER_CALL_OFFSETS = (
+    *(
+        getattr(_library.FfpaForwardParams, field).offset + _library.FfpaTensor.data.offset
+        for field in ("q", "k", "v", "o", "mask", "lse")
+    ),
+    _library.FfpaForwardParams.stream.offset,
+    _library.FfpaForwardParams.options.offset + _library.FfpaOptions.dropout_seed.offset,
+)
 
 
 def _params_template(q, k, v, o, lse, mask, options) -> _library.FfpaForwardParams:
