@@ -181,7 +181,8 @@ Status device_check(Impl impl, DeviceInfo info) {
   if (impl == Impl::sm90_wgmma) {
     if (Status status = sm90_capability(info); !status.ok()) return status;
     if (sm90_wgmma::kInstanceCount == 0) {
-      return {StatusCode::impl_unavailable, "impl sm90_wgmma: this build has no sm_90a kernels (CMAKE_CUDA_ARCHITECTURES without 90)"};
+      return {StatusCode::impl_unavailable,
+              "impl sm90_wgmma: this build has no sm_90a kernels (CMAKE_CUDA_ARCHITECTURES without 90)"};
     }
     return sm90_wgmma::kInstances[0].runnable(DType::bf16, info.device);
   }
@@ -203,7 +204,8 @@ Status device_support(int device, Impl impl) {
                 " is not a GPU implementation (automatic, sm80_split_d or sm90_wgmma)"};
   }
   if (device < 0) {
-    return {StatusCode::invalid_option, "device = " + std::to_string(device) + " is not a device ordinal"};
+    return {StatusCode::invalid_option,
+            "device = " + std::to_string(device) + " is not a device ordinal"};
   }
   int count = 0;
   if (const cudaError_t error = cudaGetDeviceCount(&count); error != cudaSuccess) {

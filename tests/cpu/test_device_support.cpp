@@ -145,9 +145,10 @@ TEST(DeviceSupport, KernelProbesWithoutADeviceAreImplUnavailable) {
   namespace split_d = ffpa::detail::sm80_split_d;
   namespace sm90 = ffpa::detail::sm90_wgmma;
   for (int i = 0; i < split_d::kInstanceCount; ++i) {
-    for (auto [dtype, accumulation] :
-         {std::pair{ffpa::DType::bf16, ffpa::Accumulation::f32}, std::pair{ffpa::DType::f16, ffpa::Accumulation::f32},
-          std::pair{ffpa::DType::f16, ffpa::Accumulation::f16}}) {
+    using ffpa::Accumulation, ffpa::DType;
+    for (auto [dtype, accumulation] : {std::pair{DType::bf16, Accumulation::f32},
+                                       std::pair{DType::f16, Accumulation::f32},
+                                       std::pair{DType::f16, Accumulation::f16}}) {
       const Status status = split_d::kInstances[i].runnable(dtype, accumulation, 0);
       EXPECT_EQ(status.code, StatusCode::impl_unavailable) << status.message;
       EXPECT_TRUE(contains(status.message, "impl sm80_split_d")) << status.message;
