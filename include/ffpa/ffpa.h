@@ -66,7 +66,8 @@ typedef enum ffpa_status FFPA_STATUS_UNDERLYING {
   FFPA_INVALID_MASK_LAYOUT = 12,
   FFPA_INVALID_DROPOUT = 13,
   FFPA_UNSUPPORTED_ACCUMULATION = 14,
-  FFPA_IMPL_UNAVAILABLE = 15,
+  FFPA_IMPL_UNAVAILABLE = 15, /* also: a device this build cannot run kernels on (no kernel
+                               * image, a driver too old, a launch without resources) */
   FFPA_OUTPUT_OVERLAPS_INPUT = 16,
   FFPA_INVALID_OPTION = 17,
   FFPA_WORKSPACE_TOO_SMALL = 18,
@@ -108,6 +109,18 @@ FFPA_API ffpa_status ffpa_forward(const ffpa_forward_params* params, char* messa
 
 FFPA_API ffpa_status ffpa_workspace_size(const ffpa_forward_params* params, size_t* bytes,
                                          char* message, size_t message_size);
+
+/* Whether impl (FFPA_IMPL_AUTO, FFPA_IMPL_SM80_SPLIT_D or FFPA_IMPL_SM90_WGMMA)
+ * runs this build's kernels on CUDA device `device` (an ordinal):
+ * FFPA_OK, or FFPA_IMPL_UNAVAILABLE with the reason (no driver or no device, a
+ * driver older than the library's CUDA runtime, a GPU this build has no kernel
+ * image for and no PTX it can compile). For FFPA_IMPL_AUTO: whether any GPU
+ * kernel of this build runs there. A call can still be declined for its own
+ * reasons. FFPA_INVALID_OPTION for another impl or an ordinal out of range.
+ * Fixed for the process: ask once per device. Makes `device` current for the
+ * query (creating its primary context) and restores the current device. */
+FFPA_API ffpa_status ffpa_device_support(int32_t device, int32_t impl, char* message,
+                                         size_t message_size);
 
 /* The status's name ("ok", "null_pointer", ...); "unknown_status" for any
  * other integer. */

@@ -63,7 +63,8 @@ enum class StatusCode : int32_t {
   invalid_mask_layout = 12,     // negative or non-broadcastable mask strides/shape
   invalid_dropout = 13,         // p outside [0, 1)
   unsupported_accumulation = 14,  // bf16 with fp16 accumulation
-  impl_unavailable = 15,        // the device or this build lacks the implementation
+  impl_unavailable = 15,        // the device, its driver or this build lacks the implementation
+                                // (also a kernel launch the device cannot run: no image, no resources)
   output_overlaps_input = 16,
   invalid_option = 17,          // unknown enum value, non-finite scale, negative size
   workspace_too_small = 18,
@@ -131,6 +132,21 @@ struct KernelChoice {
   int32_t value_splits = 1;     // CTAs sharing one row block, each a slice of Dv
 };
 FFPA_API Status select_kernel(const ForwardParams& params, KernelChoice* choice);
+
+// Whether `impl` (automatic, sm80_split_d or sm90_wgmma) runs this build's
+// kernels on CUDA device `device`: ok, or impl_unavailable saying why not (no
+// driver or no device, a driver older than the library's CUDA runtime, a GPU
+// this build has no kernel image for and no PTX it can compile, a kernel the
+// device cannot give its threads). Asked of the CUDA runtime, not derived from
+// compute capabilities. For automatic: whether any GPU kernel of this build
+// runs there (the portable family's; automatic runs it wherever the Hopper
+// family does not serve a call). A call can still be declined for its own
+// reasons: select_kernel says. invalid_option for another impl or a device
+// ordinal out of range. The answer is fixed for the process, so a binding that
+// routes calls elsewhere asks once per device. Makes `device` current for the
+// query (creating its primary context, as any first use does) and restores the
+// calling thread's current device.
+FFPA_API Status device_support(int device, Impl impl);
 
 // Head dims that have their own kernel instantiation in this build.
 FFPA_API std::string compiled_head_dims();

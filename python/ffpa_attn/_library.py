@@ -213,6 +213,9 @@ class Library:
             ctypes.c_size_t,
         ]
         self._dll.ffpa_library_info_get.restype = ctypes.c_int
+        self._dll.ffpa_device_support.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_char_p, ctypes.c_size_t]
+        self._dll.ffpa_device_support.restype = ctypes.c_int
+        self._device_support: dict[tuple[int, int], FFPAError | None] = {}
         # Constant for the library's lifetime: asked once, here.
         self.info = LibraryInfo.from_c(self.query_library_info())
         self.limits = self.info.limits
@@ -225,6 +228,22 @@ class Library:
         if status != 0:
             raise FFPAError(self.status_name(status), message.value.decode(errors="replace"))
         return info
+
+    def device_support(self, device: int, impl: Impl = Impl.AUTO) -> FFPAError | None:
+        """ffpa_device_support: None when the library runs impl's kernels on CUDA device
+        `device`, else the FFPAError that says why not (returned, not raised; status
+        impl_unavailable for a device without a kernel image, a driver too old, no driver).
+
+        The answer is fixed for the process: asked of the library once per device and impl.
+        """
+        key = (device, int(impl))
+        if key not in self._device_support:  # two threads may both ask: same answer
+            message = ctypes.create_string_buffer(MESSAGE_BYTES)
+            status = self._dll.ffpa_device_support(device, int(impl), message, MESSAGE_BYTES)
+            self._device_support[key] = (
+                None if status == 0 else FFPAError(self.status_name(status), message.value.decode(errors="replace"))
+            )
+        return self._device_support[key]
 
     def version(self) -> str:
         return self._dll.ffpa_version().decode()
@@ -275,6 +294,12 @@ def limits() -> Limits:
 def forward(params: FfpaForwardParams) -> None:
     """ffpa_forward on the loaded library; raises FFPAError on a non-zero status."""
     (_loaded or load_library()).forward(params)
+
+
+def device_support(device: int, impl: Impl = Impl.AUTO) -> FFPAError | None:
+    """Why the loaded library cannot run impl's kernels on CUDA device `device` (an
+    FFPAError, not raised), or None when it can (Library.device_support)."""
+    return load_library().device_support(device, impl)
 
 
 def _open_library() -> Library:

@@ -29,16 +29,34 @@ _SEED_BOUND = 2**63 - 1  # seeds travel as int64
 _LIBRARY_IMPLS = {"auto": Impl.AUTO, "ffpa": Impl.AUTO, "sm80_split_d": Impl.SM80_SPLIT_D, "sm90_wgmma": Impl.SM90_WGMMA}
 
 
-def _library_limits() -> Limits | None:
-    """The loaded library's head-dim limits; None when no library loads (see fallback_reason)."""
+def _library_limits() -> tuple[Limits | None, str | None]:
+    """The loaded library's head-dim limits, or None and why no library loads (see fallback_reason)."""
     try:
-        return _library.limits()
-    except _library.LibraryNotFoundError:
-        return None
+        return _library.limits(), None
+    except _library.LibraryNotFoundError as error:
+        return None, str(error)
 
 
 # Asked once, at import, so that torch.compile never traces the library's loading.
-_LIBRARY_LIMITS = _library_limits()
+_LIBRARY_LIMITS, _LIBRARY_MISSING = _library_limits()
+
+
+@torch.compiler.assume_constant_result
+def _device_unsupported(device_index: int, impl: str) -> str | None:
+    """Why the library runs no kernel of backend.impl `impl` on CUDA device
+    `device_index`, or None when it does: asked of the library (ffpa_device_support:
+    no kernel image for the GPU's architecture, a driver older than the library's
+    CUDA runtime), which answers once per device. torch.compile calls this while
+    tracing and keeps the answer (it is fixed for the process).
+
+    Raises FFPAError for a status other than impl_unavailable (a binding error).
+    """
+    error = _library.device_support(device_index, _LIBRARY_IMPLS[impl])
+    if error is None:
+        return None
+    if error.status_name != "impl_unavailable":
+        raise error
+    return f"the ffpa library runs no kernel on cuda:{device_index}: {error.message}"
 
 
 def ffpa_attn_func(
@@ -66,8 +84,11 @@ def ffpa_attn_func(
     With backend.impl "auto" a call runs where it is fastest and correct
     (routing.py): on ffpa's kernels, or on PyTorch's SDPA where SDPA's kernels
     are measured faster (D <= 256) and the call asks for nothing only ffpa
-    gives, and on SDPA when the library cannot serve it; the reason is logged
-    at DEBUG on the "ffpa_attn" logger, and explain(...) tells it without
+    gives, and on SDPA when the library cannot serve it: arguments it does not
+    take, no library loaded, a GPU it has no kernel for or a driver too old
+    (asked of the library once per device), or, in eager mode, a launch that
+    fails on the device (status impl_unavailable); the reason is logged at
+    DEBUG on the "ffpa_attn" logger, and explain(...) tells it without
     running. Another impl never hands the call to SDPA: it raises
     NotImplementedError with the reason where it cannot serve it.
     """
@@ -142,13 +163,56 @@ def ffpa_attn_func(
             )
         out, lse = result
     except FFPAError as error:
-        # An explicit impl the library cannot route this call to: the documented refusal.
-        if error.status_name == "impl_unavailable" and backend.impl != "auto":
+        if error.status_name != "impl_unavailable":
+            raise
+        # The library declined the call or could not launch it on this device (no
+        # kernel image, a driver too old, a launch without the resources it needs):
+        # an explicit impl refuses, as documented; impl="auto" never breaks a model.
+        if backend.impl != "auto":
             raise NotImplementedError(
                 f"ffpa_attn: backend.impl = {backend.impl!r} cannot serve this call: {error.message}"
             ) from error
-        raise
+        return _sdpa_after_failure(
+            error, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, backend, return_lse
+        )
     return (out, lse) if return_lse else out
+
+
+def _sdpa_after_failure(
+    error: FFPAError,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    scale: float | None,
+    enable_gqa: bool,
+    backend: CUDABackend,
+    return_lse: bool,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """SDPA for a call the library failed with impl_unavailable under impl="auto".
+
+    Eager only: under torch.compile the path is fixed while tracing (where a device
+    the library runs no kernel on already went to SDPA), and such a failure inside
+    a compiled graph raises. A dropout seed drawn for the failed call stays drawn.
+    """
+    reason = f"the ffpa library could not run the call: {error.message}"
+    backends, why = sdpa_backends(_call_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa))
+    logger.debug("ffpa_attn: SDPA serves this call: %s", reason if why is None else f"{reason}; {why}")
+    return _sdpa_fallback(
+        query,
+        key,
+        value,
+        attn_mask,
+        dropout_p,
+        is_causal,
+        scale,
+        enable_gqa,
+        backend.causal_alignment,
+        return_lse,
+        backends,
+    )
 
 
 def explain(
@@ -283,6 +347,17 @@ def _decision(
     if chosen.path == "sdpa":
         backends, why = sdpa_backends(spec)
         return _Decision("sdpa", chosen.reason if why is None else f"{chosen.reason}; {why}", backends)
+    # The library can serve the call: whether it runs at all here (loads; has a kernel for the GPU).
+    if _LIBRARY_MISSING is not None:
+        unusable = f"no ffpa library loads: {_LIBRARY_MISSING}"
+    else:
+        unusable = _device_unsupported(query.device.index, backend.impl)
+    if unusable is not None:
+        if backend.impl != "auto":
+            refusal = f"ffpa_attn: backend.impl = {backend.impl!r} cannot serve this call: {unusable}"
+            return _Decision("sdpa", unusable, refusal=refusal)
+        backends, why = sdpa_backends(spec)
+        return _Decision("sdpa", unusable if why is None else f"{unusable}; {why}", backends)
     return _Decision(
         "ffpa",
         chosen.reason,

@@ -167,6 +167,12 @@ ffpa_status ffpa_workspace_size(const ffpa_forward_params* params, size_t* bytes
   });
 }
 
+ffpa_status ffpa_device_support(int32_t device, int32_t impl, char* message, size_t message_size) {
+  return guarded(message, message_size, [&] {
+    return to_c(ffpa::device_support(device, static_cast<ffpa::Impl>(impl)), message, message_size);
+  });
+}
+
 const char* ffpa_status_name(ffpa_status status) {
   return ffpa::status_name(static_cast<StatusCode>(status));
 }

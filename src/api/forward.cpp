@@ -47,6 +47,8 @@ Status forward(const ForwardParams& params) {
   return detail::run_forward(problem, choice, params.stream);
 }
 
+Status device_support(int device, Impl impl) { return detail::device_support(device, impl); }
+
 std::string compiled_head_dims() {
   std::string list;
   for (int i = 0; i < detail::sm80_split_d::kInstanceCount; ++i) {

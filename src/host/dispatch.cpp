@@ -2,6 +2,7 @@
 
 #include <new>
 #include <string>
+#include <utility>
 
 #include "host/cuda_status.hpp"
 #include "host/memory_space.hpp"
@@ -40,22 +41,67 @@ struct DeviceInfo {
   }
 };
 
+// "impl X needs a CUDA device: why there is none" for a failing device query.
+Status no_device(Impl impl, cudaError_t error, const char* what) {
+  (void)cudaGetLastError();
+  if (!is_device_unavailable(error)) return cuda_status(error, what);
+  return {StatusCode::impl_unavailable,
+          std::string("impl ") + impl_name(impl) + " needs a CUDA device: " + driver_problem(error)};
+}
+
+Status compute_capability(Impl impl, DeviceInfo* info) {
+  for (auto [value, attribute] : {std::pair{&info->major, cudaDevAttrComputeCapabilityMajor},
+                                  std::pair{&info->minor, cudaDevAttrComputeCapabilityMinor}}) {
+    if (const cudaError_t error = cudaDeviceGetAttribute(value, attribute, info->device);
+        error != cudaSuccess) {
+      return no_device(impl, error, "cudaDeviceGetAttribute");
+    }
+  }
+  return {};
+}
+
 // The current device of a GPU implementation, once it is known that there is
 // one and that the tensors live in device memory.
 Status current_device(Impl impl, MemorySpace space, DeviceInfo* info) {
   if (const cudaError_t error = cudaGetDevice(&info->device); error != cudaSuccess) {
-    (void)cudaGetLastError();
-    return {StatusCode::impl_unavailable, std::string("impl ") + impl_name(impl) +
-                                              " needs a CUDA device: " + cudaGetErrorString(error)};
+    return no_device(impl, error, "cudaGetDevice");
   }
   if (space != MemorySpace::device) {
     return {StatusCode::wrong_memory_space, std::string("impl ") + impl_name(impl) +
                                                 " needs device pointers, but the tensors are in host memory"};
   }
-  FFPA_RETURN_IF_CUDA_ERROR(
-      cudaDeviceGetAttribute(&info->major, cudaDevAttrComputeCapabilityMajor, info->device));
-  FFPA_RETURN_IF_CUDA_ERROR(
-      cudaDeviceGetAttribute(&info->minor, cudaDevAttrComputeCapabilityMinor, info->device));
+  return compute_capability(impl, info);
+}
+
+// What each GPU family needs of a device whatever the call. Whether this
+// build's kernels run there is asked of the runtime (the runnable checks).
+Status sm80_capability(const DeviceInfo& info) {
+  if (info.major >= 8) return {};
+  return {StatusCode::impl_unavailable,
+          "impl sm80_split_d needs compute capability 8.0 or newer; " + info.compute_capability()};
+}
+
+// The sm90 family runs sm_90a code: compute capability 9.0 exactly.
+Status sm90_capability(const DeviceInfo& info) {
+  if (info.major == 9 && info.minor == 0) return {};
+  return {StatusCode::impl_unavailable,
+          "impl sm90_wgmma needs compute capability 9.0; " + info.compute_capability()};
+}
+
+Status split_d_shared_memory_route(const AttentionProblem& problem, const DeviceInfo& info,
+                                   sm80_split_d::Route* route) {
+  int smem_limit = 0;
+  if (const cudaError_t error = cudaDeviceGetAttribute(
+          &smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, info.device);
+      error != cudaSuccess) {
+    return no_device(Impl::sm80_split_d, error, "cudaDeviceGetAttribute");
+  }
+  *route = sm80_split_d::route(problem.head_dim, smem_limit);
+  if (route->out_cols == 0) {
+    return {StatusCode::impl_unavailable,
+            "impl sm80_split_d: no kernel of this build fits the " + std::to_string(smem_limit) +
+                " bytes of shared memory per block of device " + std::to_string(info.device)};
+  }
   return {};
 }
 
@@ -63,24 +109,14 @@ Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
                          KernelChoice* choice) {
   DeviceInfo info;
   if (Status status = current_device(Impl::sm80_split_d, space, &info); !status.ok()) return status;
-  const int device = info.device;
-  if (info.major < 8) {
-    return {StatusCode::impl_unavailable,
-            "impl sm80_split_d needs compute capability 8.0 or newer; " + info.compute_capability()};
-  }
+  if (Status status = sm80_capability(info); !status.ok()) return status;
   if (problem.seq_q > kMaxSequenceLength || problem.seq_kv > kMaxSequenceLength) {
     return {StatusCode::impl_unavailable,
             "impl sm80_split_d serves sequence lengths up to " + std::to_string(kMaxSequenceLength)};
   }
-  int smem_limit = 0;
-  FFPA_RETURN_IF_CUDA_ERROR(
-      cudaDeviceGetAttribute(&smem_limit, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  const sm80_split_d::Route route = sm80_split_d::route(problem.head_dim, smem_limit);
-  if (route.out_cols == 0) {
-    return {StatusCode::impl_unavailable,
-            "impl sm80_split_d: no kernel of this build fits the " + std::to_string(smem_limit) +
-                " bytes of shared memory per block of device " + std::to_string(device)};
-  }
+  sm80_split_d::Route route;
+  if (Status status = split_d_shared_memory_route(problem, info, &route); !status.ok()) return status;
+  if (Status status = sm80_split_d::runnable(problem, route, info.device); !status.ok()) return status;
   choice->impl = Impl::sm80_split_d;
   choice->kernel = sm80_split_d::kernel_name(problem, route);
   choice->padded_head_dim = route.out_cols;
@@ -88,19 +124,16 @@ Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
   return {};
 }
 
-// The sm90 family runs sm_90a code: compute capability 9.0 exactly.
 Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, KernelChoice* choice) {
   DeviceInfo info;
   if (Status status = current_device(Impl::sm90_wgmma, space, &info); !status.ok()) return status;
-  if (info.major != 9 || info.minor != 0) {
-    return {StatusCode::impl_unavailable,
-            "impl sm90_wgmma needs compute capability 9.0; " + info.compute_capability()};
-  }
+  if (Status status = sm90_capability(info); !status.ok()) return status;
   std::string reason;
   const sm90_wgmma::Instance* instance = sm90_wgmma::route(problem, &reason);
   if (instance == nullptr) {
     return {StatusCode::impl_unavailable, "impl sm90_wgmma does not serve this call: " + reason};
   }
+  if (Status status = instance->runnable(problem.dtype, info.device); !status.ok()) return status;
   choice->impl = Impl::sm90_wgmma;
   choice->kernel = sm90_wgmma::kernel_name(problem, *instance);
   choice->padded_head_dim = instance->head_dim;
@@ -138,6 +171,73 @@ Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoic
   }
   return {StatusCode::invalid_option,
           "options.impl = " + std::to_string(static_cast<int>(requested)) + " is not an Impl"};
+}
+
+namespace {
+
+// What device_support checks on the current device, `info.device`.
+Status device_check(Impl impl, DeviceInfo info) {
+  if (Status status = compute_capability(impl, &info); !status.ok()) return status;
+  if (impl == Impl::sm90_wgmma) {
+    if (Status status = sm90_capability(info); !status.ok()) return status;
+    if (sm90_wgmma::kInstanceCount == 0) {
+      return {StatusCode::impl_unavailable,
+              "impl sm90_wgmma: this build has no sm_90a kernels (CMAKE_CUDA_ARCHITECTURES without 90)"};
+    }
+    return sm90_wgmma::kInstances[0].runnable(DType::bf16, info.device);
+  }
+  // sm80_split_d, and automatic, which runs it wherever the sm90 family does not serve.
+  if (Status status = sm80_capability(info); !status.ok()) return status;
+  AttentionProblem smallest;  // the head dim the smallest instance serves
+  smallest.head_dim = kMinHeadDim;
+  sm80_split_d::Route route;
+  if (Status status = split_d_shared_memory_route(smallest, info, &route); !status.ok()) return status;
+  return sm80_split_d::runnable(smallest, route, info.device);
+}
+
+}  // namespace
+
+Status device_support(int device, Impl impl) {
+  if (impl != Impl::automatic && impl != Impl::sm80_split_d && impl != Impl::sm90_wgmma) {
+    return {StatusCode::invalid_option,
+            "impl = " + std::to_string(static_cast<int>(impl)) +
+                " is not a GPU implementation (automatic, sm80_split_d or sm90_wgmma)"};
+  }
+  if (device < 0) {
+    return {StatusCode::invalid_option,
+            "device = " + std::to_string(device) + " is not a device ordinal"};
+  }
+  int count = 0;
+  if (const cudaError_t error = cudaGetDeviceCount(&count); error != cudaSuccess) {
+    return no_device(impl, error, "cudaGetDeviceCount");
+  }
+  if (device >= count) {
+    return {StatusCode::invalid_option, "device = " + std::to_string(device) + ", but " +
+                                            std::to_string(count) + " CUDA devices are visible"};
+  }
+  int previous = 0;
+  if (const cudaError_t error = cudaGetDevice(&previous); error != cudaSuccess) {
+    return no_device(impl, error, "cudaGetDevice");
+  }
+  if (previous != device) {
+    if (const cudaError_t error = cudaSetDevice(device); error != cudaSuccess) {
+      return no_device(impl, error, "cudaSetDevice");
+    }
+  }
+  DeviceInfo info;
+  info.device = device;
+  Status status = device_check(impl, info);
+  if (previous != device) {
+    if (const cudaError_t error = cudaSetDevice(previous); error != cudaSuccess) {
+      (void)cudaGetLastError();
+      if (status.ok()) status = cuda_status(error, "cudaSetDevice (restoring the current device)");
+    }
+  }
+  if (!status.ok() && impl == Impl::automatic && status.code == StatusCode::impl_unavailable) {
+    status.message = "impl auto: no GPU kernel of this build runs on device " +
+                     std::to_string(device) + ": " + status.message;
+  }
+  return status;
 }
 
 Status run_forward(const AttentionProblem& problem, const KernelChoice& choice,

@@ -13,6 +13,10 @@ namespace ffpa::detail {
 // implementation cannot serve the call; never substitutes another one.
 Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoice* choice);
 
+// Whether `impl` (automatic, sm80_split_d or sm90_wgmma) runs this build's
+// kernels on CUDA device `device` (ffpa::device_support).
+Status device_support(int device, Impl impl);
+
 // Runs a planned call (asynchronously on `stream` for GPU implementations).
 Status run_forward(const AttentionProblem& problem, const KernelChoice& choice,
                    cudaStream_t stream);

@@ -4,25 +4,50 @@
 
 #include <string>
 
+#include "host/cuda_status.hpp"
+
 namespace ffpa::detail {
 namespace {
 
 struct Location {
   bool device = false;  // device or managed memory
   int device_id = -1;
+  cudaError_t error = cudaSuccess;  // the runtime could not say (a driver too old)
 };
 
-// Pointers CUDA does not know (or no driver at all) are plain host memory.
+// Whether a failing pointer query still tells that no pointer is in device
+// memory: there is no driver, or no device, so there is no device memory.
+bool no_device_memory(cudaError_t error) {
+  if (error == cudaErrorNoDevice) return true;
+  int driver = 0;
+  const bool no_driver = cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0;
+  (void)cudaGetLastError();
+  return no_driver;
+}
+
+// Plain host memory for pointers CUDA does not know and where there is no
+// driver or no device at all. A query that fails because the runtime cannot
+// use the driver (a driver older than the runtime, which torch's own runtime
+// may work with) leaves the memory unknown: it is never read as host memory.
 Location locate(const void* pointer) {
   cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+  if (const cudaError_t error = cudaPointerGetAttributes(&attributes, pointer); error != cudaSuccess) {
     (void)cudaGetLastError();  // clear the non-sticky error this query leaves behind
-    return {};
+    if (!is_device_unavailable(error) || no_device_memory(error)) return {};
+    return {false, -1, error};
   }
   if (attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged) {
     return {true, attributes.device};
   }
   return {};
+}
+
+// A Location's error (is_device_unavailable) as the call's status.
+Status unknown_location(const char* name, cudaError_t error) {
+  return {StatusCode::impl_unavailable,
+          std::string("cannot tell whether ") + name +
+              " is in host or device memory: cudaPointerGetAttributes returned " +
+              cudaGetErrorName(error) + ": " + driver_problem(error)};
 }
 
 }  // namespace
@@ -37,9 +62,11 @@ Status common_memory_space(const AttentionProblem& problem, MemorySpace* space) 
   const Named tensors[] = {{"k", problem.k}, {"v", problem.v}, {"o", problem.o},
                            {"mask", problem.mask}, {"lse", problem.lse}};
   const Location first = locate(problem.q);
+  if (first.error != cudaSuccess) return unknown_location("q", first.error);
   for (const Named& tensor : tensors) {
     if (tensor.pointer == nullptr) continue;
     const Location location = locate(tensor.pointer);
+    if (location.error != cudaSuccess) return unknown_location(tensor.name, location.error);
     if (location.device != first.device || location.device_id != first.device_id) {
       return {StatusCode::wrong_memory_space,
               std::string(tensor.name) + " is in " + (location.device ? "device" : "host") +

@@ -57,7 +57,7 @@ TEST(LibraryInfo, ArchitecturesAreTheCMakeList) {
   EXPECT_EQ(info.cuda_architectures, (std::vector<int32_t>{FFPA_CUDA_ARCHITECTURE_LIST}));
   bool has_sm90 = false;
   for (int32_t arch : info.cuda_architectures) has_sm90 |= arch == 90;
-  // The sm90 family is built only for sm_90a.
+  // The sm90 family (sm_90a code) is built only when the list targets sm_90.
   if (!info.sm90_wgmma_head_dims.empty()) EXPECT_TRUE(has_sm90);
 }
 

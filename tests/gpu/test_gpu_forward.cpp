@@ -634,6 +634,31 @@ TEST_F(GpuForwardSmall, Sm90WgmmaServesEveryCompiledHeadDim) {
   }
 }
 
+// The device the suite runs on runs this build's kernels: device_support says
+// so for automatic and sm80_split_d, and for sm90_wgmma exactly where the
+// family runs; an ordinal past the visible devices is an invalid option; the
+// query leaves the current device as it found it.
+TEST_F(GpuForwardSmall, DeviceSupportAgreesWithTheDevice) {
+  int device = -1, count = 0;
+  FFPA_ASSERT_CUDA(cudaGetDevice(&device));
+  FFPA_ASSERT_CUDA(cudaGetDeviceCount(&count));
+  const Status automatic = device_support(device, Impl::automatic);
+  EXPECT_TRUE(automatic.ok()) << status_text(automatic);
+  const Status split_d = device_support(device, Impl::sm80_split_d);
+  EXPECT_TRUE(split_d.ok()) << status_text(split_d);
+  const Status sm90 = device_support(device, Impl::sm90_wgmma);
+  EXPECT_EQ(sm90.ok(), device_runs_sm90()) << status_text(sm90);
+  if (!sm90.ok()) EXPECT_EQ(sm90.code, StatusCode::impl_unavailable);
+  EXPECT_EQ(device_support(count, Impl::automatic).code, StatusCode::invalid_option);
+  for (int other = 0; other < count; ++other) {
+    const Status status = device_support(other, Impl::automatic);
+    EXPECT_TRUE(status.ok() || status.code == StatusCode::impl_unavailable) << status_text(status);
+  }
+  int after = -1;
+  FFPA_ASSERT_CUDA(cudaGetDevice(&after));
+  EXPECT_EQ(after, device);
+}
+
 // An explicit GPU impl never falls back to another one for host pointers.
 TEST_F(GpuForwardSmall, ExplicitSm80SplitDWithHostPointersIsWrongMemorySpace) {
   const ForwardCase c = shape_case(bf16, 1, 2, 1, 7, 63, 64)

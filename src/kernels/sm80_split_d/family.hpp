@@ -14,16 +14,23 @@
 namespace ffpa::detail::sm80_split_d {
 
 using Launcher = Status (*)(const AttentionProblem&, int value_splits, cudaStream_t);
+using RunnableCheck = Status (*)(DType, Accumulation, int device);
 
 // Defined in launch.cuh, explicitly instantiated per head dim in the
 // generated sm80_split_d_d<D>.cu translation units.
 template <int kOutCols>
 Status launch_instance(const AttentionProblem& problem, int value_splits,
                                cudaStream_t stream);
+// Whether the instance's kernel for the dtype and accumulation runs on the
+// current device, `device` (host/kernel_image.hpp): impl_unavailable when this
+// build has no image the device loads, or the device cannot give it its threads.
+template <int kOutCols>
+Status instance_runnable(DType dtype, Accumulation accumulation, int device);
 
 struct Instance {
   int out_cols;
   Launcher launch;
+  RunnableCheck runnable;
 };
 
 // Generated from FFPA_HEAD_DIMS (registry.cpp.in), ascending out_cols.
@@ -37,6 +44,9 @@ Route route(int64_t head_dim, int smem_limit_bytes);
 // Human-readable name of the kernel a route runs, e.g.
 // "sm80_split_d<bf16,f32acc,out512,r32,M2N4,bn128,pv32,s3>x1".
 std::string kernel_name(const AttentionProblem& problem, Route route);
+
+// Whether the kernel of a route runs on the current device, `device`.
+Status runnable(const AttentionProblem& problem, Route route, int device);
 
 // Runs a routed instance.
 Status run(const AttentionProblem& problem, Route route, cudaStream_t stream);

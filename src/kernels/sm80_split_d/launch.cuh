@@ -7,6 +7,7 @@
 #include <string>
 
 #include "host/cuda_status.hpp"
+#include "host/kernel_image.hpp"
 #include "kernels/common/math_constants.hpp"
 #include "kernels/sm80_split_d/family.hpp"
 #include "kernels/sm80_split_d/kernel.cuh"
@@ -27,15 +28,10 @@ Status launch(const AttentionProblem& problem, int value_splits, cudaStream_t st
                 " bytes of shared memory per block; this device allows " +
                 std::to_string(smem_optin)};
   }
-  const cudaError_t set_smem =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
-  if (set_smem == cudaErrorInvalidDeviceFunction || set_smem == cudaErrorNoKernelImageForDevice) {
-    (void)cudaGetLastError();
-    return {StatusCode::impl_unavailable,
-            "impl sm80_split_d: this build has no kernel image for device " + std::to_string(device) +
-                " (rebuild with its architecture in FFPA_CUDA_ARCHITECTURES)"};
-  }
-  FFPA_RETURN_IF_CUDA_ERROR(set_smem);
+  // A device this build has no image for fails here (impl_unavailable), as
+  // does a launch the device cannot give its resources, below.
+  FFPA_RETURN_IF_DEVICE_ERROR("sm80_split_d", cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
 
   Args args{};
   args.p = problem;
@@ -49,29 +45,53 @@ Status launch(const AttentionProblem& problem, int value_splits, cudaStream_t st
     args.block_offset = first;
     const auto blocks = static_cast<unsigned>(std::min(kMaxBlocksPerLaunch, total_blocks - first));
     kernel<<<blocks, Traits::kThreads, Traits::kSmemBytes, stream>>>(args);
-    FFPA_RETURN_IF_CUDA_ERROR(cudaGetLastError());
+    FFPA_RETURN_IF_DEVICE_ERROR("sm80_split_d", cudaGetLastError());
   }
   return {};
+}
+
+template <class Traits>
+Status runnable(int device) {
+  static KernelImageMemo memo;
+  return kernel_runnable(reinterpret_cast<const void*>(&forward_kernel<Traits>), Traits::kThreads,
+                         "sm80_split_d", device, &memo);
+}
+
+// Calls action(TraitsTag<Traits>{}) with the kernel traits of instance
+// kOutCols for the dtype and accumulation.
+template <class Traits>
+struct TraitsTag {
+  using type = Traits;
+};
+template <int kOutCols, class Action>
+Status with_traits(DType dtype, Accumulation accumulation, Action&& action) {
+  constexpr TileShape kTile = tile_shape(kOutCols);
+  static_assert(kTile.out_cols == kOutCols);
+  if (dtype == DType::bf16) {
+    return action(TraitsTag<Traits<__nv_bfloat16, false, kOutCols, kTile.warp_rows, kTile.warps_m,
+                                   kTile.warps_n, kTile.block_n, kTile.pv_keys, kTile.stages>>{});
+  }
+  if (accumulation == Accumulation::f16) {
+    return action(TraitsTag<Traits<__half, true, kOutCols, kTile.warp_rows, kTile.warps_m,
+                                   kTile.warps_n, kTile.block_n, kTile.pv_keys, kTile.stages>>{});
+  }
+  return action(TraitsTag<Traits<__half, false, kOutCols, kTile.warp_rows, kTile.warps_m,
+                                 kTile.warps_n, kTile.block_n, kTile.pv_keys, kTile.stages>>{});
 }
 
 template <int kOutCols>
 Status launch_instance(const AttentionProblem& problem, int value_splits,
                                cudaStream_t stream) {
-  constexpr TileShape kTile = tile_shape(kOutCols);
-  static_assert(kTile.out_cols == kOutCols);
-  if (problem.dtype == DType::bf16) {
-    return launch<Traits<__nv_bfloat16, false, kOutCols, kTile.warp_rows, kTile.warps_m, kTile.warps_n,
-                                       kTile.block_n, kTile.pv_keys, kTile.stages>>(
-        problem, value_splits, stream);
-  }
-  if (problem.accumulation == Accumulation::f16) {
-    return launch<Traits<__half, true, kOutCols, kTile.warp_rows, kTile.warps_m, kTile.warps_n,
-                                       kTile.block_n, kTile.pv_keys, kTile.stages>>(
-        problem, value_splits, stream);
-  }
-  return launch<Traits<__half, false, kOutCols, kTile.warp_rows, kTile.warps_m, kTile.warps_n,
-                                     kTile.block_n, kTile.pv_keys, kTile.stages>>(
-      problem, value_splits, stream);
+  return with_traits<kOutCols>(problem.dtype, problem.accumulation, [&](auto tag) {
+    return launch<typename decltype(tag)::type>(problem, value_splits, stream);
+  });
+}
+
+template <int kOutCols>
+Status instance_runnable(DType dtype, Accumulation accumulation, int device) {
+  return with_traits<kOutCols>(dtype, accumulation, [&](auto tag) {
+    return runnable<typename decltype(tag)::type>(device);
+  });
 }
 
 }  // namespace ffpa::detail::sm80_split_d

@@ -28,14 +28,32 @@ std::string kernel_name(const AttentionProblem& problem, Route route) {
          std::to_string(tile.stages) + ">x" + std::to_string(route.value_splits);
 }
 
-Status run(const AttentionProblem& problem, Route route, cudaStream_t stream) {
+namespace {
+
+const Instance* find_instance(int out_cols) {
   for (int i = 0; i < kInstanceCount; ++i) {
-    if (kInstances[i].out_cols == route.out_cols) {
-      return kInstances[i].launch(problem, route.value_splits, stream);
-    }
+    if (kInstances[i].out_cols == out_cols) return &kInstances[i];
   }
+  return nullptr;
+}
+
+Status no_instance(int out_cols) {
   return {StatusCode::impl_unavailable, "impl sm80_split_d: no instance with out_cols " +
-                                            std::to_string(route.out_cols) + " in this build"};
+                                            std::to_string(out_cols) + " in this build"};
+}
+
+}  // namespace
+
+Status runnable(const AttentionProblem& problem, Route route, int device) {
+  const Instance* instance = find_instance(route.out_cols);
+  if (instance == nullptr) return no_instance(route.out_cols);
+  return instance->runnable(problem.dtype, problem.accumulation, device);
+}
+
+Status run(const AttentionProblem& problem, Route route, cudaStream_t stream) {
+  const Instance* instance = find_instance(route.out_cols);
+  if (instance == nullptr) return no_instance(route.out_cols);
+  return instance->launch(problem, route.value_splits, stream);
 }
 
 }  // namespace ffpa::detail::sm80_split_d

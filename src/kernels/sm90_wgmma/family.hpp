@@ -13,11 +13,16 @@
 namespace ffpa::detail::sm90_wgmma {
 
 using Launcher = Status (*)(const AttentionProblem&, cudaStream_t);
+using RunnableCheck = Status (*)(DType, int device);
 
 // Defined in launch.cuh, explicitly instantiated per head dim in the
 // generated sm90_wgmma_d<D>.cu translation units (compiled for sm_90a only).
 template <int kHeadDim>
 Status launch_instance(const AttentionProblem& problem, cudaStream_t stream);
+// Whether the instance's kernel for the dtype runs on the current device,
+// `device` (host/kernel_image.hpp): impl_unavailable when it does not.
+template <int kHeadDim>
+Status instance_runnable(DType dtype, int device);
 
 // CTAs per tile of the instance for head_dim: one up to 512, above a cluster
 // of two, each with half of D (two warpgroups hold O of 64 x 512 at most).
@@ -26,6 +31,7 @@ constexpr int cluster_size(int head_dim) { return head_dim > 512 ? 2 : 1; }
 struct Instance {
   int head_dim;  // a multiple of 64; serves every D up to it
   Launcher launch;
+  RunnableCheck runnable;
 };
 
 // Generated from FFPA_SM90_HEAD_DIMS (registry.cpp.in), ascending head_dim;

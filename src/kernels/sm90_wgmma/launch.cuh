@@ -9,6 +9,7 @@
 #include <string>
 
 #include "host/cuda_status.hpp"
+#include "host/kernel_image.hpp"
 #include "kernels/common/math_constants.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
 #include "kernels/sm90_wgmma/kernel.cuh"
@@ -19,14 +20,10 @@ namespace ffpa::detail::sm90_wgmma {
 template <class Traits>
 Status launch(const AttentionProblem& problem, cudaStream_t stream) {
   const auto kernel = forward_kernel<Traits>;
-  const cudaError_t set_smem =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
-  if (set_smem == cudaErrorInvalidDeviceFunction || set_smem == cudaErrorNoKernelImageForDevice) {
-    (void)cudaGetLastError();
-    return {StatusCode::impl_unavailable,
-            "impl sm90_wgmma: this build has no sm_90a kernel image for the current device"};
-  }
-  FFPA_RETURN_IF_CUDA_ERROR(set_smem);
+  // A device without an sm_90a image fails here (impl_unavailable), as does a
+  // launch the device cannot give its resources or cluster, below.
+  FFPA_RETURN_IF_DEVICE_ERROR("sm90_wgmma", cudaFuncSetAttribute(
+      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
 
   // Q and O in boxes of 64 rows (one CTA's), K of 128 (a KV block), V of 64
   // (half a block: one ring stage per key half and consumer).
@@ -54,8 +51,16 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
   cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = Traits::kSplit > 1 ? 1 : 0;
-  FFPA_RETURN_IF_CUDA_ERROR(cudaLaunchKernelEx(&config, kernel, args, maps[0], maps[1], maps[2], maps[3]));
+  FFPA_RETURN_IF_DEVICE_ERROR(
+      "sm90_wgmma", cudaLaunchKernelEx(&config, kernel, args, maps[0], maps[1], maps[2], maps[3]));
   return {};
+}
+
+template <class Traits>
+Status runnable(int device) {
+  static KernelImageMemo memo;
+  return kernel_runnable(reinterpret_cast<const void*>(&forward_kernel<Traits>), Traits::kThreads,
+                         "sm90_wgmma", device, &memo);
 }
 
 // D up to kHeadDim. Up to 512 one CTA per tile, above a cluster of two, each
@@ -63,15 +68,29 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
 // splits its columns of O between its two consumers in whole 64-column boxes
 // (at least 128 columns: the smallest instantiated wgmma N).
 template <int kHeadDim>
-Status launch_instance(const AttentionProblem& problem, cudaStream_t stream) {
-  constexpr int kSplit = cluster_size(kHeadDim);
+struct InstanceTraits {
+  static constexpr int kSplit = cluster_size(kHeadDim);
   static_assert(kHeadDim % (64 * kSplit) == 0);
-  constexpr int kCtaDim = kHeadDim / kSplit;
-  constexpr int kQKChunks = kCtaDim / 64;
-  constexpr int kHalfCols = std::max(128, (kCtaDim + 127) / 128 * 64);
+  static constexpr int kCtaDim = kHeadDim / kSplit;
+  static constexpr int kQKChunks = kCtaDim / 64;
+  static constexpr int kHalfCols = std::max(128, (kCtaDim + 127) / 128 * 64);
+  template <class Element>
+  using type = Traits<Element, kQKChunks, kHalfCols, kSplit>;
+};
+
+template <int kHeadDim>
+Status launch_instance(const AttentionProblem& problem, cudaStream_t stream) {
+  using Kernels = InstanceTraits<kHeadDim>;
   if (problem.dtype == DType::bf16)
-    return launch<Traits<__nv_bfloat16, kQKChunks, kHalfCols, kSplit>>(problem, stream);
-  return launch<Traits<__half, kQKChunks, kHalfCols, kSplit>>(problem, stream);
+    return launch<typename Kernels::template type<__nv_bfloat16>>(problem, stream);
+  return launch<typename Kernels::template type<__half>>(problem, stream);
+}
+
+template <int kHeadDim>
+Status instance_runnable(DType dtype, int device) {
+  using Kernels = InstanceTraits<kHeadDim>;
+  if (dtype == DType::bf16) return runnable<typename Kernels::template type<__nv_bfloat16>>(device);
+  return runnable<typename Kernels::template type<__half>>(device);
 }
 
 }  // namespace ffpa::detail::sm90_wgmma

@@ -10,7 +10,7 @@ namespace ffpa::detail::sm90_wgmma {
 
 const Instance* route(const AttentionProblem& problem, std::string* reason) {
   if (kInstanceCount == 0) {
-    *reason = "this build has no sm_90a kernels (add 90a-real to FFPA_CUDA_ARCHITECTURES)";
+    *reason = "this build has no sm_90a kernels (CMAKE_CUDA_ARCHITECTURES without 90)";
     return nullptr;
   }
   if (problem.accumulation == Accumulation::f16) {
