@@ -230,7 +230,8 @@ def explain(
 ) -> str:
     """What ffpa_attn_func would run for these arguments, and why, in one line (runs nothing).
 
-    The tensors may be on the "meta" device, or fake: only their metadata is read.
+    Only the tensors' metadata is read (fake CUDA tensors work; "meta" tensors
+    are not CUDA tensors, so they get the answer for a CPU call).
     """
     backend = _DEFAULT_BACKEND if backend is None else backend
     decision = _decision(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, backend, return_lse)
