@@ -166,7 +166,8 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   BenchArgs& args = parsed.args;
   const std::map<std::string, Handler> options = value_options(&args);
   const std::map<std::string, bool*> flags = {
-      {"--lse", &args.lse}, {"--json", &args.json}, {"--help", &args.help}, {"-h", &args.help}};
+      {"--lse", &args.lse}, {"--json", &args.json}, {"--help", &args.help}, {"-h", &args.help},
+      {"--version", &args.version}};
 
   for (int i = 1; i < argc; ++i) {
     std::string name = argv[i], value;
@@ -270,6 +271,7 @@ Measurement
   --check-rows N         query rows compared with the fp64 CPU reference, spread
                          over Nq with the first and last (default 16; 0: no check)
   --json                 one JSON object per point on stdout, text on stderr
+  --version              the library's version
   --help, -h             this text
 
 Inputs are uniform in [-1, 1], in enough copies to exceed twice the L2 cache,

@@ -32,6 +32,7 @@ struct BenchArgs {
   int64_t check_rows = 16;  // 0: no check
   bool json = false;
   bool help = false;
+  bool version = false;  // --version: print the version and exit
 };
 
 struct ParsedArgs {

@@ -89,9 +89,20 @@ std::optional<Device> find_device(std::string* why_not) {
   int count = 0;
   const cudaError_t error = cudaGetDeviceCount(&count);
   if (error != cudaSuccess || count == 0) {
-    *why_not = error != cudaSuccess ? std::string("cudaGetDeviceCount: ") + cudaGetErrorName(error) + ", " +
-                                          cudaGetErrorString(error)
-                                    : "cudaGetDeviceCount found 0 devices";
+    // The runtime says "insufficient driver" also when there is no driver at
+    // all; the driver's version (0: none) tells the two apart.
+    int driver = 0;
+    if (cudaDriverGetVersion(&driver) != cudaSuccess) driver = 0;
+    if (error == cudaSuccess) {
+      *why_not = "the NVIDIA driver finds no GPU";
+    } else if (driver == 0) {
+      *why_not = "no NVIDIA driver on this machine";
+    } else if (error == cudaErrorInsufficientDriver) {
+      *why_not = "the NVIDIA driver supports CUDA " + std::to_string(driver / 1000) + "." +
+                 std::to_string(driver % 1000 / 10) + ", older than this build's runtime";
+    } else {
+      *why_not = std::string("cudaGetDeviceCount: ") + cudaGetErrorName(error) + ", " + cudaGetErrorString(error);
+    }
     (void)cudaGetLastError();  // nothing to clear on later calls
     return std::nullopt;
   }
@@ -335,7 +346,9 @@ int run_benchmarks(const BenchArgs& args) {
       throw CallFailure("no CUDA device (" + why_no_device + "): --impl " +
                         (args.impl == Impl::sm80_split_d ? "sm80" : "sm90") + " needs one");
     if (!device)
-      std::fprintf(text, "no CUDA device: running the CPU reference on a small default shape (%s)\n",
+      std::fprintf(text,
+                   "no GPU: %s. Running the CPU reference on a small default shape instead (seconds); "
+                   "on a machine with a GPU the same command times the GPU kernels on the real shape.\n",
                    why_no_device.c_str());
     const bool on_host = !device || args.impl == Impl::cpu_reference;
     std::fprintf(text, "ffpa-bench %s on %s\n", version(),

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "bench_args.hpp"
+#include "ffpa/ffpa.hpp"
 #include "bench_run.hpp"
 
 int main(int argc, char** argv) {
@@ -14,6 +15,10 @@ int main(int argc, char** argv) {
   }
   if (parsed.args.help) {
     std::fputs(ffpa::bench::usage_text().c_str(), stdout);
+    return 0;
+  }
+  if (parsed.args.version) {
+    std::printf("ffpa-bench %s\n", ffpa::version());
     return 0;
   }
   return ffpa::bench::run_benchmarks(parsed.args);
