@@ -10,7 +10,7 @@
 //   - a successful call equals an independent fp64 reference (written here,
 //     from the spec: masks, both causal alignments, GQA, dropout, LSE).
 //
-//   ffpa_api_fuzz [--seconds N] [--seed S] [--cases N] [--corpus FILE] [--list] [--threads N]
+//   ffpa_api_fuzz [--seconds N] [--seed S] [--cases N] [--corpus FILE] [--list] [--threads N] [--version]
 // The corpus is a list of seeds (one a line, '#' comments) run first. Prints
 // the statuses seen and a closing "N passed, N failed" line; exits 1 on any
 // failed check. --list prints each case's seed, status and fault (to grow
@@ -298,6 +298,10 @@ int main(int argc, char** argv) {
       tally.list = true;
       continue;
     }
+    if (flag == "--version") {
+      std::printf("ffpa_api_fuzz %s\n", ffpa::version());
+      return 0;
+    }
     const char* value = a + 1 < argc ? argv[++a] : nullptr;
     if (value != nullptr && flag == "--seconds") {
       seconds = std::atof(value);
@@ -310,7 +314,7 @@ int main(int argc, char** argv) {
     } else if (value != nullptr && flag == "--threads") {
       threads = std::max(1, std::atoi(value));
     } else {
-      std::fprintf(stderr, "usage: ffpa_api_fuzz [--seconds N] [--seed S] [--cases N] [--corpus FILE] [--list] [--threads N]\n");
+      std::fprintf(stderr, "usage: ffpa_api_fuzz [--seconds N] [--seed S] [--cases N] [--corpus FILE] [--list] [--threads N] [--version]\n");
       return 2;
     }
   }
