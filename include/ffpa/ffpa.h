@@ -14,6 +14,8 @@
 
 /* The shared library hides its other symbols: these are its C ABI. */
 #include "ffpa/export.h"
+/* FFPA_VERSION_MAJOR, _MINOR, _PATCH, _STRING and FFPA_VERSION (generated). */
+#include "ffpa/version.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "ffpa/export.h"
+#include "ffpa/version.h"  // FFPA_VERSION_MAJOR, _MINOR, _PATCH, _STRING, FFPA_VERSION
 
 namespace ffpa {
 

@@ -1,8 +1,8 @@
 // ffpa::library_info(): what this build serves, read from the single sources:
 // the head-dim and sequence limits from common/attention_problem.hpp (what
 // validation and routing use), the instance head dims from the CMake-generated
-// registries, the architectures and the version from compile definitions that
-// CMake sets for this file.
+// registries, the architectures from a compile definition CMake sets for this
+// file, the version from <ffpa/version.h>.
 #include <cstdint>
 #include <iterator>
 
@@ -11,9 +11,8 @@
 #include "kernels/sm80_split_d/family.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
 
-#if !defined(FFPA_CUDA_ARCHITECTURE_LIST) || !defined(FFPA_VERSION_MAJOR) || \
-    !defined(FFPA_VERSION_MINOR) || !defined(FFPA_VERSION_PATCH)
-#error "CMake sets FFPA_CUDA_ARCHITECTURE_LIST and FFPA_VERSION_{MAJOR,MINOR,PATCH} for this file"
+#if !defined(FFPA_CUDA_ARCHITECTURE_LIST)
+#error "CMake sets FFPA_CUDA_ARCHITECTURE_LIST for this file"
 #endif
 
 namespace ffpa {

@@ -4,9 +4,6 @@
 
 #include "ffpa/ffpa.hpp"
 
-#ifndef FFPA_VERSION_STRING
-#define FFPA_VERSION_STRING "0.0.0"  // set by CMake from the project version
-#endif
 
 namespace ffpa {
 

@@ -69,6 +69,17 @@ TEST(LibraryInfo, VersionFieldsSpellTheVersionString) {
   EXPECT_EQ(spelled.str(), ffpa_version());
 }
 
+// The header's macros are what the library reports: a program compiled against
+// one version's headers can check the library it loads.
+TEST(LibraryInfo, HeaderVersionMacrosAreTheLibrarysVersion) {
+  const ffpa::LibraryInfo info = ffpa::library_info();
+  EXPECT_STREQ(FFPA_VERSION_STRING, ffpa_version());
+  EXPECT_EQ(FFPA_VERSION_MAJOR, info.version_major);
+  EXPECT_EQ(FFPA_VERSION_MINOR, info.version_minor);
+  EXPECT_EQ(FFPA_VERSION_PATCH, info.version_patch);
+  EXPECT_EQ(FFPA_VERSION, info.version_major * 10000 + info.version_minor * 100 + info.version_patch);
+}
+
 TEST(LibraryInfo, CAbiAgreesWithCpp) {
   const ffpa::LibraryInfo cpp = ffpa::library_info();
   const ffpa_library_info c = queried_info();
