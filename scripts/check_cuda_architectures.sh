@@ -29,7 +29,7 @@ expect() {
   local name=$1 resolved=$2 reported=$3 split_d_code=$4 sm90=$5 dir="$work/$1" problems=()
   grep -qF -- "ffpa: CUDA architectures: $resolved " "$dir.log" ||
     problems+=("resolved: $(grep -o 'ffpa: CUDA architectures: .*' "$dir.log"), expected $resolved")
-  grep -qF -- "FFPA_CUDA_ARCHITECTURE_LIST=$reported " "$dir/build.ninja" ||
+  grep -qE -- "FFPA_CUDA_ARCHITECTURE_LIST=$reported( |\$)" "$dir/build.ninja" ||
     problems+=("reported: $(grep -o 'FFPA_CUDA_ARCHITECTURE_LIST=[0-9,]*' "$dir/build.ninja" | head -1), expected $reported")
   local flags
   flags=$(grep -A3 "^build CMakeFiles/ffpa_objects.dir/generated/sm80_split_d_d128.cu.o" "$dir/build.ninja" |
