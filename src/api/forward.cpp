@@ -25,7 +25,9 @@ Status select_kernel(const ForwardParams& params, KernelChoice* choice) {
     choice->kernel = "none (empty problem: B, Hq or Nq is 0)";
     return {};
   }
-  return detail::plan_forward(problem, params.options.impl, choice);
+  if (Status status = detail::plan_forward(problem, params.options.impl, choice); !status.ok()) return status;
+  choice->kernel = detail::kernel_name(problem, *choice);
+  return {};
 }
 
 Status workspace_size(const ForwardParams& params, size_t* bytes) {

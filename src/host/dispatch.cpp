@@ -29,7 +29,6 @@ Status plan_cpu_reference(MemorySpace space, KernelChoice* choice) {
             "impl cpu_reference needs host pointers, but the tensors are in device memory"};
   }
   choice->impl = Impl::cpu_reference;
-  choice->kernel = "cpu_reference<f64>";
   return {};
 }
 
@@ -118,7 +117,6 @@ Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
   if (Status status = split_d_shared_memory_route(problem, info, &route); !status.ok()) return status;
   if (Status status = sm80_split_d::runnable(problem, route, info.device); !status.ok()) return status;
   choice->impl = Impl::sm80_split_d;
-  choice->kernel = sm80_split_d::kernel_name(problem, route);
   choice->padded_head_dim = route.out_cols;
   choice->value_splits = route.value_splits;
   return {};
@@ -135,7 +133,6 @@ Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, Kerne
   }
   if (Status status = instance->runnable(problem.dtype, info.device); !status.ok()) return status;
   choice->impl = Impl::sm90_wgmma;
-  choice->kernel = sm90_wgmma::kernel_name(problem, *instance);
   choice->padded_head_dim = instance->head_dim;
   choice->value_splits = 1;
   return {};
@@ -156,6 +153,23 @@ Status plan_automatic_device(const AttentionProblem& problem, KernelChoice* choi
 }
 
 }  // namespace
+
+std::string kernel_name(const AttentionProblem& problem, const KernelChoice& choice) {
+  switch (choice.impl) {
+    case Impl::cpu_reference: return "cpu_reference<f64>";
+    case Impl::sm80_split_d:
+      return sm80_split_d::kernel_name(
+          problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits});
+    case Impl::sm90_wgmma:
+      for (int i = 0; i < sm90_wgmma::kInstanceCount; ++i) {
+        if (sm90_wgmma::kInstances[i].head_dim == choice.padded_head_dim)
+          return sm90_wgmma::kernel_name(problem, sm90_wgmma::kInstances[i]);
+      }
+      break;
+    case Impl::automatic: break;
+  }
+  return "none";
+}
 
 Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoice* choice) {
   *choice = KernelChoice{};

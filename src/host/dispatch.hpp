@@ -4,14 +4,21 @@
 
 #include <cuda_runtime_api.h>
 
+#include <string>
+
 #include "common/attention_problem.hpp"
 #include "ffpa/ffpa.hpp"
 
 namespace ffpa::detail {
 
 // Fails with impl_unavailable / wrong_memory_space when the requested
-// implementation cannot serve the call; never substitutes another one.
+// implementation cannot serve the call; never substitutes another one. The
+// choice's kernel name is left empty (forward() does not need it; building it
+// costs host time on every call): kernel_name() spells it.
 Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoice* choice);
+
+// The name of a planned choice's kernel, e.g. "sm90_wgmma<bf16,d512,m64,n128,s4>".
+std::string kernel_name(const AttentionProblem& problem, const KernelChoice& choice);
 
 // Whether `impl` (automatic, sm80_split_d or sm90_wgmma) runs this build's
 // kernels on CUDA device `device` (ffpa::device_support).
