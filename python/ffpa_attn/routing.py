@@ -70,15 +70,20 @@ def only_ffpa_reason(spec: CallSpec, backend: CUDABackend, return_lse: bool) -> 
     return None
 
 
-def sdpa_wrong_reason(spec: CallSpec) -> str | None:
-    """Why SDPA's default dispatch would compute this call wrongly, or None."""
+def _cudnn_bugs_apply(spec: CallSpec) -> bool:
+    """A masked fp16/bf16 CUDA call SDPA may give cuDNN (D <= 256): where cuDNN's two known bugs live."""
     head_dim = spec.q_shape[-1] if spec.q_shape else 0
-    if (
+    return (
         spec.device_type == "cuda"
-        and spec.mask_dtype == "float32"
+        and spec.mask_dtype is not None
         and spec.dtype in ("float16", "bfloat16")
         and head_dim <= CUDNN_FP32_MASK_MAX_HEAD_DIM
-    ):
+    )
+
+
+def sdpa_wrong_reason(spec: CallSpec) -> str | None:
+    """Why SDPA's default dispatch would compute this call wrongly, or None."""
+    if _cudnn_bugs_apply(spec) and spec.mask_dtype == "float32":
         return "an fp32 additive mask with fp16/bf16 inputs: SDPA's cuDNN kernel returns NaN or garbage (PyTorch PR #191612)"
     return None
 
@@ -102,11 +107,8 @@ def sdpa_backends(spec: CallSpec) -> tuple[tuple[str, ...] | None, str | None]:
 
     (None, None): SDPA's own choice is right for the call.
     """
-    if spec.device_type != "cuda" or spec.mask_dtype is None or spec.dtype not in ("float16", "bfloat16"):
-        return None, None
-    head_dim = spec.q_shape[-1] if spec.q_shape else 0
-    if head_dim > CUDNN_FP32_MASK_MAX_HEAD_DIM:
-        return None, None  # cuDNN is not among SDPA's choices there
+    if not _cudnn_bugs_apply(spec):
+        return None, None  # SDPA's own choice: not cuDNN, or not a call its bugs touch
     if spec.mask_dtype == "float32":
         # The memory-efficient kernel refuses an fp32 mask; math computes it exactly.
         return ("MATH",), "fp32 mask: SDPA's cuDNN kernel is wrong for it, the math kernel is right"
