@@ -158,8 +158,9 @@ class _Plan:
         options = (dropout_p, causal, scale, accumulation, impl, 0, dropout_offset)
         # Inputs the library reads where they are (their addresses are checked per call).
         self.in_place = all(t.numel() == 0 or _strides_readable(t) for t in (q, k, v))
+        # o in q's layout when the library can write it (_new_output's rule, decided once).
+        self.o_like_q = _strides_readable(torch.empty_like(q))
         o = _new_output(q)
-        self.o_like_q = o.stride() == torch.empty_like(q).stride()
         lse = _new_lse(q, True) if return_lse else None
         self.params = _params_template(q, k, v, o, lse, _broadcast_mask(mask, q, k), options)
 
@@ -172,7 +173,7 @@ def _run_on_copies(q, k, v, mask, return_lse, options) -> tuple[torch.Tensor, Op
     params = _params_template(q, k, v, o, lse, _broadcast_mask(mask, q, k), options)
     if q.is_cuda:
         with torch.cuda.device(q.device):
-            params.stream = torch.cuda.current_stream(q.device).cuda_stream
+            params.stream = _RAW_STREAM(q.get_device())
             _library.forward(params)
     else:
         _library.forward(params)
