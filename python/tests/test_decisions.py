@@ -6,6 +6,7 @@ the same shape (the logic given limits is what is tested here)."""
 import pytest
 
 from ffpa_attn import _library
+from call_specs import served_call_spec
 from ffpa_attn.decisions import CallSpec, Limits, fallback_reason
 
 
@@ -23,23 +24,8 @@ B, HQ, NQ, NKV, D = 2, 8, 37, 53, 128
 
 def spec(**changes) -> CallSpec:
     """A call the library serves (bf16, CUDA, [B, H, N, D], no mask), with `changes` applied."""
-    fields = dict(
-        device_type="cuda",
-        same_device=True,
-        dtype="bfloat16",
-        kv_dtypes_match=True,
-        q_shape=(B, HQ, NQ, D),
-        k_shape=(B, HQ, NKV, D),
-        v_shape=(B, HQ, NKV, D),
-        mask_dtype=None,
-        mask_shape=None,
-        dropout_p=0.0,
-        enable_gqa=False,
-        needs_grad=False,
-        nested=False,
-    )
-    fields.update(changes)
-    return CallSpec(**fields)
+    shapes = dict(q_shape=(B, HQ, NQ, D), k_shape=(B, HQ, NKV, D), v_shape=(B, HQ, NKV, D))
+    return served_call_spec(**(shapes | changes))
 
 
 def head_dim(d: int) -> dict:

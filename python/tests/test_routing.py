@@ -4,6 +4,7 @@ a call going to SDPA may use."""
 
 import pytest
 
+from call_specs import served_call_spec
 from ffpa_attn.config import CUDABackend
 from ffpa_attn.decisions import CallSpec
 from ffpa_attn.routing import (
@@ -17,23 +18,7 @@ B, H, N = 2, 8, 300
 
 
 def spec(d=512, nq=N, nkv=N, **changes) -> CallSpec:
-    fields = dict(
-        device_type="cuda",
-        same_device=True,
-        dtype="bfloat16",
-        kv_dtypes_match=True,
-        q_shape=(B, H, nq, d),
-        k_shape=(B, H, nkv, d),
-        v_shape=(B, H, nkv, d),
-        mask_dtype=None,
-        mask_shape=None,
-        dropout_p=0.0,
-        enable_gqa=False,
-        needs_grad=False,
-        nested=False,
-    )
-    fields.update(changes)
-    return CallSpec(**fields)
+    return served_call_spec((B, H, nq, d), (B, H, nkv, d), (B, H, nkv, d), **changes)
 
 
 AUTO = CUDABackend()
