@@ -6,9 +6,8 @@ ffpa_attn.config and ffpa_attn.decisions work without PyTorch (CI without torch
 tests them); the names that need torch raise ImportError when it is missing.
 """
 
-__version__ = "0.1.0"
-
 from ._library import library_info, library_path
+from ._version import __version__
 from .config import CUDABackend
 
 __all__ = ["ffpa_attn_func", "explain", "CUDABackend", "monkey_patch", "unpatch", "library_info", "library_path", "__version__"]
