@@ -15,14 +15,14 @@ SOURCE_TREE = TESTS_DIR.parent  # python/, which holds ffpa_attn/
 
 # The helper modules next to the tests import by name, whatever pytest's import mode.
 sys.path.insert(0, str(TESTS_DIR))
-# An installed ffpa_attn wins; a source checkout (CI, no pip install) tests python/ffpa_attn.
+# An installed ffpa_attn wins, with the library it carries (or FFPA_LIBRARY's);
+# a source checkout (CI, no pip install) tests python/ffpa_attn with the library
+# CI builds (build/libffpa.so in the checkout), unless FFPA_LIBRARY names one.
+BUILT_LIBRARY = SOURCE_TREE.parent / "build" / "libffpa.so"
 if importlib.util.find_spec("ffpa_attn") is None:
     sys.path.insert(0, str(SOURCE_TREE))
-
-# The library CI builds (build/libffpa.so in the checkout), unless FFPA_LIBRARY names one.
-BUILT_LIBRARY = SOURCE_TREE.parent / "build" / "libffpa.so"
-if not os.environ.get("FFPA_LIBRARY") and BUILT_LIBRARY.exists():
-    os.environ["FFPA_LIBRARY"] = str(BUILT_LIBRARY)
+    if not os.environ.get("FFPA_LIBRARY") and BUILT_LIBRARY.exists():
+        os.environ["FFPA_LIBRARY"] = str(BUILT_LIBRARY)
 
 SEED_KEY = pytest.StashKey[int]()
 
