@@ -26,5 +26,8 @@ else:
 def __getattr__(name: str) -> object:
     # Reached only for names not set above: those that need torch when it is missing.
     if name in ("ffpa_attn_func", "explain", "monkey_patch", "unpatch"):
-        raise ImportError(f"ffpa_attn.{name} needs PyTorch, which is not installed") from _torch_missing
+        raise ImportError(
+            f"ffpa_attn.{name} needs PyTorch, which is not installed: install the torch build for your "
+            "CUDA driver (pytorch.org), or PyPI's default with pip install 'ffpa-kernels[torch]'"
+        ) from _torch_missing
     raise AttributeError(f"module 'ffpa_attn' has no attribute {name!r}")

@@ -4,7 +4,7 @@ Torch-free: the structs take raw pointers, shapes and strides, so the benchmark
 and tests can call the library on any buffer (the C library runs its CPU
 reference on host pointers). The library is looked up, in order, at:
   1. the file named by the environment variable FFPA_LIBRARY,
-  2. ffpa_attn/lib/libffpa.so* (where `pip install ./python` puts it),
+  2. ffpa_attn/lib/libffpa.so* (where the wheel, `pip install .` from the repository root, puts it),
   3. ctypes.util.find_library("ffpa") (the system's library path).
 """
 
@@ -333,6 +333,6 @@ def _open_library() -> Library:
     raise LibraryNotFoundError(
         f"ffpa_attn: cannot find the ffpa C library. {LIBRARY_ENV} is not set, and:\n"
         + "".join(f"  - {entry}\n" for entry in tried)
-        + f"Install with `pip install ./python` (builds the library), or set {LIBRARY_ENV} "
+        + f"Install with `pip install .` from the repository root (builds the library), or set {LIBRARY_ENV} "
         "to the path of a prebuilt libffpa.so."
     )
