@@ -39,6 +39,9 @@ struct AttentionProblem {
   MaskKind mask_kind = MaskKind::none;
   const void* mask = nullptr;
   int64_t mask_stride[4] = {};  // b, h, i, j; 0 where the mask broadcasts
+  // Keys contiguous and every row starting on a two-element boundary: the
+  // kernels read the mask a key pair (c, c + 1 with c even) per load.
+  bool mask_key_pairs = false;
 
   float* lse = nullptr;
   int64_t lse_stride[3] = {};  // b, h, i

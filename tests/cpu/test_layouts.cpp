@@ -241,4 +241,41 @@ TEST(Layouts, MaskBroadcastShapesAddressTheBroadcastElement) {
   }
 }
 
+// The kernels read a mask a key pair per load only where every row starts on
+// a pair boundary and keys are contiguous (AttentionProblem::mask_key_pairs).
+TEST(Layouts, MaskKeyPairsOnlyForPairAlignedRows) {
+  struct Case {
+    Index shape;
+    int64_t seq_kv;
+    int64_t element_offset;  // of mask.data into its buffer
+    bool pairs;
+  } cases[] = {
+      {{1, 1, 1, 6}, 6, 0, true},    // [1,1,1,Nkv]: one row
+      {{3, 1, 1, 6}, 6, 0, true},    // batch stride 6
+      {{3, 1, 2, 6}, 6, 0, true},    // row stride 6
+      {{3, 1, 2, 5}, 5, 0, false},   // row stride 5: odd rows start mid-pair
+      {{1, 1, 1, 5}, 5, 0, true},    // one row of odd length: the ragged tail is read by element
+      {{1, 1, 1, 6}, 6, 1, false},   // data one element past a pair boundary
+      {{1, 1, 2, 1}, 6, 0, false},   // broadcast over keys: stride 0, not contiguous
+  };
+  for (const Case& c : cases) {
+    const Sizes s{3, 4, 2, 2, c.seq_kv, 16};
+    Tensors t = make_tensors(s, DType::f16, Layout::bhnd, Layout::bhnd, Layout::bhnd);
+    for (DType dtype : {DType::boolean, DType::f16, DType::f32}) {
+      Index padded = c.shape;
+      padded[3] += c.element_offset;
+      HostTensor mask = make_host_tensor(dtype, padded);
+      ForwardParams p = params_of(t);
+      p.mask = mask.tensor;
+      p.mask.shape[3] = c.shape[3];
+      p.mask.data = static_cast<unsigned char*>(mask.tensor.data) +
+                    c.element_offset * (dtype == DType::f32 ? 4 : dtype == DType::f16 ? 2 : 1);
+      const AttentionProblem problem = validated(p);
+      EXPECT_EQ(problem.mask_key_pairs, c.pairs)
+          << "shape [" << c.shape[0] << "," << c.shape[1] << "," << c.shape[2] << "," << c.shape[3]
+          << "], offset " << c.element_offset << ", dtype " << static_cast<int>(dtype);
+    }
+  }
+}
+
 }  // namespace

@@ -449,21 +449,27 @@ std::vector<ForwardCase> small_cases() {
       shape_case(f16, 1, 2, 2, 63, 63, 128).without_lse(),
   };
   // Every mask dtype with every mask shape, rows masked out where the mask
-  // has rows (the last batch for [B,1,1,Nkv]).
+  // has rows (the last batch for [B,1,1,Nkv]). An odd Nkv makes every mask
+  // row but [1,1,1,Nkv]'s start off a key-pair boundary (the kernels read it
+  // element by element); an even one lets them read key pairs, up to a
+  // ragged last block (130 keys).
   const DType mask_dtypes[] = {DType::boolean, DType::f16, DType::bf16, DType::f32};
   const MaskShape mask_shapes[] = {MaskShape::keys, MaskShape::batch_keys, MaskShape::batch_rows,
                                    MaskShape::full, MaskShape::stride0_view};
   const int64_t dims[] = {8, 72, 128, 200};
   const Causal causals[] = {Causal::none, top_left, bottom_right};
   int n = 0;
-  for (DType mask_dtype : mask_dtypes) {
-    for (MaskShape mask_shape : mask_shapes) {
-      const bool long_keys = n % 2 == 0;
-      cases.push_back(shape_case(n % 2 ? bf16 : f16, 2, 2, 1, long_keys ? 63 : 129,
-                                 long_keys ? 129 : 63, dims[n % 4])
-                          .with_causal(causals[n % 3])
-                          .with_mask(mask_dtype, mask_shape, mask_shape != MaskShape::keys));
-      ++n;
+  for (const bool pair_aligned : {false, true}) {
+    for (DType mask_dtype : mask_dtypes) {
+      for (MaskShape mask_shape : mask_shapes) {
+        const bool long_keys = n % 2 == 0;
+        const int64_t short_side = pair_aligned ? 64 : 63, long_side = pair_aligned ? 130 : 129;
+        cases.push_back(shape_case(n % 2 ? bf16 : f16, 2, 2, 1, long_keys ? short_side : long_side,
+                                   long_keys ? long_side : short_side, dims[n % 4])
+                            .with_causal(causals[n % 3])
+                            .with_mask(mask_dtype, mask_shape, mask_shape != MaskShape::keys));
+        ++n;
+      }
     }
   }
   return cases;

@@ -26,8 +26,7 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
   const KeyLimits limits(p, tile->q0);
   const SCoordinates coords{*this};
   if (limits.block_needs_masking(kv0, kBlockN)) mask_outside_limits<Layout>(s, limits, coords, kv0 + 2 * t);
-  // Four column blocks of mask loads at a time: all 16 at once would spill S or O.
-  if (p.mask_kind != MaskKind::none) add_mask<Layout, 4>(s, p, *tile, coords, kv0 + 2 * t);
+  if (p.mask_kind != MaskKind::none) add_mask<Layout, Traits::kMaskBlocksInFlight, Traits::kMaskPairLoads>(s, p, *tile, coords, kv0 + 2 * t);
 
   float scale[2], new_max[2];
   float* const row_sums = cta.row_sums();

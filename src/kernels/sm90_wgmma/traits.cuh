@@ -31,6 +31,12 @@ struct Traits {
   using SLayout = AccumulatorLayout<1, kBlockN / 8>;
   // This consumer's half of O: one slab, kHalfCols / 8 column blocks.
   using OLayout = AccumulatorLayout<1, kHalfCols / 8>;
+  // How the softmax reads the user's mask (score_mask.cuh): column blocks of
+  // loads in flight, and whether a key pair is one load. The most that do not
+  // spill: the cluster kernels' consumers hold more, and either the pair path
+  // or 8 blocks in flight there spills 24 bytes (ptxas, 2026-11-30).
+  static constexpr int kMaskBlocksInFlight = kSplit == 1 ? 8 : 4;
+  static constexpr bool kMaskPairLoads = kSplit == 1;
 
   static constexpr int kTileBytes = 64 * kSwizzleRowBytes;      // [64 rows][kBoxCols]: Q, P, O, V boxes
   static constexpr int kKBoxBytes = kBlockN * kSwizzleRowBytes;  // [128 keys][kBoxCols]
