@@ -74,16 +74,21 @@ struct InstanceTraits {
   static constexpr int kCtaDim = kHeadDim / kSplit;
   static constexpr int kQKChunks = kCtaDim / 64;
   static constexpr int kHalfCols = std::max(128, (kCtaDim + 127) / 128 * 64);
-  template <class Element>
-  using type = Traits<Element, kQKChunks, kHalfCols, kSplit>;
+  template <class Element, bool kDropout = false>
+  using type = Traits<Element, kQKChunks, kHalfCols, kSplit, kDropout>;
 };
+
+template <int kHeadDim, class Element>
+Status launch_element(const AttentionProblem& problem, cudaStream_t stream) {
+  using Kernels = InstanceTraits<kHeadDim>;
+  if (problem.has_dropout()) return launch<typename Kernels::template type<Element, true>>(problem, stream);
+  return launch<typename Kernels::template type<Element, false>>(problem, stream);
+}
 
 template <int kHeadDim>
 Status launch_instance(const AttentionProblem& problem, cudaStream_t stream) {
-  using Kernels = InstanceTraits<kHeadDim>;
-  if (problem.dtype == DType::bf16)
-    return launch<typename Kernels::template type<__nv_bfloat16>>(problem, stream);
-  return launch<typename Kernels::template type<__half>>(problem, stream);
+  if (problem.dtype == DType::bf16) return launch_element<kHeadDim, __nv_bfloat16>(problem, stream);
+  return launch_element<kHeadDim, __half>(problem, stream);
 }
 
 template <int kHeadDim>

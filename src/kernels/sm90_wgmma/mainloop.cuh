@@ -4,6 +4,7 @@
 // while the tensor cores run P_{j-1} V_{j-1}.
 #pragma once
 
+#include "kernels/common/dropout.cuh"
 #include "kernels/common/online_softmax.cuh"
 #include "kernels/sm90_wgmma/consumer.cuh"
 #include "kernels/sm90_wgmma/ring.hpp"
@@ -33,6 +34,9 @@ __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64
         wgmma_ss<Element, 128, false>(s, a, k, (ks | b | kk) != 0);
       }
     wgmma_commit();
+    // The dropout draws of this stage's share of the column blocks run on
+    // the CUDA cores while the tensor cores compute S.
+    if constexpr (Traits::kDropoutWithS) draw_dropout(j, 16 * ks / kKStages, 16 * (ks + 1) / kKStages);
     if (ks > 0) {
       wgmma_wait<1>();
       release(position - 1);
@@ -41,6 +45,23 @@ __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64
   wgmma_wait<0>();
   fence_operands(s);
   release(first + kKStages - 1);
+}
+
+// The keep bits of column blocks [first_block, end_block) of S_j.
+template <class Traits>
+__device__ __forceinline__ void Consumer<Traits>::draw_dropout(int j, int first_block, int end_block) {
+  const AttentionProblem& p = cta.p;
+  const TileCoordinates* tile = cta.tile();
+  const int64_t bh = opaque(static_cast<int64_t>(tile->batch) * p.heads_q + tile->head);
+  const int row0 = tile->q0 + row(0), row1 = tile->q0 + row(1);
+  const int t = quad_lane();
+  if (first_block == 0) dropout_keep[0] = dropout_keep[1] = 0;
+#pragma unroll
+  for (int b = first_block; b < end_block; ++b) {
+    const uint32_t keep = quad_keep_bits(p, bh, row0, row1, j * kBlockN + 8 * b, t);
+    dropout_keep[0] |= (keep & 3u) << (2 * b);
+    dropout_keep[1] |= (keep >> 2) << (2 * b);
+  }
 }
 
 // The owner has already rescaled O; the other consumer rescales by the owner's

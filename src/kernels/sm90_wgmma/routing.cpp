@@ -57,7 +57,7 @@ std::string kernel_name(const AttentionProblem& problem, const Instance& instanc
   const int ctas = cluster_size(instance.head_dim);
   return std::string("sm90_wgmma<") + (problem.dtype == DType::bf16 ? "bf16" : "f16") + ",d" +
          std::to_string(instance.head_dim) + ",m64,n128,s" + std::to_string(ring_stages(ctas)) +
-         (ctas == 1 ? ">" : ",cluster" + std::to_string(ctas) + ">");
+         (ctas == 1 ? "" : ",cluster" + std::to_string(ctas)) + (problem.has_dropout() ? ",dropout>" : ">");
 }
 
 }  // namespace ffpa::detail::sm90_wgmma

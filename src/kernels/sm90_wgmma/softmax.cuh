@@ -1,7 +1,7 @@
 // The S owner's online softmax of S_j (log2 domain), from the shared attention
 // pieces (kernels/common): mask, row maxima and sums over the quad, P_j and the
 // row statistics (new maximum, rescale factor) published to shared memory for
-// the other consumer, dropout applied to P_j in shared memory, then this
+// the other consumer, dropped elements zeroed as P_j is packed, then this
 // consumer's rescale of O.
 #pragma once
 
@@ -48,14 +48,22 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
     return reinterpret_cast<uint32_t*>(p_tile + (col / kBoxCols) * kTileBytes +
                                        swizzle128<kElementBytes>(row(h), col % kBoxCols));
   };
+  // Dropped elements become 0 as P is packed (their keep bits were drawn in
+  // compute_s) or, in the cluster kernels, in shared memory after it (the
+  // Philox rounds then cost no registers next to S and O). The row sums above
+  // are the undropped ones (dropout scales the normalized P).
 #pragma unroll
   for (int i = 0; i < 16; ++i)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) *p_pair(h, 8 * i + 2 * t) = pack2<Element>(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]);
-  if (p.dropout_p > 0.0f) {
-    // Dropped elements are zeroed in shared memory, after S is dead: the
-    // Philox rounds then cost no registers next to S and O. The row sums
-    // above are the undropped ones (dropout scales the normalized P).
+    for (int h = 0; h < 2; ++h) {
+      float first = s[4 * i + 2 * h], second = s[4 * i + 2 * h + 1];
+      if constexpr (Traits::kDropoutWithS) {
+        if (!(dropout_keep[h] >> (2 * i) & 1u)) first = 0.0f;
+        if (!(dropout_keep[h] >> (2 * i + 1) & 1u)) second = 0.0f;
+      }
+      *p_pair(h, 8 * i + 2 * t) = pack2<Element>(first, second);
+    }
+  if constexpr (Traits::kDropout && !Traits::kDropoutWithS) {
     const int64_t bh = opaque(static_cast<int64_t>(tile->batch) * p.heads_q + tile->head);
 #pragma unroll 1
     for (int i = 0; i < 16; ++i) {

@@ -12,9 +12,19 @@
 
 namespace ffpa::detail::sm90_wgmma {
 
-template <typename Element_, int kQKChunks_, int kHalfCols_, int kSplit_>
+template <typename Element_, int kQKChunks_, int kHalfCols_, int kSplit_, bool kDropout_ = false>
 struct Traits {
   using Element = Element_;
+  // Dropout is compiled in or out: its keep bits are drawn while the S wgmmas
+  // are in flight (mainloop.cuh), which a runtime branch there cannot do (a
+  // wgmma group in flight across a branch serializes every wgmma, C7518), and
+  // the kernel without it carries no Philox code.
+  static constexpr bool kDropout = kDropout_;
+  // Where the keep bits are drawn: with S (one CTA per tile), or, in the
+  // cluster kernels, whose consumers have no registers to spare next to the
+  // S exchange (drawing with S spills 16-200 bytes there), into P in shared
+  // memory after it is written.
+  static constexpr bool kDropoutWithS = kDropout && kSplit_ == 1;
   static constexpr int kElementBytes = ElementTraits<Element>::kBytes;
   static constexpr int kBoxCols = kSwizzleCols<kElementBytes>;  // columns of a 128-byte swizzle row
   static constexpr int kQKChunks = kQKChunks_;  // kBoxCols-column chunks of this CTA's part of S = Q K^T
