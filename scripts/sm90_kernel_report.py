@@ -51,12 +51,13 @@ def sass_counts(build_dir: str) -> dict[str, dict[str, object]]:
     return counts
 
 
-def describe(name: str) -> tuple[str, int, int, int]:
-    """dtype, this CTA's part of D (S chunks x 64), O columns per consumer, CTAs per tile."""
-    m = re.search(r"TraitsI(6__half|13__nv_bfloat16)Li(\d+)ELi(\d+)ELi(\d+)E", name)
+def describe(name: str) -> tuple[str, int, int, int, bool]:
+    """dtype, this CTA's part of D (S chunks x 64), O columns per consumer, CTAs per tile, dropout variant."""
+    m = re.search(r"TraitsI(6__half|13__nv_bfloat16)Li(\d+)ELi(\d+)ELi(\d+)E(Lb([01])E)?", name)
     if not m:
         raise ValueError(f"not a sm90_wgmma kernel: {name}")
-    return ("f16" if "half" in m.group(1) else "bf16"), int(m.group(2)) * 64, int(m.group(3)), int(m.group(4))
+    dtype = "f16" if "half" in m.group(1) else "bf16"
+    return dtype, int(m.group(2)) * 64, int(m.group(3)), int(m.group(4)), m.group(6) == "1"
 
 
 def main() -> int:
@@ -70,9 +71,10 @@ def main() -> int:
     sass = sass_counts(sys.argv[2])
     print("| arch | instance | dtype | registers at launch | stack | spill stores | spill loads | HGMMA in SASS (shapes) | STL/LDL in SASS |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for row in sorted(rows, key=lambda r: (describe(r["name"])[3], describe(r["name"])[1], describe(r["name"])[0])):
-        dtype, cta_dim, half, split = describe(row["name"])
+    for row in sorted(rows, key=lambda r: tuple(describe(r["name"])[i] for i in (3, 1, 0, 4))):
+        dtype, cta_dim, half, split, dropout = describe(row["name"])
         instance = f"d{cta_dim}" if split == 1 else f"d{split * cta_dim} (cluster of {split}, each CTA D/{split})"
+        instance += ", dropout" if dropout else ""
         s = sass.get(row["name"], {"hgmma": "?", "shapes": set(), "local": "?"})
         print(f"| {row['arch']} | {instance}: S over {cta_dim // 64} chunks, O {half} + {half} | {dtype} | "
               f"{row['registers']} | {row['stack']} | {row['spill_stores']} | {row['spill_loads']} | "
