@@ -378,7 +378,7 @@ AttentionProblem make_problem(const ForwardParams& p) {
       problem.mask_stride[i] = p.mask.shape[i] == 1 ? 0 : p.mask.stride[i];
     const int64_t* stride = problem.mask_stride;
     problem.mask_key_pairs = stride[3] == 1 && stride[0] % 2 == 0 && stride[1] % 2 == 0 && stride[2] % 2 == 0 &&
-                             reinterpret_cast<uintptr_t>(p.mask.data) % (2 * element_size(p.mask.dtype)) == 0;
+                             aligned(p.mask.data, static_cast<uintptr_t>(2 * element_size(p.mask.dtype)));
   }
   if (p.lse.data) {
     problem.lse = static_cast<float*>(p.lse.data);

@@ -19,6 +19,7 @@ namespace {
 using ffpa::DType;
 using ffpa::ForwardParams;
 using ffpa::detail::AttentionProblem;
+using ffpa::testing::dtype_size;
 using ffpa::testing::HostTensor;
 using ffpa::testing::Layout;
 using ffpa::testing::make_host_tensor;
@@ -269,7 +270,7 @@ TEST(Layouts, MaskKeyPairsOnlyForPairAlignedRows) {
       p.mask = mask.tensor;
       p.mask.shape[3] = c.shape[3];
       p.mask.data = static_cast<unsigned char*>(mask.tensor.data) +
-                    c.element_offset * (dtype == DType::f32 ? 4 : dtype == DType::f16 ? 2 : 1);
+                    c.element_offset * static_cast<int64_t>(dtype_size(dtype));
       const AttentionProblem problem = validated(p);
       EXPECT_EQ(problem.mask_key_pairs, c.pairs)
           << "shape [" << c.shape[0] << "," << c.shape[1] << "," << c.shape[2] << "," << c.shape[3]
