@@ -91,8 +91,8 @@ typedef struct ffpa_options {
   float scale;
   int32_t causal; /* ffpa_causal */
   float dropout_p;
-  uint64_t dropout_seed;
-  uint64_t dropout_offset;
+  uint64_t dropout_seed;   /* the keep-mask is SDPA's stream of (seed, offset): docs/spec.md */
+  uint64_t dropout_offset; /* in 32-bit words; a call uses ceil4(B * Hq * Nq * Nkv) of them */
   int32_t accumulation; /* ffpa_accumulation */
   int32_t impl;         /* ffpa_impl */
 } ffpa_options;

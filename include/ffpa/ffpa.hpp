@@ -97,7 +97,7 @@ FFPA_API Tensor make_tensor(void* data, DType dtype, std::initializer_list<int64
 struct Options {
   std::optional<float> scale;  // default 1/sqrt(D)
   Causal causal = Causal::none;
-  float dropout_p = 0.0f;      // in [0, 1); keep-mask from Philox(seed, offset, b, h, i, j)
+  float dropout_p = 0.0f;      // in [0, 1); keep-mask: SDPA's stream of (seed, offset) (docs/spec.md)
   uint64_t dropout_seed = 0;
   uint64_t dropout_offset = 0;
   Accumulation accumulation = Accumulation::f32;

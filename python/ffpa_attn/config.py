@@ -29,9 +29,13 @@ class CUDABackend:
     accumulation: "f32", or "f16" for float16 inputs only.
     causal_alignment: what is_causal=True means: "top_left" (SDPA's j <= i) or
         "bottom_right" (FlashAttention's j <= i + Nkv - Nq).
-    dropout_seed: the Philox seed of the dropout keep-mask; None draws one per
-        call from torch's default CPU generator.
-    dropout_offset: the Philox offset, to tell apart calls that share a seed.
+    dropout_seed: the seed of the dropout keep-mask (the library's stream is
+        PyTorch SDPA's: docs/kernels/sdpa_dropout.md). None: in eager mode on
+        CUDA, torch's CUDA generator, read and advanced as SDPA does, so the
+        call drops exactly what SDPA would after the same torch.manual_seed;
+        while compiling or capturing a CUDA graph, a seed drawn per call from
+        torch's default CPU generator.
+    dropout_offset: the stream's offset (in 32-bit words) with an explicit seed.
     """
 
     impl: str = "auto"

@@ -137,7 +137,7 @@ def ffpa_attn_func(
             decision.sdpa_backends,
         )
 
-    dropout_seed = _dropout_seed(backend, dropout_p)
+    dropout_seed, dropout_offset = _dropout_seed_and_offset(backend, dropout_p, query, key, compiling)
     try:
         result = None
         if plan is not None and not _profiler_enabled() and not _dispatch_modes():
@@ -145,7 +145,7 @@ def ffpa_attn_func(
             # small call's (docs/perf/h200-2026-11-30-dropin/): nothing needs it
             # here (plain tensors, no tracing, mode or profiler). None: inputs
             # the library reads only through copies, which the op makes.
-            result = ops.launch(plan, query, key, value, attn_mask, return_lse, dropout_seed)
+            result = ops.launch(plan, query, key, value, attn_mask, return_lse, dropout_seed, dropout_offset)
         if result is None:
             result = torch.ops.ffpa_attn.forward(
                 query,
@@ -157,8 +157,8 @@ def ffpa_attn_func(
                 decision.scale,
                 decision.accumulation,
                 decision.impl,
-                dropout_seed,
-                backend.dropout_offset,
+                _as_int64(dropout_seed),
+                _as_int64(dropout_offset),
                 return_lse,
             )
         out, lse = result
@@ -308,7 +308,6 @@ def _cached_decision(
                 decision.scale,
                 decision.accumulation,
                 decision.impl,
-                backend.dropout_offset,
             )
             plan = ops.plan_for(query, key, value, attn_mask, return_lse, options)
         entry = (decision, plan)
@@ -428,13 +427,38 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _dropout_seed(backend: CUDABackend, dropout_p: float) -> int:
+def _dropout_seed_and_offset(
+    backend: CUDABackend, dropout_p: float, query: torch.Tensor, key: torch.Tensor, compiling: bool
+) -> tuple[int, int]:
+    """The (seed, offset) of a call's dropout keep-mask in the library's stream, SDPA's.
+
+    An explicit backend.dropout_seed: it and backend.dropout_offset. Else, in
+    eager mode on CUDA: torch's CUDA generator, read and advanced as SDPA's
+    memory-efficient kernel does (docs/kernels/sdpa_dropout.md), so that after
+    torch.manual_seed(s) the call keeps exactly the elements SDPA keeps and
+    leaves the generator where SDPA leaves it. While tracing or capturing a
+    CUDA graph: a seed drawn from torch's default CPU generator (reading the
+    CUDA generator's offset there would freeze one mask into the graph).
+    """
     if backend.dropout_seed is not None:
-        return backend.dropout_seed
+        return backend.dropout_seed, backend.dropout_offset
     if dropout_p == 0:
-        return 0  # no draw: a call without dropout leaves torch's RNG untouched
+        return 0, 0  # no draw: a call without dropout leaves torch's RNG untouched
+    if not compiling and query.is_cuda and not torch.cuda.is_current_stream_capturing():
+        generator = torch.cuda.default_generators[query.get_device()]
+        seed, offset = generator.initial_seed(), generator.get_offset()
+        batch, heads_q, seq_q, _ = query.shape
+        words = batch * heads_q * seq_q * key.shape[-2]
+        generator.set_offset(offset + (words + 3) // 4 * 4)  # SDPA's advance: its words, rounded up to 4
+        return seed, offset
     # Drawn here, not inside the op, so a captured or compiled op sees a plain int.
-    return int(torch.randint(0, _SEED_BOUND, (), dtype=torch.int64).item())
+    return int(torch.randint(0, _SEED_BOUND, (), dtype=torch.int64).item()), backend.dropout_offset
+
+
+def _as_int64(value: int) -> int:
+    """A uint64 as the int64 with its bits (the op's integer arguments are int64;
+    torch's CUDA generator seeds take all 64 bits)."""
+    return value - 2**64 if value >= 2**63 else value
 
 
 def _sdpa_fallback(

@@ -93,8 +93,8 @@ def run(
     an input needs a copy, o's layout) is worked out once per combination
     (_Plan) and a call writes in its data pointers and stream.
     """
-    plan = plan_for(q, k, v, mask, return_lse, (dropout_p, causal, scale, accumulation, impl, dropout_offset))
-    result = launch(plan, q, k, v, mask, return_lse, dropout_seed)
+    plan = plan_for(q, k, v, mask, return_lse, (dropout_p, causal, scale, accumulation, impl))
+    result = launch(plan, q, k, v, mask, return_lse, dropout_seed, dropout_offset)
     if result is None:
         options = (dropout_p, causal, scale, accumulation, impl, dropout_seed, dropout_offset)
         return _run_on_copies(q, k, v, mask, return_lse, options)
@@ -102,8 +102,8 @@ def run(
 
 
 def plan_for(q, k, v, mask, return_lse: bool, options: tuple) -> "_Plan":
-    """The plan of a call (options: dropout_p, causal, scale, accumulation, impl,
-    dropout_offset -- the seed is written per call), cached by the call's layout."""
+    """The plan of a call (options: dropout_p, causal, scale, accumulation, impl;
+    the dropout seed and offset are written per call), cached by the call's layout."""
     key = (
         q.dtype, k.dtype, v.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
         None if mask is None else (mask.dtype, mask.shape, mask.stride()), return_lse, options,
@@ -117,7 +117,7 @@ def plan_for(q, k, v, mask, return_lse: bool, options: tuple) -> "_Plan":
     return plan
 
 
-def launch(plan: "_Plan", q, k, v, mask, return_lse: bool, dropout_seed: int):
+def launch(plan: "_Plan", q, k, v, mask, return_lse: bool, dropout_seed: int, dropout_offset: int):
     """One call of a planned layout: (o, lse or None), or None when the inputs need copies
     (a layout or address the library cannot read in place: run does those)."""
     q_data, k_data, v_data = q.data_ptr(), k.data_ptr(), v.data_ptr()
@@ -136,7 +136,8 @@ def launch(plan: "_Plan", q, k, v, mask, return_lse: bool, dropout_seed: int):
         0 if mask is None else mask.data_ptr(),  # the broadcast view shares the mask's storage
         0 if lse is None else lse.data_ptr(),
         _RAW_STREAM(device) if on_cuda else 0,
-        dropout_seed,
+        dropout_seed & _U64_MASK,  # int64 through the op: a seed >= 2^63 arrives negative
+        dropout_offset & _U64_MASK,
     )
     for offset, value in zip(_PER_CALL_OFFSETS, pointers):
         _U64.pack_into(params, offset, value)
@@ -154,8 +155,7 @@ class _Plan:
     __slots__ = ("in_place", "o_like_q", "params")
 
     def __init__(self, q, k, v, mask, return_lse, options) -> None:
-        dropout_p, causal, scale, accumulation, impl, dropout_offset = options
-        options = (dropout_p, causal, scale, accumulation, impl, 0, dropout_offset)
+        options = (*options, 0, 0)  # the dropout seed and offset: written per call
         # Inputs the library reads where they are (their addresses are checked per call).
         self.in_place = all(t.numel() == 0 or _strides_readable(t) for t in (q, k, v))
         # o in q's layout when the library can write it (_new_output's rule, decided once).
@@ -190,9 +190,10 @@ _PLANS: dict = {}
 _MAX_PLANS = 1024
 # Where launch writes the per-call values into an FfpaForwardParams: the data
 # pointers of q, k, v, o, mask, lse (each FfpaTensor starts with its pointer),
-# the stream and the dropout seed, all 64-bit. Offsets from ctypes, so a
+# the stream and the dropout seed and offset, all 64-bit. Offsets from ctypes, so a
 # changed struct moves them too.
 _U64 = struct.Struct("<Q")
+_U64_MASK = 2**64 - 1
 _PER_CALL_OFFSETS = (
     *(
         getattr(_library.FfpaForwardParams, field).offset + _library.FfpaTensor.data.offset
@@ -200,6 +201,7 @@ _PER_CALL_OFFSETS = (
     ),
     _library.FfpaForwardParams.stream.offset,
     _library.FfpaForwardParams.options.offset + _library.FfpaOptions.dropout_seed.offset,
+    _library.FfpaForwardParams.options.offset + _library.FfpaOptions.dropout_offset.offset,
 )
 
 

@@ -141,7 +141,7 @@ def test_compiled_default_dropout_seed_is_drawn_per_call():
 
 def test_cuda_graph_capture_and_replay(rng):
     pytest.importorskip("numpy")
-    from philox_reference import dropout_keep_mask
+    from sdpa_dropout_reference import sdpa_mem_efficient_keep_mask
 
     b, hq, hkv, nq, nkv, d, p = 2, 4, 2, 65, 129, 512, 0.1
     dropout_seed = rng.getrandbits(63)
@@ -163,7 +163,7 @@ def test_cuda_graph_capture_and_replay(rng):
     with torch.cuda.graph(graph):
         static_out, static_lse = attention()
 
-    keep = torch.from_numpy(dropout_keep_mask(dropout_seed, 0, b, hq, nq, nkv, p))
+    keep = torch.from_numpy(sdpa_mem_efficient_keep_mask(dropout_seed, 0, b, hq, nq, nkv, p))
     previous = None
     for _ in range(2):
         q, k, v = random_qkv(b, hq, hkv, nq, nkv, d, torch.bfloat16, CUDA)

@@ -264,7 +264,7 @@ DROPOUT_CASES = ["plain", "causal-top-left", "causal-bottom-right", "mask", "gqa
 @pytest.mark.parametrize("case", DROPOUT_CASES)
 def test_dropout_matches_library_keep_mask(rng, case, dropout_p):
     pytest.importorskip("numpy")
-    from philox_reference import dropout_keep_mask
+    from sdpa_dropout_reference import sdpa_mem_efficient_keep_mask
 
     dtype = rng.choice(DTYPES)
     b, hq, nq, nkv = 2, 4, odd_length(rng, 1, 129), odd_length(rng, 1, 129)
@@ -284,7 +284,7 @@ def test_dropout_matches_library_keep_mask(rng, case, dropout_p):
     )
     out, lse = served(lambda: ffpa_attn_func(q, k, v, dropout_p=dropout_p, backend=backend, return_lse=True, **kwargs))
 
-    keep = torch.from_numpy(dropout_keep_mask(dropout_seed, dropout_offset, b, hq, nq, nkv, dropout_p))
+    keep = torch.from_numpy(sdpa_mem_efficient_keep_mask(dropout_seed, dropout_offset, b, hq, nq, nkv, dropout_p))
     check_output(out, q, dropout_attention_float32(q, k, v, keep, dropout_p, mask, causal))
     assert_lse_close(lse, logsumexp_float64(q, k, mask, causal))  # before dropout
 
@@ -293,7 +293,7 @@ def test_dropout_matches_library_keep_mask(rng, case, dropout_p):
 def test_dropout_keep_pattern_is_exactly_the_library_mask(rng, dropout_p):
     """With v[j] = e_j, o[..., j] is 0 exactly where key j is dropped."""
     pytest.importorskip("numpy")
-    from philox_reference import dropout_keep_mask
+    from sdpa_dropout_reference import sdpa_mem_efficient_keep_mask
 
     b, hq, hkv, nq, nkv, d = 2, 4, 2, 77, 201, 256
     q = uniform((b, hq, nq, d), -0.5, 0.5, torch.bfloat16, CUDA)
@@ -302,7 +302,7 @@ def test_dropout_keep_pattern_is_exactly_the_library_mask(rng, dropout_p):
     backend = CUDABackend(dropout_seed=rng.getrandbits(63), dropout_offset=rng.getrandbits(63))
     out = served(lambda: ffpa_attn_func(q, k, v, dropout_p=dropout_p, enable_gqa=True, backend=backend))
     kept = (out[..., :nkv] != 0).cpu()
-    keep = torch.from_numpy(dropout_keep_mask(backend.dropout_seed, backend.dropout_offset, b, hq, nq, nkv, dropout_p))
+    keep = torch.from_numpy(sdpa_mem_efficient_keep_mask(backend.dropout_seed, backend.dropout_offset, b, hq, nq, nkv, dropout_p))
     assert torch.equal(kept, keep), f"{(kept != keep).sum().item()} of {keep.numel()} keep decisions differ"
 
 

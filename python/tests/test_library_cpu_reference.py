@@ -22,7 +22,6 @@ from attention_reference import (  # noqa: E402
     logsumexp_float64,
     sdpa_float32,
 )
-from philox_reference import dropout_keep_mask  # noqa: E402 - imports numpy only when called
 
 import ffpa_attn.ops  # noqa: E402,F401 - registers torch.ops.ffpa_attn.forward
 
@@ -81,6 +80,8 @@ def test_causal(alignment, nq, nkv):
 @pytest.mark.parametrize("dropout_p", [0.1, 0.5, 0.9])
 def test_dropout_keep_mask_is_the_library_mask(rng, dropout_p):
     pytest.importorskip("numpy")
+    from sdpa_dropout_reference import sdpa_mem_efficient_keep_mask
+
     b, h, nq, nkv, d = 2, 3, 37, 101, 128
     seed, offset = rng.getrandbits(63), rng.getrandbits(63)
     q = uniform((b, h, nq, d), -0.5, 0.5, torch.bfloat16, CPU)
@@ -89,5 +90,5 @@ def test_dropout_keep_mask_is_the_library_mask(rng, dropout_p):
         q, k, identity_values(b, h, nkv, d, torch.bfloat16, CPU), dropout_p=dropout_p, seed=seed, offset=offset
     )
     kept = o[..., :nkv] != 0
-    keep = torch.from_numpy(dropout_keep_mask(seed, offset, b, h, nq, nkv, dropout_p))
+    keep = torch.from_numpy(sdpa_mem_efficient_keep_mask(seed, offset, b, h, nq, nkv, dropout_p))
     assert torch.equal(kept, keep), f"{(kept != keep).sum().item()} of {keep.numel()} keep decisions differ"

@@ -49,7 +49,8 @@ struct AttentionProblem {
   float scale = 1.0f;
   Causal causal = Causal::none;
   float dropout_p = 0.0f;
-  uint32_t dropout_threshold = 0;  // see common/philox.hpp
+  uint32_t dropout_threshold = 0;  // a draw below it drops the element (common/philox.hpp)
+  float dropout_scale = 1.0f;      // kept values' factor: 1 / (1 - p) rounded to the inputs' dtype
   uint64_t dropout_seed = 0, dropout_offset = 0;
   Accumulation accumulation = Accumulation::f32;
 

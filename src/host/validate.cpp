@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "common/float16_bits.hpp"
 #include "common/philox.hpp"
 #include "host/self_aliasing.hpp"
 
@@ -310,6 +311,11 @@ Status check_options(const ForwardParams& p) {
   if (!std::isfinite(opt.dropout_p) || opt.dropout_p < 0.0f || opt.dropout_p >= 1.0f)
     return fail(StatusCode::invalid_dropout, "options.dropout_p = ", opt.dropout_p,
                 " is outside [0, 1)");
+  // The stream numbers a head's elements i * Nkv + j in 32 bits, as SDPA's
+  // kernel does (common/philox.hpp); check_sizes has bounded both factors.
+  if (opt.dropout_p > 0.0f && p.q.shape[2] * p.k.shape[2] > (int64_t{1} << 32))
+    return fail(StatusCode::invalid_dropout, "dropout with Nq * Nkv = ", p.q.shape[2] * p.k.shape[2],
+                " > 2^32: the dropout stream numbers a head's elements in 32 bits");
   if (opt.accumulation == Accumulation::f16 && p.q.dtype != DType::f16)
     return fail(StatusCode::unsupported_accumulation,
                 "options.accumulation = f16 needs f16 inputs; q.dtype = ", dtype_name(p.q.dtype));
@@ -392,6 +398,11 @@ AttentionProblem make_problem(const ForwardParams& p) {
   problem.causal = opt.causal;
   problem.dropout_p = opt.dropout_p;
   problem.dropout_threshold = dropout_threshold(opt.dropout_p);
+  // SDPA scales kept values by 1 / (1 - p) in the inputs' dtype (common/philox.hpp).
+  const float keep_scale = static_cast<float>(1.0 / (1.0 - static_cast<double>(opt.dropout_p)));
+  problem.dropout_scale = p.q.dtype == DType::bf16  ? bf16_bits_to_float(float_to_bf16_bits(keep_scale))
+                          : p.q.dtype == DType::f16 ? half_bits_to_float(float_to_half_bits(keep_scale))
+                                                    : keep_scale;
   problem.dropout_seed = opt.dropout_seed;
   problem.dropout_offset = opt.dropout_offset;
   problem.accumulation = opt.accumulation;

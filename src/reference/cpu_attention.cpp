@@ -154,12 +154,13 @@ double softmax_weights(const AttentionProblem& p, int64_t b, int64_t h, int64_t 
   }
   std::fill(w + visible, w + visible_max, 0.0);
   if (p.has_dropout()) {
-    const double factor = 1.0 / (denominator * (1.0 - static_cast<double>(p.dropout_p)));
-    const uint64_t bh = static_cast<uint64_t>(b * p.heads_q + h);
+    const double factor = static_cast<double>(p.dropout_scale) / denominator;
+    const uint64_t head_word = dropout_head_word(p.dropout_offset, static_cast<uint64_t>(b * p.heads_q + h),
+                                                 static_cast<uint64_t>(p.seq_q), static_cast<uint64_t>(p.seq_kv));
     for (int64_t j = 0; j < visible; ++j) {
-      const bool keep = dropout_keep(p.dropout_seed, p.dropout_offset, bh, static_cast<uint64_t>(i),
-                                     static_cast<uint64_t>(j), p.dropout_threshold);
-      w[j] = keep ? w[j] * factor : 0.0;
+      const uint64_t word = dropout_word(head_word, static_cast<uint32_t>(i), static_cast<uint32_t>(p.seq_kv),
+                                         static_cast<uint32_t>(j));
+      w[j] = dropout_draw(p.dropout_seed, word) >= p.dropout_threshold ? w[j] * factor : 0.0;
     }
   } else {
     const double factor = 1.0 / denominator;

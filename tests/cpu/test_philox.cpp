@@ -1,12 +1,16 @@
-// The dropout keep-mask generator: Philox4x32-10 known answers, keep rates,
-// thresholds and the dependence of the stream on every key field.
+// The dropout keep-mask (common/philox.hpp, SDPA's stream): Philox4x32-10
+// known answers, the stream's known answers from SDPA itself, the threshold's
+// edge, the word layout, keep rates, and the quad draws the kernels share
+// (kernels/common/dropout_quad.hpp) played lane by lane.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <vector>
 
 #include "common/philox.hpp"
+#include "kernels/common/dropout_quad.hpp"
 
 namespace ffpa::detail {
 namespace {
@@ -32,83 +36,101 @@ TEST(Philox, KnownAnswerPiDigits) {
                 {{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}});
 }
 
-// dropout_bits lays the key fields out as philox.hpp documents.
-TEST(Philox, DropoutBitsCounterAndKeyLayout) {
-  const uint64_t seed = 0x0123456789abcdefull, offset = 0xfedcba9876543210ull;
-  const uint64_t bh = 77, i = 1234, j = 4 * 999 + 2;
-  const Philox4 direct =
-      philox4x32_10({{999u, 1234u, 77u, 0x76543210u}}, 0x89abcdefu, 0x01234567u ^ 0xfedcba98u);
-  const Philox4 bits = dropout_bits(seed, offset, bh, i, j);
-  for (int w = 0; w < 4; ++w) EXPECT_EQ(bits.x[w], direct.x[w]);
-  EXPECT_EQ(dropout_keep(seed, offset, bh, i, j, 0x80000000u), direct.x[2] >= 0x80000000u);
+// u as SDPA's kernel computes it from a word (curand_uniform).
+float uniform(uint32_t x) { return static_cast<float>(x) * 0x1p-32f + 0x1p-33f; }
+
+uint32_t draw(uint64_t seed, uint64_t offset, uint64_t bh, uint64_t nq, uint64_t nkv, uint64_t i, uint64_t j) {
+  return dropout_draw(seed, dropout_word(dropout_head_word(offset, bh, nq, nkv), static_cast<uint32_t>(i),
+                                         static_cast<uint32_t>(nkv), static_cast<uint32_t>(j)));
 }
 
-TEST(Philox, KeepRateMatchesProbability) {
-  for (const float p : {0.1f, 0.5f, 0.9f}) {
+// From python/tests/sdpa_dropout_reference.py, which scripts/sdpa_dropout_check.py
+// checked bit for bit against SDPA's memory-efficient kernel on an H200
+// (seed 1234, offset 3108, B 2, H 3, Nq 77, Nkv 131).
+TEST(DropoutStream, KnownUniformsOfSdpa) {
+  struct Element {
+    uint64_t b, h, i, j;
+    float uniform;
+  };
+  for (const Element& e : {Element{0, 0, 0, 0, 0.9303030371665955f}, Element{1, 2, 76, 130, 0.42938870191574097f},
+                           Element{0, 1, 5, 7, 0.3129924535751343f}, Element{1, 0, 40, 99, 0.12701670825481415f}}) {
+    EXPECT_EQ(uniform(draw(1234, 3108, e.b * 3 + e.h, 77, 131, e.i, e.j)), e.uniform)
+        << e.b << "," << e.h << "," << e.i << "," << e.j;
+  }
+}
+
+TEST(DropoutStream, KnownKeepCountOfSdpa) {
+  const uint32_t threshold = dropout_threshold(0.3f);
+  int64_t kept = 0;
+  for (uint64_t bh = 0; bh < 6; ++bh)
+    for (uint64_t i = 0; i < 77; ++i)
+      for (uint64_t j = 0; j < 131; ++j) kept += dropout_keep(1234, 3108, bh, 77, 131, i, j, threshold) ? 1 : 0;
+  EXPECT_EQ(kept, 42304);  // of 60522
+}
+
+TEST(DropoutStream, ThresholdIsSdpasComparison) {
+  // keep <=> uniform(x) > p <=> x >= threshold, at the threshold's edge.
+  for (float p : {0.0f, 1e-9f, 0.1f, 0.25f, 0.3f, 0.5f, 0.7f, 0.9f, std::nextafter(1.0f, 0.0f)}) {
     const uint32_t threshold = dropout_threshold(p);
-    int64_t kept = 0, total = 0;
-    for (uint64_t i = 0; i < 1000; ++i) {
-      for (uint64_t j = 0; j < 1000; ++j, ++total) {
-        kept += dropout_keep(42, 7, 3, i, j, threshold) ? 1 : 0;
-      }
+    EXPECT_GT(uniform(threshold), p) << p;
+    if (threshold > 0) EXPECT_LE(uniform(threshold - 1), p) << p;
+  }
+  EXPECT_EQ(dropout_threshold(0.0f), 0u);  // keeps everything
+}
+
+TEST(DropoutStream, WordLayoutWrapsPerHeadIn32Bits) {
+  // W = offset + u32(bh * Nq * Nkv) + (i * Nkv + j): with Nq * Nkv = 2^31,
+  // head 2 starts where head 0 does (the kernel's 32-bit arithmetic).
+  EXPECT_EQ(dropout_head_word(4, 2, 1 << 16, 1 << 15), dropout_head_word(4, 0, 1 << 16, 1 << 15));
+  EXPECT_EQ(dropout_head_word(4, 1, 1 << 16, 1 << 15), 4u + (1u << 31));
+  // Consecutive keys are consecutive words, across Philox blocks and rows.
+  const uint64_t head = dropout_head_word(8, 3, 5, 7);
+  for (uint32_t j = 0; j + 1 < 7; ++j) EXPECT_EQ(dropout_word(head, 2, 7, j + 1), dropout_word(head, 2, 7, j) + 1);
+  EXPECT_EQ(dropout_word(head, 3, 7, 0), dropout_word(head, 2, 7, 6) + 1);
+}
+
+TEST(DropoutStream, KeepRateIsOneMinusP) {
+  for (float p : {0.1f, 0.5f, 0.9f}) {
+    const uint32_t threshold = dropout_threshold(p);
+    int kept = 0, total = 0;
+    for (uint64_t i = 0; i < 64; ++i)
+      for (uint64_t j = 0; j < 1024; ++j, ++total) kept += dropout_keep(42, 7, 3, 64, 1024, i, j, threshold) ? 1 : 0;
+    EXPECT_NEAR(static_cast<double>(kept) / total, 1.0 - p, 0.01) << p;
+  }
+}
+
+// The kernels' quad draw (two rows, 16 keys, 4 lanes trading slot bits),
+// played lane by lane on the host, against the element-wise stream: every
+// alignment of a row's first word in its Philox block, rows far apart and
+// adjacent, offsets near 2^32 and past 2^63.
+TEST(DropoutStream, QuadDrawEqualsTheStream) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(seed);
+  std::mt19937_64 rng(seed);
+  const uint32_t threshold = dropout_threshold(0.4f);
+  for (int trial = 0; trial < 400; ++trial) {
+    const uint64_t key_seed = rng();
+    const uint64_t offsets[] = {rng() % 4096, (1ull << 32) - 8 + rng() % 16, (1ull << 63) + rng() % 4096};
+    const uint64_t offset = offsets[trial % 3];
+    const uint32_t seq_q = 1 + rng() % 300, seq_kv = 16 + rng() % 300;
+    const uint64_t head = dropout_head_word(offset, rng() % 64, seq_q, seq_kv);
+    const uint32_t row0 = rng() % seq_q, row1 = trial % 2 ? row0 + 8 : rng() % seq_q;
+    const uint32_t block_key = (rng() % (seq_kv / 8)) * 8 / 16 * 16;
+    const uint64_t row0_word = dropout_word(head, row0, seq_kv, block_key);
+    const uint64_t row1_word = dropout_word(head, row1, seq_kv, block_key);
+    uint32_t lane_bits[4];
+    for (int t = 0; t < 4; ++t) lane_bits[t] = quad_slot_keep_bits(key_seed, threshold, row0_word, row1_word, t);
+    for (int t = 0; t < 4; ++t) {
+      const uint32_t keys = quad_keys_from_slots(lane_bits, row0_word, row1_word, t);
+      for (int r = 0; r < 2; ++r)
+        for (int b = 0; b < 2; ++b)
+          for (int e = 0; e < 2; ++e) {
+            const uint64_t word = (r == 0 ? row0_word : row1_word) + 8 * b + 2 * t + e;
+            const bool expected = dropout_draw(key_seed, word) >= threshold;
+            EXPECT_EQ((keys >> (4 * r + 2 * b + e)) & 1u, expected ? 1u : 0u)
+                << "trial " << trial << " lane " << t << " row " << r << " block " << b << " key " << e;
+          }
     }
-    const double rate = static_cast<double>(kept) / static_cast<double>(total);
-    const double sigma = std::sqrt(p * (1.0 - p) / static_cast<double>(total));
-    EXPECT_NEAR(rate, 1.0 - p, 5.0 * sigma) << "p = " << p;
-  }
-}
-
-TEST(Philox, ThresholdEdgeCases) {
-  EXPECT_EQ(dropout_threshold(0.0f), 0u);
-  EXPECT_EQ(dropout_threshold(0.5f), 0x80000000u);
-  EXPECT_EQ(dropout_threshold(0.25f), 0x40000000u);
-  EXPECT_EQ(dropout_threshold(1e-10f), 0u);  // rounds to no drop at all
-  // The largest float below 1: 2^32 - 256, exactly.
-  EXPECT_EQ(dropout_threshold(std::nextafter(1.0f, 0.0f)), 0xFFFFFF00u);
-  EXPECT_EQ(dropout_threshold(1.0f), 0xFFFFFFFFu);  // saturates instead of wrapping to 0
-  EXPECT_EQ(dropout_threshold(2.0f), 0xFFFFFFFFu);
-
-  // p = 0 keeps everything.
-  for (uint64_t j = 0; j < 4096; ++j) EXPECT_TRUE(dropout_keep(1, 2, 3, 4, j, 0u));
-  // A saturated threshold keeps only the all-ones draw: none of these.
-  int kept = 0;
-  for (uint64_t j = 0; j < 4096; ++j) kept += dropout_keep(1, 2, 3, 4, j, 0xFFFFFFFFu) ? 1 : 0;
-  EXPECT_EQ(kept, 0);
-}
-
-// Keep-mask of 1024 consecutive keys at p = 0.5.
-std::vector<bool> keep_row(uint64_t seed, uint64_t offset, uint64_t bh, uint64_t i,
-                           uint64_t first_j) {
-  std::vector<bool> keep;
-  for (uint64_t j = first_j; j < first_j + 1024; ++j) {
-    keep.push_back(dropout_keep(seed, offset, bh, i, j, 0x80000000u));
-  }
-  return keep;
-}
-
-// Changing any field gives an unrelated stream: about half the decisions flip.
-void expect_unrelated(const std::vector<bool>& a, const std::vector<bool>& b, const char* field) {
-  int differ = 0;
-  for (size_t e = 0; e < a.size(); ++e) differ += a[e] != b[e] ? 1 : 0;
-  EXPECT_GT(differ, 400) << field;
-  EXPECT_LT(differ, 624) << field;
-}
-
-TEST(Philox, StreamDependsOnEveryKeyField) {
-  const uint64_t seed = 0x1111222233334444ull, offset = 0x5555666677778888ull;
-  const uint64_t bh = 5, i = 9, j = 64;
-  const std::vector<bool> base = keep_row(seed, offset, bh, i, j);
-  expect_unrelated(base, keep_row(seed ^ 1, offset, bh, i, j), "seed low");
-  expect_unrelated(base, keep_row(seed ^ (1ull << 40), offset, bh, i, j), "seed high");
-  expect_unrelated(base, keep_row(seed, offset ^ 1, bh, i, j), "offset low");
-  expect_unrelated(base, keep_row(seed, offset ^ (1ull << 40), bh, i, j), "offset high");
-  expect_unrelated(base, keep_row(seed, offset, bh + 1, i, j), "bh");
-  expect_unrelated(base, keep_row(seed, offset, bh, i + 1, j), "i");
-  expect_unrelated(base, keep_row(seed, offset, bh, i, j + 1024), "j");
-  // Within one Philox block the four lanes are distinct words.
-  const Philox4 bits = dropout_bits(seed, offset, bh, i, j);
-  for (int a = 0; a < 4; ++a) {
-    for (int b = a + 1; b < 4; ++b) EXPECT_NE(bits.x[a], bits.x[b]);
   }
 }
 

@@ -115,6 +115,7 @@ Inputs make_inputs(const Case& c) {
   p.causal = c.causal;
   p.dropout_p = c.dropout_p;
   p.dropout_threshold = detail::dropout_threshold(c.dropout_p);
+  p.dropout_scale = c.dropout_p > 0.0f ? static_cast<float>(1.0 / (1.0 - static_cast<double>(c.dropout_p))) : 1.0f;
   p.dropout_seed = 0x9E3779B97F4A7C15ull * c.seed;
   p.dropout_offset = 0xD1B54A32D192ED03ull * (c.seed + 1);
 
@@ -203,10 +204,10 @@ Expected naive_attention(const Inputs& in) {
           if (!attend[j]) continue;
           double weight = std::exp(score[j] - max_score) / denominator;
           if (p.dropout_p > 0.0f) {
-            const bool keep =
-                detail::dropout_keep(p.dropout_seed, p.dropout_offset,
-                                     static_cast<uint64_t>(b * Hq + h), i, j, p.dropout_threshold);
-            weight = keep ? weight / (1.0 - static_cast<double>(p.dropout_p)) : 0.0;
+            const bool keep = detail::dropout_keep(p.dropout_seed, p.dropout_offset,
+                                                   static_cast<uint64_t>(b * Hq + h), static_cast<uint64_t>(Nq),
+                                                   static_cast<uint64_t>(Nkv), i, j, p.dropout_threshold);
+            weight = keep ? weight * static_cast<double>(p.dropout_scale) : 0.0;
           }
           for (int64_t d = 0; d < D; ++d) {
             e.out[row * D + d] +=

@@ -166,7 +166,7 @@ TEST(Validation, ValidCallFillsProblem) {
   EXPECT_EQ(problem.causal, ffpa::Causal::bottom_right);
   EXPECT_EQ(problem.dropout_p, 0.25f);
   EXPECT_EQ(problem.dropout_threshold, ffpa::detail::dropout_threshold(0.25f));
-  EXPECT_EQ(problem.dropout_threshold, 1u << 30);
+  EXPECT_EQ(problem.dropout_scale, 1.3330078125f);  // 4/3 rounded to f16, as SDPA scales kept values
   EXPECT_EQ(problem.dropout_seed, 0x123456789abcdefull);
   EXPECT_EQ(problem.dropout_offset, 77u);
   EXPECT_EQ(problem.accumulation, ffpa::Accumulation::f16);

@@ -31,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/float16_bits.hpp"
 #include "common/philox.hpp"
 #include "ffpa/ffpa.h"
 #include "ffpa/ffpa.hpp"
@@ -182,12 +183,18 @@ void reference_row(const Case& c, int64_t b, int64_t h, int64_t i, std::vector<d
   for (double& s : score) s = s == -INFINITY ? 0.0 : std::exp(s - max_score), sum += s;
   *lse = max_score + std::log(sum);
   const uint32_t threshold = ffpa::detail::dropout_threshold(p.options.dropout_p);
-  const double keep_scale = p.options.dropout_p > 0.0f ? 1.0 / (1.0 - p.options.dropout_p) : 1.0;
+  // 1 / (1 - p) rounded to the inputs' dtype, as the library scales kept values.
+  const float exact_scale = static_cast<float>(1.0 / (1.0 - static_cast<double>(p.options.dropout_p)));
+  const double keep_scale =
+      p.options.dropout_p <= 0.0f         ? 1.0
+      : p.q.dtype == ffpa::DType::bf16 ? ffpa::detail::bf16_bits_to_float(ffpa::detail::float_to_bf16_bits(exact_scale))
+      : p.q.dtype == ffpa::DType::f16  ? ffpa::detail::half_bits_to_float(ffpa::detail::float_to_half_bits(exact_scale))
+                                       : exact_scale;
   for (int64_t j = 0; j < c.seq_kv; ++j) {
     if (score[j] == 0.0) continue;
     if (p.options.dropout_p > 0.0f &&
-        !ffpa::detail::dropout_keep(p.options.dropout_seed, p.options.dropout_offset, b * c.heads_q + h, i, j,
-                                    threshold))
+        !ffpa::detail::dropout_keep(p.options.dropout_seed, p.options.dropout_offset, b * c.heads_q + h, c.seq_q,
+                                    c.seq_kv, i, j, threshold))
       continue;
     for (int64_t d = 0; d < c.dim; ++d)
       (*o)[d] += score[j] / sum * keep_scale * element_as_double(p.v, {b, kv_h, j, d});

@@ -1,12 +1,18 @@
-// The dropout keep-mask of the pair of keys a thread holds in the accumulator
-// layout (columns 2t and 2t + 1 of an 8-column block), drawn from the same
-// Philox stream as the CPU reference (common/philox.hpp).
+// The dropout keep-mask of the keys a thread holds in the accumulator layout
+// (columns 2t and 2t + 1 of each 8-column block, t the lane in its quad),
+// drawn from the stream of common/philox.hpp (SDPA's), as the CPU reference
+// draws it. A row's keys are consecutive words of the stream, but a row starts
+// anywhere in a Philox block of four words, so a quad's keys straddle blocks:
+// the quad draws each block once and trades words (or keep bits) by shuffles.
+// Every lane of the warp calls these together.
 #pragma once
 
 #include <cstdint>
 
 #include "common/attention_problem.hpp"
+#include "common/host_device.hpp"
 #include "common/philox.hpp"
+#include "kernels/common/dropout_quad.hpp"
 
 namespace ffpa::detail {
 
@@ -14,41 +20,43 @@ struct DroppedPair {
   bool first, second;  // keys c and c + 1
 };
 
-// Row `row` (query index) of head bh = batch * Hq + head, keys c and c + 1,
-// where c = 8 * block + 2t, so that c % 4 = 2 * (t % 2).
-__device__ __forceinline__ DroppedPair dropped_pair(const AttentionProblem& p, int64_t bh, int row, int c,
+// Whether keys c and c + 1 of row `row` are dropped (c = 8 * block + 2t). The
+// quad's 8 keys c - 2t .. c - 2t + 7 are 8 consecutive words in 2 or 3 Philox
+// blocks: lane t draws block t of them and the quad swaps words, one draw per
+// lane and pair, and no two blocks live at once.
+__device__ __forceinline__ DroppedPair dropped_pair(const AttentionProblem& p, uint64_t head_word, int row, int c,
                                                     int t) {
-  const Philox4 bits = dropout_bits(p.dropout_seed, p.dropout_offset, bh, row, c);
-  // Keys c and c + 1 are words c % 4 and c % 4 + 1 of the draw.
-  return {((t & 1) ? bits.x[2] : bits.x[0]) < p.dropout_threshold,
-          ((t & 1) ? bits.x[3] : bits.x[1]) < p.dropout_threshold};
-}
-
-// The keep bits of one 8-key column block for both of a thread's rows (keys
-// block_key + 2t and + 1 of rows row0 and row1; all four lanes of each quad
-// call this together): bit e is key block_key + 2t + e of row0, bit 2 + e of
-// row1. The quad's two rows and two 4-key groups are four Philox draws, one
-// per lane (lane t draws row t % 2's group t / 2), and each lane needs its
-// own group's words of both rows: one shuffle with lane t ^ 1, which drew the
-// other row of the same group. Half the draws of dropped_pair, where lanes t
-// and t ^ 1 both draw the same group of a row.
-__device__ __forceinline__ uint32_t quad_keep_bits(const AttentionProblem& p, int64_t bh, int row0, int row1,
-                                                   int block_key, int t) {
-  const bool odd = t & 1;
-  const Philox4 bits = dropout_bits(p.dropout_seed, p.dropout_offset, bh, odd ? row1 : row0, block_key + 4 * (t >> 1));
-  uint32_t kept = 0;
+  const uint64_t base = dropout_word(head_word, static_cast<uint32_t>(row), static_cast<uint32_t>(p.seq_kv),
+                                     static_cast<uint32_t>(c - 2 * t));
+  const Philox4 mine = dropout_block(p.dropout_seed, (base >> 2) + t);
+  const uint32_t first_word = static_cast<uint32_t>(base & 3) + 2 * t;  // of the quad's blocks
+  uint32_t words[4];
 #pragma unroll
-  for (int w = 0; w < 4; ++w) kept |= (bits.x[w] >= p.dropout_threshold ? 1u : 0u) << w;
-  const uint32_t other_row = __shfl_xor_sync(0xFFFFFFFFu, kept, 1);
-  // Keys 2t and 2t + 1 of the block are words 2 (t % 2) and + 1 of group t / 2.
-  const int shift = odd ? 2 : 0;
-  const uint32_t mine = (kept >> shift) & 3u, theirs = (other_row >> shift) & 3u;
-  return odd ? theirs | (mine << 2) : mine | (theirs << 2);
+  for (int w = 0; w < 4; ++w) words[w] = __shfl_sync(0xFFFFFFFFu, mine.x[w], first_word >> 2, 4);
+  const uint32_t next_block_first = __shfl_sync(0xFFFFFFFFu, mine.x[0], (first_word + 1) >> 2, 4);
+  const uint32_t index = first_word & 3;
+  const Philox4 held{{words[0], words[1], words[2], words[3]}};
+  const uint32_t second = index == 3 ? next_block_first : philox_word(held, index + 1);
+  return {philox_word(held, index) < p.dropout_threshold, second < p.dropout_threshold};
 }
 
-// 1 / (1 - p): the scale of kept values, applied with the normalization.
+// Keys block_key + 8 b + 2t + e (b, e in {0, 1}) of rows row0 and row1 of the
+// head at head_word: bit 2 b + e of nibble r is kept.
+__device__ __forceinline__ uint32_t quad_keep_bits(const AttentionProblem& p, uint64_t head_word, int row0, int row1,
+                                                   int block_key, int t) {
+  const uint32_t seq_kv = static_cast<uint32_t>(p.seq_kv);
+  const uint64_t row0_word = dropout_word(head_word, static_cast<uint32_t>(row0), seq_kv, block_key);
+  const uint64_t row1_word = dropout_word(head_word, static_cast<uint32_t>(row1), seq_kv, block_key);
+  const uint32_t mine = quad_slot_keep_bits(p.dropout_seed, p.dropout_threshold, row0_word, row1_word, t);
+  uint32_t lane_bits[4];
+#pragma unroll
+  for (int lane = 0; lane < 4; ++lane) lane_bits[lane] = __shfl_sync(0xFFFFFFFFu, mine, lane, 4);
+  return quad_keys_from_slots(lane_bits, row0_word, row1_word, t);
+}
+
+// What kept values are scaled by, applied with the normalization.
 __device__ __forceinline__ float dropout_keep_scale(const AttentionProblem& p) {
-  return p.dropout_p > 0.0f ? 1.0f / (1.0f - p.dropout_p) : 1.0f;
+  return p.dropout_p > 0.0f ? p.dropout_scale : 1.0f;
 }
 
 }  // namespace ffpa::detail

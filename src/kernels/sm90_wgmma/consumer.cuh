@@ -82,7 +82,7 @@ struct Consumer {
 
   // mainloop.cuh
   __device__ __forceinline__ void compute_s(int j, float (&s)[64]);
-  __device__ __forceinline__ void draw_dropout(int j, int first_block, int end_block);
+  __device__ __forceinline__ void draw_dropout(int j, int first_pair, int end_pair);
   __device__ __forceinline__ int issue_pv(int j, bool own);
   __device__ __forceinline__ void finish_pv(int first, int j, bool own);
   __device__ __forceinline__ void accumulate_pv(int j, bool own) { finish_pv(issue_pv(j, own), j, own); }

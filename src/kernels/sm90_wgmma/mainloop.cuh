@@ -34,9 +34,9 @@ __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64
         wgmma_ss<Element, 128, false>(s, a, k, (ks | b | kk) != 0);
       }
     wgmma_commit();
-    // The dropout draws of this stage's share of the column blocks run on
+    // The dropout draws of this stage's share of the column-block pairs run on
     // the CUDA cores while the tensor cores compute S.
-    if constexpr (Traits::kDropoutWithS) draw_dropout(j, 16 * ks / kKStages, 16 * (ks + 1) / kKStages);
+    if constexpr (Traits::kDropoutWithS) draw_dropout(j, 8 * ks / kKStages, 8 * (ks + 1) / kKStages);
     if (ks > 0) {
       wgmma_wait<1>();
       release(position - 1);
@@ -47,20 +47,20 @@ __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64
   release(first + kKStages - 1);
 }
 
-// The keep bits of column blocks [first_block, end_block) of S_j.
+// The keep bits of column blocks [2 first_pair, 2 end_pair) of S_j.
 template <class Traits>
-__device__ __forceinline__ void Consumer<Traits>::draw_dropout(int j, int first_block, int end_block) {
+__device__ __forceinline__ void Consumer<Traits>::draw_dropout(int j, int first_pair, int end_pair) {
   const AttentionProblem& p = cta.p;
   const TileCoordinates* tile = cta.tile();
-  const int64_t bh = opaque(static_cast<int64_t>(tile->batch) * p.heads_q + tile->head);
+  const uint64_t head_word = opaque(dropout_head_word(p, static_cast<int64_t>(tile->batch) * p.heads_q + tile->head));
   const int row0 = tile->q0 + row(0), row1 = tile->q0 + row(1);
   const int t = quad_lane();
-  if (first_block == 0) dropout_keep[0] = dropout_keep[1] = 0;
+  if (first_pair == 0) dropout_keep[0] = dropout_keep[1] = 0;
 #pragma unroll
-  for (int b = first_block; b < end_block; ++b) {
-    const uint32_t keep = quad_keep_bits(p, bh, row0, row1, j * kBlockN + 8 * b, t);
-    dropout_keep[0] |= (keep & 3u) << (2 * b);
-    dropout_keep[1] |= (keep >> 2) << (2 * b);
+  for (int pair = first_pair; pair < end_pair; ++pair) {
+    const uint32_t keep = quad_keep_bits(p, head_word, row0, row1, j * kBlockN + 16 * pair, t);
+    dropout_keep[0] |= (keep & 0xFu) << (4 * pair);
+    dropout_keep[1] |= (keep >> 4) << (4 * pair);
   }
 }
 

@@ -64,15 +64,17 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
       *p_pair(h, 8 * i + 2 * t) = pack2<Element>(first, second);
     }
   if constexpr (Traits::kDropout && !Traits::kDropoutWithS) {
-    const int64_t bh = opaque(static_cast<int64_t>(tile->batch) * p.heads_q + tile->head);
+    const uint64_t head_word = opaque(dropout_head_word(p, static_cast<int64_t>(tile->batch) * p.heads_q + tile->head));
 #pragma unroll 1
-    for (int i = 0; i < 16; ++i) {
-      const int col = 8 * i + 2 * t;
+    for (int pair = 0; pair < 8; ++pair) {
+      const uint32_t keep = quad_keep_bits(p, head_word, tile->q0 + row(0), tile->q0 + row(1), kv0 + 16 * pair, t);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const DroppedPair dropped = dropped_pair(p, bh, tile->q0 + row(h), kv0 + col, t);
-        *p_pair(h, col) &= (dropped.first ? 0u : 0xFFFFu) | (dropped.second ? 0u : 0xFFFF0000u);
-      }
+      for (int b = 0; b < 2; ++b)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t kept = keep >> (4 * h + 2 * b);
+          *p_pair(h, 16 * pair + 8 * b + 2 * t) &= ((kept & 1u) ? 0xFFFFu : 0u) | ((kept & 2u) ? 0xFFFF0000u : 0u);
+        }
     }
   }
   if (t == 0) {
