@@ -64,9 +64,9 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
       *p_pair(h, 8 * i + 2 * t) = pack2<Element>(first, second);
     }
   if constexpr (Traits::kDropout && !Traits::kDropoutWithS) {
-    const uint64_t head_word = opaque(dropout_head_word(p, static_cast<int64_t>(tile->batch) * p.heads_q + tile->head));
 #pragma unroll 1
     for (int pair = 0; pair < 8; ++pair) {
+      const uint64_t head_word = opaque(dropout_head_word(p, static_cast<int64_t>(tile->batch) * p.heads_q + tile->head));
       const uint32_t keep = quad_keep_bits(p, head_word, tile->q0 + row(0), tile->q0 + row(1), kv0 + 16 * pair, t);
 #pragma unroll
       for (int b = 0; b < 2; ++b)
