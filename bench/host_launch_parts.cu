@@ -1,4 +1,8 @@
-// Why launching the sm90 d512 kernel costs 9.5 us of host time against 3.8 us for an
+// The parts of one sm90 d512 launch, timed as 20000 calls back to back. Caution: the calls
+// queue faster than this tiny kernel runs, so past the queue's depth the figures are the GPU's
+// time per kernel (9.4 us for ours, 3 us for an empty one), not the host's
+// (docs/perf/h200-2026-11-30-dropout/: measure the host with the GPU held by a sleep kernel).
+// Originally: why launching the sm90 d512 kernel seemed to cost 9.5 us of host time against 3.8 us for an
 // empty kernel with the same parameters (docs/perf/h200-2026-11-30-masks/): variants that
 // isolate shared memory, threads, the carveout hint and the driver API. Built against a
 // build's static library (sm_90a; the H200 runs it):

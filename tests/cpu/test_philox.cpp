@@ -99,37 +99,33 @@ TEST(DropoutStream, KeepRateIsOneMinusP) {
   }
 }
 
-// The kernels' quad draw (two rows, 16 keys, 4 lanes trading slot bits),
-// played lane by lane on the host, against the element-wise stream: every
-// alignment of a row's first word in its Philox block, rows far apart and
-// adjacent, offsets near 2^32 and past 2^63.
-TEST(DropoutStream, QuadDrawEqualsTheStream) {
+// The sm90 dropout warps' draw (32 keys of a row, then each lane's byte),
+// against the element-wise stream: every alignment of the row's first word in
+// its Philox block, offsets near 2^32 and past 2^63.
+TEST(DropoutStream, RowDrawAndLaneBytesEqualTheStream) {
   const uint64_t seed = std::random_device{}();
   SCOPED_TRACE(seed);
   std::mt19937_64 rng(seed);
-  const uint32_t threshold = dropout_threshold(0.4f);
   for (int trial = 0; trial < 400; ++trial) {
+    const uint32_t threshold = dropout_threshold(trial % 2 ? 0.4f : 0.1f);
     const uint64_t key_seed = rng();
     const uint64_t offsets[] = {rng() % 4096, (1ull << 32) - 8 + rng() % 16, (1ull << 63) + rng() % 4096};
     const uint64_t offset = offsets[trial % 3];
-    const uint32_t seq_q = 1 + rng() % 300, seq_kv = 16 + rng() % 300;
+    const uint32_t seq_q = 1 + rng() % 300, seq_kv = 32 + rng() % 300;
     const uint64_t head = dropout_head_word(offset, rng() % 64, seq_q, seq_kv);
-    const uint32_t row0 = rng() % seq_q, row1 = trial % 2 ? row0 + 8 : rng() % seq_q;
-    const uint32_t block_key = (rng() % (seq_kv / 8)) * 8 / 16 * 16;
-    const uint64_t row0_word = dropout_word(head, row0, seq_kv, block_key);
-    const uint64_t row1_word = dropout_word(head, row1, seq_kv, block_key);
-    uint32_t lane_bits[4];
-    for (int t = 0; t < 4; ++t) lane_bits[t] = quad_slot_keep_bits(key_seed, threshold, row0_word, row1_word, t);
+    const uint32_t row = rng() % seq_q, key0 = (rng() % (seq_kv / 32)) * 32;
+    const uint64_t word = dropout_word(head, row, seq_kv, key0);
+    const uint32_t keys = row_keep_bits32(key_seed, threshold, word);
+    for (int k = 0; k < 32; ++k)
+      EXPECT_EQ((keys >> k) & 1u, dropout_draw(key_seed, word + k) >= threshold ? 1u : 0u)
+          << "trial " << trial << " key " << k << " skip " << (word & 3);
     for (int t = 0; t < 4; ++t) {
-      const uint32_t keys = quad_keys_from_slots(lane_bits, row0_word, row1_word, t);
-      for (int r = 0; r < 2; ++r)
-        for (int b = 0; b < 2; ++b)
-          for (int e = 0; e < 2; ++e) {
-            const uint64_t word = (r == 0 ? row0_word : row1_word) + 8 * b + 2 * t + e;
-            const bool expected = dropout_draw(key_seed, word) >= threshold;
-            EXPECT_EQ((keys >> (4 * r + 2 * b + e)) & 1u, expected ? 1u : 0u)
-                << "trial " << trial << " lane " << t << " row " << r << " block " << b << " key " << e;
-          }
+      const uint32_t byte = quad_lane_byte(keys, t);
+      EXPECT_EQ(byte >> 8, 0u);
+      for (int b = 0; b < 4; ++b)
+        for (int e = 0; e < 2; ++e)
+          EXPECT_EQ((byte >> (2 * b + e)) & 1u, (keys >> (8 * b + 2 * t + e)) & 1u)
+              << "trial " << trial << " lane " << t << " block " << b << " key " << e;
     }
   }
 }

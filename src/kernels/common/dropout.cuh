@@ -3,8 +3,8 @@
 // drawn from the stream of common/philox.hpp (SDPA's), as the CPU reference
 // draws it. A row's keys are consecutive words of the stream, but a row starts
 // anywhere in a Philox block of four words, so a quad's keys straddle blocks:
-// the quad draws each block once and trades words (or keep bits) by shuffles.
-// Every lane of the warp calls these together.
+// the quad draws each block once and trades words by shuffles. (The sm90
+// family draws whole rows in its dropout warps: sm90_wgmma/dropout_warps.cuh.)
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,7 @@
 #include "common/attention_problem.hpp"
 #include "common/host_device.hpp"
 #include "common/philox.hpp"
-#include "kernels/common/dropout_quad.hpp"
+#include "kernels/common/dropout_quad.hpp"  // dropout_head_word
 
 namespace ffpa::detail {
 
@@ -38,20 +38,6 @@ __device__ __forceinline__ DroppedPair dropped_pair(const AttentionProblem& p, u
   const Philox4 held{{words[0], words[1], words[2], words[3]}};
   const uint32_t second = index == 3 ? next_block_first : philox_word(held, index + 1);
   return {philox_word(held, index) < p.dropout_threshold, second < p.dropout_threshold};
-}
-
-// Keys block_key + 8 b + 2t + e (b, e in {0, 1}) of rows row0 and row1 of the
-// head at head_word: bit 2 b + e of nibble r is kept.
-__device__ __forceinline__ uint32_t quad_keep_bits(const AttentionProblem& p, uint64_t head_word, int row0, int row1,
-                                                   int block_key, int t) {
-  const uint32_t seq_kv = static_cast<uint32_t>(p.seq_kv);
-  const uint64_t row0_word = dropout_word(head_word, static_cast<uint32_t>(row0), seq_kv, block_key);
-  const uint64_t row1_word = dropout_word(head_word, static_cast<uint32_t>(row1), seq_kv, block_key);
-  const uint32_t mine = quad_slot_keep_bits(p.dropout_seed, p.dropout_threshold, row0_word, row1_word, t);
-  uint32_t lane_bits[4];
-#pragma unroll
-  for (int lane = 0; lane < 4; ++lane) lane_bits[lane] = __shfl_sync(0xFFFFFFFFu, mine, lane, 4);
-  return quad_keys_from_slots(lane_bits, row0_word, row1_word, t);
 }
 
 // What kept values are scaled by, applied with the normalization.

@@ -40,9 +40,9 @@ struct Consumer {
   // in registers across the KV loop they would spill next to S and O.
   const int thread, warp, lane, g;
   float o_acc[kHalfCols / 2];
-  // Traits::kDropout: the keep bits of S_j's elements, drawn in compute_s while
-  // its wgmmas run and applied in softmax_publish: bit 2 b + e of word h is
-  // column 8 b + 2 t + e of row row(h).
+  // Traits::kDropout: the keep bits of S_j's elements, read in compute_s while
+  // its wgmmas run (the dropout warps drew them) and applied as P_j is packed:
+  // bit 2 b + e of word h is column 8 b + 2 t + e of row row(h).
   uint32_t dropout_keep[2];
 
   __device__ __forceinline__ Consumer(const Cta<Traits>& cta_, int w_)
@@ -82,7 +82,7 @@ struct Consumer {
 
   // mainloop.cuh
   __device__ __forceinline__ void compute_s(int j, float (&s)[64]);
-  __device__ __forceinline__ void draw_dropout(int j, int first_pair, int end_pair);
+  __device__ __forceinline__ void read_dropout_keep(int j);
   __device__ __forceinline__ int issue_pv(int j, bool own);
   __device__ __forceinline__ void finish_pv(int first, int j, bool own);
   __device__ __forceinline__ void accumulate_pv(int j, bool own) { finish_pv(issue_pv(j, own), j, own); }

@@ -76,6 +76,13 @@ struct Cta {
   // kSplit = 2: the peer's partial S has landed here / this CTA's has been read there.
   __device__ __forceinline__ uint32_t x_full() const { return barriers() + 8 * (5 + kFull + kStages); }
   __device__ __forceinline__ uint32_t x_empty() const { return x_full() + 8; }
+  // kDropout: consumer w's next block's keep bits are written / the last
+  // block's have been read (dropout_warps.cuh).
+  __device__ __forceinline__ uint32_t keep_full(int w) const { return barriers() + 8 * (Traits::kKeepBarrier + w); }
+  __device__ __forceinline__ uint32_t keep_empty() const { return barriers() + 8 * (Traits::kKeepBarrier + 2); }
+  __device__ __forceinline__ uint32_t* keep_words() const {
+    return reinterpret_cast<uint32_t*>(smem() + Traits::kKeepOffset);
+  }
 
   // Column offsets of this CTA's part of Q/K (S) and of V/O.
   __device__ __forceinline__ static int qk_col0() { return split_rank<kSplit>() * Traits::kQKChunks * Traits::kBoxCols; }
@@ -97,6 +104,10 @@ struct Cta {
       if constexpr (kSplit == 2) {
         mbarrier_init(x_full(), 128);   // every thread of the peer's S owner
         mbarrier_init(x_empty(), 128);
+      }
+      if constexpr (Traits::kDropout) {
+        for (int w = 0; w < 2; ++w) mbarrier_init(keep_full(w), Traits::kDropoutThreads);
+        mbarrier_init(keep_empty(), 128);  // every thread of the block's S owner has read its words
       }
       fence_barrier_init();
     }

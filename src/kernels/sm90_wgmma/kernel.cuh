@@ -1,7 +1,8 @@
 // The sm90_wgmma attention forward kernel (sm_90a: TMA + wgmma, warp-specialized).
 //
 // One CTA: 64 query rows of one (batch, head), all of O. Three warpgroups:
-//   - a producer (one thread issues TMA loads into a ring of shared-memory stages);
+//   - a producer (one thread issues TMA loads into a ring of shared-memory stages;
+//     with dropout, its warps 1-3 draw the keep bits: dropout_warps.cuh);
 //   - two consumers; consumer w owns columns [w * kHalfCols, (w + 1) * kHalfCols)
 //     of O (fp32 in registers: 64 x 512 does not fit one warpgroup).
 // KV blocks of 128 keys alternate between the consumers: consumer
@@ -49,6 +50,7 @@
 #include "kernels/sm90_wgmma/cluster_exchange.cuh"
 #include "kernels/sm90_wgmma/consumer.cuh"
 #include "kernels/sm90_wgmma/cta.cuh"
+#include "kernels/sm90_wgmma/dropout_warps.cuh"
 #include "kernels/sm90_wgmma/epilogue.cuh"
 #include "kernels/sm90_wgmma/mainloop.cuh"
 #include "kernels/sm90_wgmma/producer.cuh"
@@ -108,13 +110,16 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
-    setmaxnreg_decrease<24>();
+    setmaxnreg_decrease<Traits::kProducerRegisters>();
     if (threadIdx.x == 0) Producer<Traits>{cta}.run(&q_map, &k_map, &v_map);
+    if constexpr (Traits::kDropout) {
+      if (threadIdx.x >= 32) DropoutWarps<Traits>{cta}.run(threadIdx.x - 32);
+    }
     if constexpr (Traits::kSplit == 2) cluster_sync();  // every thread of the cluster, producers too
     return;
   }
 
-  setmaxnreg_increase<240>();
+  setmaxnreg_increase<Traits::kConsumerRegisters>();
   Consumer<Traits> consumer(cta, warpgroup - 1);
   mbarrier_wait(cta.q_full(), 0);
   run_consumer(consumer);

@@ -4,7 +4,6 @@
 // while the tensor cores run P_{j-1} V_{j-1}.
 #pragma once
 
-#include "kernels/common/dropout.cuh"
 #include "kernels/common/online_softmax.cuh"
 #include "kernels/sm90_wgmma/consumer.cuh"
 #include "kernels/sm90_wgmma/ring.hpp"
@@ -34,9 +33,6 @@ __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64
         wgmma_ss<Element, 128, false>(s, a, k, (ks | b | kk) != 0);
       }
     wgmma_commit();
-    // The dropout draws of this stage's share of the column-block pairs run on
-    // the CUDA cores while the tensor cores compute S.
-    if constexpr (Traits::kDropoutWithS) draw_dropout(j, 8 * ks / kKStages, 8 * (ks + 1) / kKStages);
     if (ks > 0) {
       wgmma_wait<1>();
       release(position - 1);
@@ -47,21 +43,16 @@ __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64
   release(first + kKStages - 1);
 }
 
-// The keep bits of column blocks [2 first_pair, 2 end_pair) of S_j.
+// S_j's keep bits (dropout_warps.cuh): this thread's two words, then the
+// buffer is free for block j + 1.
 template <class Traits>
-__device__ __forceinline__ void Consumer<Traits>::draw_dropout(int j, int first_pair, int end_pair) {
-  const AttentionProblem& p = cta.p;
-  const TileCoordinates* tile = cta.tile();
-  const uint64_t head_word = opaque(dropout_head_word(p, static_cast<int64_t>(tile->batch) * p.heads_q + tile->head));
-  const int row0 = tile->q0 + row(0), row1 = tile->q0 + row(1);
+__device__ __forceinline__ void Consumer<Traits>::read_dropout_keep(int j) {
+  mbarrier_wait(cta.keep_full(w), (j >> 1) & 1);  // consumer w's (j >> 1)-th block
+  const uint32_t* const words = cta.keep_words();
   const int t = quad_lane();
-  if (first_pair == 0) dropout_keep[0] = dropout_keep[1] = 0;
 #pragma unroll
-  for (int pair = first_pair; pair < end_pair; ++pair) {
-    const uint32_t keep = quad_keep_bits(p, head_word, row0, row1, j * kBlockN + 16 * pair, t);
-    dropout_keep[0] |= (keep & 0xFu) << (4 * pair);
-    dropout_keep[1] |= (keep >> 4) << (4 * pair);
-  }
+  for (int h = 0; h < 2; ++h) dropout_keep[h] = words[row(h) * 4 + t];
+  mbarrier_arrive(cta.keep_empty());
 }
 
 // The owner has already rescaled O; the other consumer rescales by the owner's

@@ -5,7 +5,6 @@
 // consumer's rescale of O.
 #pragma once
 
-#include "kernels/common/dropout.cuh"
 #include "kernels/common/element.cuh"
 #include "kernels/common/online_softmax.cuh"
 #include "kernels/common/score_mask.cuh"
@@ -41,6 +40,7 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
     block_sum = quad_sum(block_sum);
     if (t == 0) row_sums[w * 64 + row(h)] = row_sums[w * 64 + row(h)] * scale[h] + block_sum;
   }
+  if constexpr (Traits::kDropout) read_dropout_keep(j);
   const int buffer = j & 1;
   if (j >= 2) mbarrier_wait(cta.p_empty(buffer), ((j >> 1) - 1) & 1);
   unsigned char* const p_tile = cta.smem() + Traits::kPOffset + buffer * Traits::kPBytes;
@@ -48,35 +48,20 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
     return reinterpret_cast<uint32_t*>(p_tile + (col / kBoxCols) * kTileBytes +
                                        swizzle128<kElementBytes>(row(h), col % kBoxCols));
   };
-  // Dropped elements become 0 as P is packed (their keep bits were drawn in
-  // compute_s) or, in the cluster kernels, in shared memory after it (the
-  // Philox rounds then cost no registers next to S and O). The row sums above
-  // are the undropped ones (dropout scales the normalized P).
+  // Dropped elements become 0 as P is packed (their keep bits were read just
+  // above). The row sums above are the undropped ones (dropout scales the
+  // normalized P).
 #pragma unroll
   for (int i = 0; i < 16; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float first = s[4 * i + 2 * h], second = s[4 * i + 2 * h + 1];
-      if constexpr (Traits::kDropoutWithS) {
+      if constexpr (Traits::kDropout) {
         if (!(dropout_keep[h] >> (2 * i) & 1u)) first = 0.0f;
         if (!(dropout_keep[h] >> (2 * i + 1) & 1u)) second = 0.0f;
       }
       *p_pair(h, 8 * i + 2 * t) = pack2<Element>(first, second);
     }
-  if constexpr (Traits::kDropout && !Traits::kDropoutWithS) {
-#pragma unroll 1
-    for (int pair = 0; pair < 8; ++pair) {
-      const uint64_t head_word = opaque(dropout_head_word(p, static_cast<int64_t>(tile->batch) * p.heads_q + tile->head));
-      const uint32_t keep = quad_keep_bits(p, head_word, tile->q0 + row(0), tile->q0 + row(1), kv0 + 16 * pair, t);
-#pragma unroll
-      for (int b = 0; b < 2; ++b)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t kept = keep >> (4 * h + 2 * b);
-          *p_pair(h, 16 * pair + 8 * b + 2 * t) &= ((kept & 1u) ? 0xFFFFu : 0u) | ((kept & 2u) ? 0xFFFF0000u : 0u);
-        }
-    }
-  }
   if (t == 0) {
     float* const stats = cta.stats();
 #pragma unroll

@@ -15,16 +15,11 @@ namespace ffpa::detail::sm90_wgmma {
 template <typename Element_, int kQKChunks_, int kHalfCols_, int kSplit_, bool kDropout_ = false>
 struct Traits {
   using Element = Element_;
-  // Dropout is compiled in or out: its keep bits are drawn while the S wgmmas
-  // are in flight (mainloop.cuh), which a runtime branch there cannot do (a
-  // wgmma group in flight across a branch serializes every wgmma, C7518), and
-  // the kernel without it carries no Philox code.
+  // Dropout is compiled in or out: with it, the producer warpgroup's three
+  // idle warps draw each block's keep bits into shared memory ahead of the
+  // consumers (dropout_warps.cuh), and the kernel without it carries no
+  // Philox code and no keep-bit barriers.
   static constexpr bool kDropout = kDropout_;
-  // Where the keep bits are drawn: with S (one CTA per tile), or, in the
-  // cluster kernels, whose consumers have no registers to spare next to the
-  // S exchange (drawing with S spills 16-200 bytes there), into P in shared
-  // memory after it is written.
-  static constexpr bool kDropoutWithS = kDropout && kSplit_ == 1;
   static constexpr int kElementBytes = ElementTraits<Element>::kBytes;
   static constexpr int kBoxCols = kSwizzleCols<kElementBytes>;  // columns of a 128-byte swizzle row
   static constexpr int kQKChunks = kQKChunks_;  // kBoxCols-column chunks of this CTA's part of S = Q K^T
@@ -34,6 +29,18 @@ struct Traits {
   static constexpr int kBlockM = 64;   // query rows: one wgmma M
   static constexpr int kBlockN = 128;  // keys per KV block: the N of S
   static constexpr int kThreads = 384;
+  static constexpr int kDropoutThreads = 96;  // warps 1-3 of the producer warpgroup
+  // Registers per thread after setmaxnreg. The warpgroups trade within what
+  // the launch gave the CTA (168 a thread: 64K / 384, a multiple of 8); a
+  // consumer's setmaxnreg.inc waits until the producer's dec has freed enough,
+  // so a split past the launch's pool hangs. 24 + 2 x 240 is all of it; the
+  // dropout warps' loop state spills a few words there (7 local accesses per
+  // row draw, outside the Philox rounds), the consumers' O and S would at 232.
+  static constexpr int kLaunchRegisters = 168;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kLaunchRegisters,
+                "setmaxnreg redistributes the launch's registers: more would never be granted");
   static constexpr int kStages = ring_stages(kSplit);
   static constexpr int kKStages = (kQKChunks + 1) / 2;  // ring stages per K block
   static constexpr int kVStages = kRingVStages;         // ring stages per V block
@@ -65,13 +72,19 @@ struct Traits {
   static constexpr int kStatsOffset = kExchangeOffset + kExchangeBytes;          // float [2][2][64]
   static constexpr int kRowSumOffset = kStatsOffset + 2 * 2 * kBlockM * 4;        // float [2][64]
   static constexpr int kTileOffset = kRowSumOffset + 2 * kBlockM * 4;  // TileCoordinates
-  static constexpr int kBarrierOffset = kTileOffset + 32;
+  // kDropout: one block's keep bits, uint32 [64 rows][4 quad lanes] (bit
+  // 2 b + e of word [r][t]: key 8 b + 2t + e of row r). One buffer: the 1 KB
+  // is what the 227 KB leave at D = 512 and 1024.
+  static constexpr int kKeepOffset = kTileOffset + 32;
+  static constexpr int kKeepBytes = kDropout ? kBlockM * 4 * 4 : 0;
+  static constexpr int kBarrierOffset = kKeepOffset + kKeepBytes;
   // q_full, full[kFullBarriers], empty[kStages], p_full[2], p_empty[2]
-  // (kSplit = 2: x_full, x_empty). See "Why more full barriers than stages"
-  // (kernel.cuh) for the count.
+  // (kSplit = 2: x_full, x_empty; kDropout: keep_full[2], keep_empty). See
+  // "Why more full barriers than stages" (kernel.cuh) for the count.
   static constexpr int kFullBarriers = 16;  // >= kKStages + 2 + kStages; a power of two: cheap p % 16
   static_assert(kFullBarriers >= kKStages + 2 + kStages, "see Why more full barriers than stages");
-  static constexpr int kBarriers = 1 + kFullBarriers + kStages + 4 + (kSplit == 1 ? 0 : 2);
+  static constexpr int kKeepBarrier = 1 + kFullBarriers + kStages + 4 + (kSplit == 1 ? 0 : 2);
+  static constexpr int kBarriers = kKeepBarrier + (kDropout ? 3 : 0);
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
 
   static_assert(kElementBytes == 2, "P V reads V N-major (tnspB): 16-bit elements");
