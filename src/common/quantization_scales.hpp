@@ -27,9 +27,10 @@ inline constexpr int64_t kKeyGroupsPerBlock = 4;
 //     wgmma accumulator holds (m64nN: warp w, lane l holds rows 16w + l/4 and
 //     16w + l/4 + 8, and columns 8c + 2(l%4) + {0, 1}). A Q group is the two
 //     rows {16w + g, 16w + g + 8} of a 64-row block (32 groups); a K group is
-//     the 32 keys j of a 128-key block with equal (j % 8) / 2 (4 groups). Each
-//     thread then dequantizes its S with 2 x 4 products of scales, as in
-//     SageAttention2's per-thread quantization.
+//     the 32 keys j of a 128-key block with equal (j % 8) / 2 (4 groups). All
+//     of a thread's S elements of a KV block then share one Q group and one K
+//     group: one scale product per thread and block, as per block costs
+//     (SageAttention2's per-thread quantization).
 enum class QkScaleGranularity : int32_t { per_block, per_thread_group };
 
 // V scales. per_channel: one scale per channel over every key of a (batch,
