@@ -31,10 +31,11 @@ enum class PvFormat : int32_t {
 };
 
 // The knobs of the quantized path. Defaults: the most accurate setting of
-// the accuracy table (docs/kernels/fp8_model.md) at no measured or expected
-// cost on Hopper: int8 QK (wgmma s8 runs at the e4m3 rate, accumulates
-// exactly, and beats e4m3 on both input kinds) with per-thread-group scales
-// (one scale product per thread and KV block, as per block).
+// the accuracy table (docs/kernels/fp8_model.md) that should cost nothing on
+// Hopper (speed not measured yet): int8 QK (wgmma s8 has the e4m3 rate,
+// accumulates exactly, and beats e4m3 on both input kinds) with
+// per-thread-group scales (one scale product per thread and KV block, as per
+// block).
 struct QuantizationOptions {
   QkFormat qk_format = QkFormat::int8;
   QkScaleGranularity qk_granularity = QkScaleGranularity::per_thread_group;
@@ -56,8 +57,8 @@ struct QuantizationOptions {
 };
 
 // P is in [0, 1] after the max subtraction; it is stored as e4m3(kPScale * p)
-// (448 p in [0, 448]: the whole e4m3 range, 2^-9 / 448 the smallest nonzero
-// weight) and 1 / kPScale is folded into the epilogue's 1 / rowsum.
+// (448 p in [0, 448]: the whole e4m3 range; p below 2^-10 / 448 becomes 0)
+// and 1 / kPScale is folded into the epilogue's 1 / rowsum.
 inline constexpr double kPScale = kE4m3Max;
 
 // What the pre-pass writes, for one call. Codes are one byte per element:
