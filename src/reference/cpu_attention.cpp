@@ -20,6 +20,7 @@
 
 #include "common/float16_bits.hpp"
 #include "common/philox.hpp"
+#include "reference/score_terms.hpp"
 
 namespace ffpa::detail {
 namespace {
@@ -93,43 +94,6 @@ void to_float(const uint16_t* src, int64_t n, DType dtype, float* dst) {
   } else {
     for (int64_t e = 0; e < n; ++e) dst[e] = bf16_bits_to_float(src[e]);
   }
-}
-
-// Mask row (b, h, i) for keys [0, n) as an additive bias: the mask value, or
-// 0 (attend) / -inf (excluded) for a boolean mask.
-void mask_bias(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t n,
-               double* bias) {
-  const int64_t row = b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2];
-  const int64_t step = p.mask_stride[3];
-  switch (p.mask_kind) {
-    case MaskKind::none: std::fill(bias, bias + n, 0.0); return;
-    case MaskKind::boolean: {
-      const uint8_t* m = offset_ptr<uint8_t>(p.mask, row);
-      for (int64_t j = 0; j < n; ++j) bias[j] = m[j * step] != 0 ? 0.0 : kNegInf;
-      return;
-    }
-    case MaskKind::additive_f16: {
-      const uint16_t* m = offset_ptr<uint16_t>(p.mask, row);
-      for (int64_t j = 0; j < n; ++j) bias[j] = half_bits_to_float(m[j * step]);
-      return;
-    }
-    case MaskKind::additive_bf16: {
-      const uint16_t* m = offset_ptr<uint16_t>(p.mask, row);
-      for (int64_t j = 0; j < n; ++j) bias[j] = bf16_bits_to_float(m[j * step]);
-      return;
-    }
-    case MaskKind::additive_f32: {
-      const float* m = offset_ptr<float>(p.mask, row);
-      for (int64_t j = 0; j < n; ++j) bias[j] = m[j * step];
-      return;
-    }
-  }
-}
-
-// Keys row i may attend before the mask: [0, visible).
-int64_t visible_keys(const AttentionProblem& p, int64_t i) {
-  if (p.causal == Causal::none) return p.seq_kv;
-  return std::clamp<int64_t>(i + p.causal_shift() + 1, 0, p.seq_kv);
 }
 
 // Turns scaled scores w[0, visible) of row (b, h, i) into the row's P*V

@@ -1,0 +1,109 @@
+// The CPU model of the FP8 attention path (issue 11): the quantized inputs the
+// GPU pre-pass must write, bit for bit (codes, scales, the smoothing means),
+// and the attention the main loop computes from them, in double precision,
+// with P quantized as the main loop quantizes it. The GPU tests compare the
+// pre-pass's workspace with quantize_attention_inputs exactly and the FP8
+// output with cpu_attention_quantized_f64 (and with the fp64 reference).
+// The scheme, its rounding rules and measured accuracy:
+// docs/kernels/fp8_model.md.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "common/attention_problem.hpp"
+#include "common/fp8_e4m3.hpp"
+#include "common/quantization_scales.hpp"
+
+namespace ffpa::detail {
+
+// How Q and K enter S = Q K^T.
+enum class QkFormat : int32_t {
+  e4m3,         // e4m3 codes, scale amax / 448 (wgmma e4m3, fp32 accumulation)
+  int8,         // int8 codes, scale amax / 127 (wgmma s8, exact s32 accumulation)
+  unquantized,  // the model only: the input values (error attribution, invariance checks)
+};
+
+// How P and V enter O += P V.
+enum class PvFormat : int32_t {
+  e4m3,         // P as e4m3(448 p), V as e4m3 codes with their scales
+  unquantized,  // the model only: exact P and V
+};
+
+// The knobs of the quantized path. Defaults: the most accurate setting of
+// the accuracy table (docs/kernels/fp8_model.md) that should cost nothing on
+// Hopper (speed not measured yet): int8 QK (wgmma s8 has the e4m3 rate,
+// accumulates exactly, and beats e4m3 on both input kinds) with
+// per-thread-group scales (one scale product per thread and KV block, as per
+// block).
+struct QuantizationOptions {
+  QkFormat qk_format = QkFormat::int8;
+  QkScaleGranularity qk_granularity = QkScaleGranularity::per_thread_group;
+  // Subtract the per-(batch, kv head) mean of K over its tokens, per channel,
+  // before quantizing: softmax-invariant (q . mean is constant along a row);
+  // it removes the per-channel offsets of real K that would otherwise spend
+  // the 8-bit range. LSE gets scale * (q . mean) back.
+  bool smooth_k = true;
+  PvFormat pv_format = PvFormat::e4m3;
+  VScaleGranularity v_granularity = VScaleGranularity::per_channel;
+  // Subtract the per-channel mean of V over its tokens before quantizing and
+  // add it to every output row that attends a key (the softmax weights sum to
+  // 1). Not with dropout, where the kept weights do not sum to 1.
+  bool smooth_v = false;
+  // Hybrid rows: query rows [0, n_early) are computed unquantized (the
+  // bf16/fp16 path); only rows [n_early, Nq) are quantized, their Q scale
+  // blocks counted from row n_early (the FP8 tiles start there).
+  int64_t n_early = 0;
+};
+
+// P is in [0, 1] after the max subtraction; it is stored as e4m3(kPScale * p)
+// (448 p in [0, 448]: the whole e4m3 range; p below 2^-10 / 448 becomes 0)
+// and 1 / kPScale is folded into the epilogue's 1 / rowsum.
+inline constexpr double kPScale = kE4m3Max;
+
+// What the pre-pass writes, for one call. Codes are one byte per element:
+// e4m3 bits, or int8 as two's complement bytes (QkFormat::int8). Layouts are
+// contiguous, [batch][head][...]; the GPU keeps V transposed ([D][Nkv] per
+// head, the K-major B operand 8-bit wgmma needs) with the same codes. An
+// unquantized operand has no codes or scales (empty vectors).
+struct QuantizedInputs {
+  QuantizationOptions options;
+  int64_t batch = 0, heads_q = 0, heads_kv = 0, seq_q = 0, seq_kv = 0, head_dim = 0;
+  int64_t first_row = 0;  // min(n_early, Nq): Q rows [first_row, Nq) are quantized
+  int64_t rows = 0;       // Nq - first_row
+
+  std::vector<uint8_t> q_codes;  // [B][Hq][rows][D]; row r is query row first_row + r
+  std::vector<float> q_scales;   // [B][Hq][q_scale_count(rows)]
+  std::vector<float> k_mean;     // [B][Hkv][D]; all 0 without smooth_k
+  std::vector<uint8_t> k_codes;  // [B][Hkv][Nkv][D], of K - k_mean
+  std::vector<float> k_scales;   // [B][Hkv][k_scale_count(Nkv)]
+  std::vector<float> v_mean;     // [B][Hkv][D]; all 0 without smooth_v
+  std::vector<uint8_t> v_codes;  // [B][Hkv][Nkv][D], of V - v_mean
+  std::vector<float> v_scales;   // [B][Hkv][v_scale_count(Nkv, D)]
+
+  int64_t q_scales_per_head() const { return q_scale_count(rows, options.qk_granularity); }
+  int64_t k_scales_per_head() const { return k_scale_count(seq_kv, options.qk_granularity); }
+  int64_t v_scales_per_head() const { return v_scale_count(seq_kv, head_dim, options.v_granularity); }
+};
+
+// The value of a Q or K code (e4m3 or int8), before its scale.
+double qk_code_value(uint8_t code, QkFormat format);
+
+// Quantizes q, k and v of the problem (fp16 or bf16 host memory, any
+// strides) as the GPU pre-pass does. Throws std::invalid_argument for options
+// the model does not define (negative n_early, smooth_v with dropout).
+QuantizedInputs quantize_attention_inputs(const AttentionProblem& problem, const QuantizationOptions& options);
+
+// Attention from the quantized inputs, in double: out [B][Hq][Nq][D] and lse
+// [B][Hq][Nq] (may be null), contiguous, every row written. Rows below
+// first_row are the fp64 reference's (cpu_attention_forward_f64, bit for bit);
+// the others are computed from the dequantized Q, K, V with P quantized as
+// the main loop quantizes it (fp8_model.md: "the main loop"). Masks, both
+// causal alignments, dropout (the reference's keep-mask) and GQA as in the
+// reference. `quantized` must come from this problem (throws
+// std::invalid_argument when its shape differs). num_threads: the hybrid
+// rows' reference call.
+void cpu_attention_quantized_f64(const AttentionProblem& problem, const QuantizedInputs& quantized, double* out,
+                                 double* lse, int num_threads = 0);
+
+}  // namespace ffpa::detail
