@@ -40,9 +40,9 @@ struct Consumer {
   // in registers across the KV loop they would spill next to S and O.
   const int thread, warp, lane, g;
   float o_acc[kHalfCols / 2];
-  // Traits::kDropout: the keep bits of S_j's elements, read in compute_s while
-  // its wgmmas run (the dropout warps drew them) and applied as P_j is packed:
-  // bit 2 b + e of word h is column 8 b + 2 t + e of row row(h).
+  // Traits::kDropout: the keep bits of S_j's elements (the dropout warps drew
+  // them), read just before P_j is packed and applied as it is: bit 2 b + e of
+  // word h is column 8 b + 2 t + e of row row(h).
   uint32_t dropout_keep[2];
 
   __device__ __forceinline__ Consumer(const Cta<Traits>& cta_, int w_)
@@ -82,7 +82,6 @@ struct Consumer {
 
   // mainloop.cuh
   __device__ __forceinline__ void compute_s(int j, float (&s)[64]);
-  __device__ __forceinline__ void read_dropout_keep(int j);
   __device__ __forceinline__ int issue_pv(int j, bool own);
   __device__ __forceinline__ void finish_pv(int first, int j, bool own);
   __device__ __forceinline__ void accumulate_pv(int j, bool own) { finish_pv(issue_pv(j, own), j, own); }
@@ -90,6 +89,7 @@ struct Consumer {
   __device__ __forceinline__ void send_s(int j, const float (&s)[64]);
   __device__ __forceinline__ void receive_s(int j, float (&s)[64]);
   // softmax.cuh
+  __device__ __forceinline__ void read_dropout_keep(int j);
   __device__ __forceinline__ void softmax_publish(int j, float (&s)[64]);
   // epilogue.cuh
   __device__ __forceinline__ void store_output(const CUtensorMap* o_map);

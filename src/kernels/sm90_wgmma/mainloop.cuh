@@ -43,18 +43,6 @@ __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64
   release(first + kKStages - 1);
 }
 
-// S_j's keep bits (dropout_warps.cuh): this thread's two words, then the
-// buffer is free for block j + 1.
-template <class Traits>
-__device__ __forceinline__ void Consumer<Traits>::read_dropout_keep(int j) {
-  mbarrier_wait(cta.keep_full(w), (j >> 1) & 1);  // consumer w's (j >> 1)-th block
-  const uint32_t* const words = cta.keep_words();
-  const int t = quad_lane();
-#pragma unroll
-  for (int h = 0; h < 2; ++h) dropout_keep[h] = words[row(h) * 4 + t];
-  mbarrier_arrive(cta.keep_empty());
-}
-
 // The owner has already rescaled O; the other consumer rescales by the owner's
 // published factors first. Returns the ring position finish_pv frees.
 template <class Traits>
