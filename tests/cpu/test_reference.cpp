@@ -31,6 +31,7 @@ using detail::MaskKind;
 using detail::RowSubset;
 using testing::HostTensor;
 using testing::Layout;
+using testing::set_problem_strides;
 
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
@@ -75,10 +76,6 @@ struct Inputs {
   Tensor mask_view;  // the mask as the problem reads it
   AttentionProblem problem;
 };
-
-void set_problem_strides(const Tensor& t, int64_t (&stride)[3]) {
-  for (int d = 0; d < 3; ++d) stride[d] = t.stride[d];
-}
 
 Inputs make_inputs(const Case& c) {
   Inputs in;

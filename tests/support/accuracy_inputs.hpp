@@ -85,11 +85,9 @@ inline AccuracyInputs make_accuracy_inputs(const AccuracyCase& c) {
   p.q = in.q.tensor.data;
   p.k = in.k.tensor.data;
   p.v = in.v.tensor.data;
-  for (int d = 0; d < 3; ++d) {
-    p.q_stride[d] = in.q.tensor.stride[d];
-    p.k_stride[d] = in.k.tensor.stride[d];
-    p.v_stride[d] = in.v.tensor.stride[d];
-  }
+  set_problem_strides(in.q.tensor, p.q_stride);
+  set_problem_strides(in.k.tensor, p.k_stride);
+  set_problem_strides(in.v.tensor, p.v_stride);
   p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.dim)));
   p.causal = c.causal;
   return in;

@@ -220,4 +220,10 @@ inline Tensor broadcast_view(const HostTensor& t, std::array<bool, 4> broadcast)
   return view;
 }
 
+// The first three strides of a [B, H, N, D] tensor, as AttentionProblem keeps
+// them (q_stride, k_stride, ...; the last dim has stride 1).
+inline void set_problem_strides(const Tensor& t, int64_t (&stride)[3]) {
+  for (int d = 0; d < 3; ++d) stride[d] = t.stride[d];
+}
+
 }  // namespace ffpa::testing
