@@ -27,24 +27,27 @@ FFPA_HOST_DEVICE uint32_t row_keep_bits32(uint64_t seed, uint32_t threshold, uin
   const uint32_t skip = static_cast<uint32_t>(word & 3);  // the first block's words before key 0
   const int blocks = skip == 0 ? 8 : 9;
   uint32_t low = 0, high = 0;  // the blocks' keep bits from the first block's first word
+  // Two blocks at a time: each block's rounds are one dependent chain.
 #if defined(__CUDA_ARCH__)
 #pragma unroll 1
 #endif
-  for (int m = 0; m < blocks; ++m) {
+  for (int m = 0; m < 8; m += 2) {
     uint64_t round_seed = seed;
 #if defined(__CUDA_ARCH__)
-    // The 20 round keys derive from the seed alone: hoisted out of the loop they
-    // would not fit the dropout warps' 24 registers (ptxas spilled them).
     asm volatile("" : "+l"(round_seed));
 #endif
-    const Philox4 block = dropout_block(round_seed, first_block + static_cast<uint64_t>(m));
-    const uint32_t nibble = (block.x[0] >= threshold ? 1u : 0u) | (block.x[1] >= threshold ? 2u : 0u) |
-                            (block.x[2] >= threshold ? 4u : 0u) | (block.x[3] >= threshold ? 8u : 0u);
-    if (m < 8) {
-      low |= nibble << (4 * m);
-    } else {
-      high = nibble;
-    }
+    const Philox4 even = dropout_block(round_seed, first_block + static_cast<uint64_t>(m));
+    const Philox4 odd = dropout_block(round_seed, first_block + static_cast<uint64_t>(m + 1));
+    const uint32_t e = (even.x[0] >= threshold ? 1u : 0u) | (even.x[1] >= threshold ? 2u : 0u) |
+                       (even.x[2] >= threshold ? 4u : 0u) | (even.x[3] >= threshold ? 8u : 0u);
+    const uint32_t o = (odd.x[0] >= threshold ? 1u : 0u) | (odd.x[1] >= threshold ? 2u : 0u) |
+                       (odd.x[2] >= threshold ? 4u : 0u) | (odd.x[3] >= threshold ? 8u : 0u);
+    low |= (e | o << 4) << (4 * m);
+  }
+  if (blocks == 9) {
+    const Philox4 last = dropout_block(seed, first_block + 8);
+    high = (last.x[0] >= threshold ? 1u : 0u) | (last.x[1] >= threshold ? 2u : 0u) |
+           (last.x[2] >= threshold ? 4u : 0u) | (last.x[3] >= threshold ? 8u : 0u);
   }
   return skip == 0 ? low : (low >> skip) | (high << (32 - skip));
 }

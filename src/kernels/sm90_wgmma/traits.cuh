@@ -33,12 +33,14 @@ struct Traits {
   // Registers per thread after setmaxnreg. The warpgroups trade within what
   // the launch gave the CTA (168 a thread: 64K / 384, a multiple of 8); a
   // consumer's setmaxnreg.inc waits until the producer's dec has freed enough,
-  // so a split past the launch's pool hangs. 24 + 2 x 240 is all of it; the
-  // dropout warps' loop state spills a few words there (7 local accesses per
-  // row draw, outside the Philox rounds), the consumers' O and S would at 232.
+  // so a split past the launch's pool hangs. Without dropout, 24 + 2 x 240 is
+  // all of it. With dropout, the dropout warps' Philox throughput bounds the
+  // kernel at D <= 512 (ncu, 2026-12-01: they never wait; ~85 instructions a
+  // Philox block, one dependent chain): 40 registers let them run two chains,
+  // and the consumers fit 232 (+5-8 % at D = 320/512/1024, A/B on the H200).
   static constexpr int kLaunchRegisters = 168;
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
+  static constexpr int kProducerRegisters = kDropout ? 40 : 24;
+  static constexpr int kConsumerRegisters = kDropout ? 232 : 240;
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kLaunchRegisters,
                 "setmaxnreg redistributes the launch's registers: more would never be granted");
   static constexpr int kStages = ring_stages(kSplit);
