@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Issue 16's drop-in sweep with every SDPA backend: does monkey_patch() ever make a model slower or different?
 
-Per point, in one process, on the same inputs (a superset of bench/dropin_sweep.py's columns):
+Per point, in one process, on the same inputs (a superset of the columns of the first sweep, bench/dropin_sweep.py, removed 2026-12-01):
   patched    F.scaled_dot_product_attention after ffpa_attn.monkey_patch(), i.e. ffpa_attn_func with
              the default backend (impl "auto": ffpa's kernel or SDPA, python/ffpa_attn/routing.py)
   unpatched  the original F.scaled_dot_product_attention (captured before patching), SDPA's own dispatch
