@@ -28,4 +28,22 @@ Status kernel_runnable(const void* kernel, int threads, const char* impl, int de
   return {};
 }
 
+namespace {
+
+uint64_t device_bit(int device) { return device >= 0 && device < 64 ? uint64_t{1} << device : 0; }
+
+}  // namespace
+
+cudaError_t opt_in_shared_memory(const void* kernel, int bytes, int device, SharedMemoryOptIn* memo) {
+  const uint64_t bit = device_bit(device);
+  if (bit != 0 && (memo->devices.load(std::memory_order_relaxed) & bit) != 0) return cudaSuccess;
+  const cudaError_t error = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+  if (error == cudaSuccess && bit != 0) memo->devices.fetch_or(bit, std::memory_order_relaxed);
+  return error;
+}
+
+void forget_shared_memory_opt_in(int device, SharedMemoryOptIn* memo) {
+  memo->devices.fetch_and(~device_bit(device), std::memory_order_relaxed);
+}
+
 }  // namespace ffpa::detail

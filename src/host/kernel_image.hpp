@@ -3,6 +3,8 @@
 // has the driver compile its PTX), never restated from compute capabilities.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <atomic>
 #include <cstdint>
 
@@ -25,5 +27,22 @@ struct KernelImageMemo {
 // `threads` can have, no driver), or cuda_error for another failure.
 Status kernel_runnable(const void* kernel, int threads, const char* impl, int device,
                        KernelImageMemo* memo);
+
+// The devices on which a kernel's dynamic shared memory opt-in
+// (cudaFuncAttributeMaxDynamicSharedMemorySize, one fixed size per kernel) has
+// been set. Setting it costs 0.5 us of host time per call on an H200
+// (bench/host_launch_parts.cu), and the runtime keeps it per function and
+// context: set once per device, and again if a launch fails (a device reset
+// since then drops it). One per kernel, with static storage duration.
+struct SharedMemoryOptIn {
+  std::atomic<uint64_t> devices{0};
+};
+
+// Sets `kernel`'s opt-in to `bytes` on the current device, `device`, unless
+// the memo says it is set; cudaSuccess or the runtime's error.
+cudaError_t opt_in_shared_memory(const void* kernel, int bytes, int device, SharedMemoryOptIn* memo);
+
+// Forgets the opt-in on `device` (after a failed launch: it is set again before the retry).
+void forget_shared_memory_opt_in(int device, SharedMemoryOptIn* memo);
 
 }  // namespace ffpa::detail

@@ -20,10 +20,13 @@ namespace ffpa::detail::sm90_wgmma {
 template <class Traits>
 Status launch(const AttentionProblem& problem, cudaStream_t stream) {
   const auto kernel = forward_kernel<Traits>;
+  static SharedMemoryOptIn opt_in;
+  int device = 0;
+  FFPA_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
   // A device without an sm_90a image fails here (impl_unavailable), as does a
   // launch the device cannot give its resources or cluster, below.
-  FFPA_RETURN_IF_DEVICE_ERROR("sm90_wgmma", cudaFuncSetAttribute(
-      kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
+  FFPA_RETURN_IF_DEVICE_ERROR("sm90_wgmma", opt_in_shared_memory(reinterpret_cast<const void*>(kernel),
+                                                                 Traits::kSmemBytes, device, &opt_in));
 
   // Q and O in boxes of 64 rows (one CTA's), K of 128 (a KV block), V of 64
   // (half a block: one ring stage per key half and consumer).
@@ -51,8 +54,18 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
   cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = Traits::kSplit > 1 ? 1 : 0;
-  FFPA_RETURN_IF_DEVICE_ERROR(
-      "sm90_wgmma", cudaLaunchKernelEx(&config, kernel, args, maps[0], maps[1], maps[2], maps[3]));
+  cudaError_t error = cudaLaunchKernelEx(&config, kernel, args, maps[0], maps[1], maps[2], maps[3]);
+  if (error != cudaSuccess) {
+    // The opt-in may be gone (a device reset since it was set): set it and launch once more.
+    (void)cudaGetLastError();
+    forget_shared_memory_opt_in(device, &opt_in);
+    error = opt_in_shared_memory(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes, device, &opt_in);
+    if (error == cudaSuccess) error = cudaLaunchKernelEx(&config, kernel, args, maps[0], maps[1], maps[2], maps[3]);
+  }
+  if (error != cudaSuccess) {
+    (void)cudaGetLastError();
+    return device_status(error, "sm90_wgmma", "cudaLaunchKernelEx");
+  }
   return {};
 }
 
