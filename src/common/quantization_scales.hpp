@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "common/ceil_div.hpp"
 #include "common/fp8_e4m3.hpp"
 #include "common/host_device.hpp"
 
@@ -38,12 +39,10 @@ enum class QkScaleGranularity : int32_t { per_block, per_thread_group };
 // (applied to each block's P V before it is added to O).
 enum class VScaleGranularity : int32_t { per_channel, per_block };
 
-FFPA_HOST_DEVICE int64_t ceil_div_quant(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
 // Scales of `rows` quantized Q rows of one (batch, head); rows are counted
 // from the first quantized row (hybrid rows are not quantized).
 FFPA_HOST_DEVICE int64_t q_scale_count(int64_t rows, QkScaleGranularity g) {
-  const int64_t blocks = ceil_div_quant(rows, kQuantQueryBlock);
+  const int64_t blocks = ceil_div(rows, kQuantQueryBlock);
   return g == QkScaleGranularity::per_block ? blocks : blocks * kQueryGroupsPerBlock;
 }
 
@@ -56,7 +55,7 @@ FFPA_HOST_DEVICE int64_t q_scale_index(int64_t row, QkScaleGranularity g) {
 
 // Scales of `keys` keys of one (batch, kv head).
 FFPA_HOST_DEVICE int64_t k_scale_count(int64_t keys, QkScaleGranularity g) {
-  const int64_t blocks = ceil_div_quant(keys, kQuantKeyBlock);
+  const int64_t blocks = ceil_div(keys, kQuantKeyBlock);
   return g == QkScaleGranularity::per_block ? blocks : blocks * kKeyGroupsPerBlock;
 }
 
@@ -68,7 +67,7 @@ FFPA_HOST_DEVICE int64_t k_scale_index(int64_t key, QkScaleGranularity g) {
 
 // Scales of V [keys][dim] of one (batch, kv head).
 FFPA_HOST_DEVICE int64_t v_scale_count(int64_t keys, int64_t dim, VScaleGranularity g) {
-  return g == VScaleGranularity::per_channel ? dim : ceil_div_quant(keys, kQuantKeyBlock);
+  return g == VScaleGranularity::per_channel ? dim : ceil_div(keys, kQuantKeyBlock);
 }
 
 FFPA_HOST_DEVICE int64_t v_scale_index(int64_t key, int64_t channel, VScaleGranularity g) {

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/ceil_div.hpp"
 #include "common/float16_bits.hpp"
 #include "common/philox.hpp"
 #include "reference/score_terms.hpp"
@@ -74,8 +75,6 @@ void parallel_for(int64_t count, int workers, const Task& task) {
   drain(0);
   for (std::thread& helper : helpers) helper.join();
 }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 int resolve_threads(int num_threads) {
   if (num_threads > 0) return num_threads;
