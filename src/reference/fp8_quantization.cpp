@@ -70,6 +70,14 @@ void subtract_mean(std::vector<float>& x, const float* mean, int64_t n, int64_t 
   }
 }
 
+// Smoothing of K or V: the channel means of x [n][dim] written to `means`,
+// then subtracted from x.
+void smooth(std::vector<float>& x, float* means, int64_t n, int64_t dim) {
+  const std::vector<float> mean = channel_mean(x, n, dim);
+  std::copy(mean.begin(), mean.end(), means);
+  subtract_mean(x, mean.data(), n, dim);
+}
+
 // Codes and scales of x [n][dim], whose element (r, c) belongs to scale group
 // group_of(r, c) of `groups`: each group's amax (fmax, so that a NaN element
 // does not count, as with fmaxf on the GPU; a group without elements has amax
@@ -309,22 +317,14 @@ QuantizedInputs quantize_attention_inputs(const AttentionProblem& p, const Quant
     for (int64_t kv_head = 0; kv_head < p.heads_kv; ++kv_head) {
       const int64_t head = b * p.heads_kv + kv_head;
       std::vector<float> k = load_rows(p.k, p.k_stride, p.dtype, b, kv_head, 0, nkv, dim);
-      if (o.smooth_k) {
-        const std::vector<float> mean = channel_mean(k, nkv, dim);
-        std::copy(mean.begin(), mean.end(), z.k_mean.begin() + head * dim);
-        subtract_mean(k, mean.data(), nkv, dim);
-      }
+      if (o.smooth_k) smooth(k, z.k_mean.data() + head * dim, nkv, dim);
       if (qk_codes) {
         quantize_groups(k, nkv, dim, z.k_scales_per_head(),
                         [&](int64_t j, int64_t) { return k_scale_index(j, qk_granularity); }, int8_codes,
                         z.k_scales.data() + head * z.k_scales_per_head(), z.k_codes.data() + head * nkv * dim);
       }
       std::vector<float> v = load_rows(p.v, p.v_stride, p.dtype, b, kv_head, 0, nkv, dim);
-      if (o.smooth_v) {
-        const std::vector<float> mean = channel_mean(v, nkv, dim);
-        std::copy(mean.begin(), mean.end(), z.v_mean.begin() + head * dim);
-        subtract_mean(v, mean.data(), nkv, dim);
-      }
+      if (o.smooth_v) smooth(v, z.v_mean.data() + head * dim, nkv, dim);
       if (pv_codes) {
         quantize_groups(v, nkv, dim, z.v_scales_per_head(),
                         [&](int64_t j, int64_t c) { return v_scale_index(j, c, v_granularity); }, false,

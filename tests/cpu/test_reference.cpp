@@ -98,13 +98,8 @@ Inputs make_inputs(const Case& c) {
   p.seq_kv = c.seq_kv;
   p.head_dim = c.dim;
   p.dtype = c.dtype;
-  p.q = in.q.tensor.data;
-  p.k = in.k.tensor.data;
-  p.v = in.v.tensor.data;
+  testing::set_problem_qkv(p, in.q.tensor, in.k.tensor, in.v.tensor);
   p.o = in.o.tensor.data;
-  set_problem_strides(in.q.tensor, p.q_stride);
-  set_problem_strides(in.k.tensor, p.k_stride);
-  set_problem_strides(in.v.tensor, p.v_stride);
   set_problem_strides(in.o.tensor, p.o_stride);
   p.lse = static_cast<float*>(in.lse.tensor.data);
   set_problem_strides(in.lse.tensor, p.lse_stride);

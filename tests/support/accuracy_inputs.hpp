@@ -82,12 +82,7 @@ inline AccuracyInputs make_accuracy_inputs(const AccuracyCase& c) {
   p.seq_kv = c.seq_kv;
   p.head_dim = c.dim;
   p.dtype = c.dtype;
-  p.q = in.q.tensor.data;
-  p.k = in.k.tensor.data;
-  p.v = in.v.tensor.data;
-  set_problem_strides(in.q.tensor, p.q_stride);
-  set_problem_strides(in.k.tensor, p.k_stride);
-  set_problem_strides(in.v.tensor, p.v_stride);
+  set_problem_qkv(p, in.q.tensor, in.k.tensor, in.v.tensor);
   p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.dim)));
   p.causal = c.causal;
   return in;

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "common/attention_problem.hpp"
 #include "common/float16_bits.hpp"
 #include "ffpa/ffpa.hpp"
 
@@ -224,6 +225,16 @@ inline Tensor broadcast_view(const HostTensor& t, std::array<bool, 4> broadcast)
 // them (q_stride, k_stride, ...; the last dim has stride 1).
 inline void set_problem_strides(const Tensor& t, int64_t (&stride)[3]) {
   for (int d = 0; d < 3; ++d) stride[d] = t.stride[d];
+}
+
+// Q, K and V of a problem: their data and strides.
+inline void set_problem_qkv(detail::AttentionProblem& p, const Tensor& q, const Tensor& k, const Tensor& v) {
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  set_problem_strides(q, p.q_stride);
+  set_problem_strides(k, p.k_stride);
+  set_problem_strides(v, p.v_stride);
 }
 
 }  // namespace ffpa::testing
