@@ -178,14 +178,19 @@ __device__ __forceinline__ void load_mask_pairs(float (&s)[Layout::kElements], c
 #pragma unroll
       for (int b = 0; b < Layout::kColBlocks; ++b) {
         const MaskPair<T>* const pair = row_pairs + Layout::col_offset(b) / 2;
+        // Read-only global loads (a generic load checks the address space),
+        // and the unused element of a packed pair set: left as it was, it
+        // would carry the last block's score through the loop.
         if constexpr (sizeof(T) == 4) {
-          const float2 v = *reinterpret_cast<const float2*>(pair);
+          const float2 v = __ldg(reinterpret_cast<const float2*>(pair));
           s[Layout::index(r, b, 0)] = v.x;
           s[Layout::index(r, b, 1)] = v.y;
         } else if constexpr (sizeof(T) == 2) {
-          s[Layout::index(r, b, 1)] = __uint_as_float(*reinterpret_cast<const uint32_t*>(pair));
+          s[Layout::index(r, b, 0)] = 0.0f;
+          s[Layout::index(r, b, 1)] = __uint_as_float(__ldg(reinterpret_cast<const unsigned int*>(pair)));
         } else {
-          s[Layout::index(r, b, 1)] = __uint_as_float(*reinterpret_cast<const uint16_t*>(pair));
+          s[Layout::index(r, b, 0)] = 0.0f;
+          s[Layout::index(r, b, 1)] = __uint_as_float(__ldg(reinterpret_cast<const unsigned short*>(pair)));
         }
       }
     }
