@@ -1,95 +1,92 @@
-// The parts of one sm90 d512 launch, timed as 20000 calls back to back. Caution: the calls
-// queue faster than this tiny kernel runs, so past the queue's depth the figures are the GPU's
-// time per kernel (9.4 us for ours, 3 us for an empty one), not the host's
-// (docs/perf/h200-2026-11-30-dropout/: measure the host with the GPU held by a sleep kernel).
-// Originally: why launching the sm90 d512 kernel seemed to cost 9.5 us of host time against 3.8 us for an
-// empty kernel with the same parameters (docs/perf/h200-2026-11-30-masks/): variants that
-// isolate shared memory, threads, the carveout hint and the driver API. Built against a
-// build's static library (sm_90a; the H200 runs it):
-//   nvcc -O2 -std=c++17 -arch=sm_90a -Iinclude -Isrc -Ibuild/include bench/host_launch_parts.cu \
-//        build/libffpa_static.a -lcuda -o host_launch_parts && ./host_launch_parts
+// Host time of the C-side parts of one small ffpa_forward (B1 H1 Nq1 Nkv16 D512 bf16, impl auto) and
+// of the CUDA calls it makes, with the GPU held by a spin kernel so that only the host is timed (timing
+// launches back to back without the hold measures the GPU once the launch queue fills:
+// docs/perf/h200-2026-11-30-dropout/). Against a build's shared library:
+//   nvcc -O2 -std=c++17 -arch=sm_90 -Iinclude -Ibuild/include bench/host_launch_parts.cu \
+//        -Lbuild -l:libffpa.so -lcuda -o host_launch_parts && LD_LIBRARY_PATH=build ./host_launch_parts
+// Results: docs/perf/h200-2026-12-01b/host_parts_c.txt.
 #include <cuda.h>
 #include <cuda_runtime.h>
+
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <functional>
-#include "ffpa/ffpa.hpp"
-#include "host/dispatch.hpp"
-#include "host/validate.hpp"
-#include "kernels/sm90_wgmma/launch.cuh"
 
-using namespace ffpa::detail;
-using namespace ffpa::detail::sm90_wgmma;
-using T512 = InstanceTraits<512>::type<__nv_bfloat16>;
+#include "ffpa/ffpa.h"
 
-static double us(const std::function<void()>& f, int n = 20000) {
-  for (int i = 0; i < 500; ++i) f();
+__global__ void spin(long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < cycles) {
+  }
+}
+
+// Microseconds per call of f over n calls queued behind ~0.2 s of spinning.
+static double host_us(const std::function<void()>& f, int n) {
+  for (int i = 0; i < 50; ++i) f();
   cudaDeviceSynchronize();
-  auto t = std::chrono::steady_clock::now();
+  spin<<<1, 1>>>(400000000LL);
+  const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < n; ++i) f();
-  double e = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t).count() / n;
+  const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count() / n;
   cudaDeviceSynchronize();
-  return e;
+  return us;
 }
-__global__ void dummy() {}
-__global__ void __launch_bounds__(384, 1) dummy_smem(const __grid_constant__ Args a, const __grid_constant__ CUtensorMap m0,
-    const __grid_constant__ CUtensorMap m1, const __grid_constant__ CUtensorMap m2, const __grid_constant__ CUtensorMap m3) {
-  extern __shared__ char smem[];
-  if (threadIdx.x == 1000) smem[0] = 0;
+
+static ffpa_tensor bf16_tensor(void* data, int rows) {
+  ffpa_tensor t;
+  std::memset(&t, 0, sizeof t);
+  t.data = data;
+  t.dtype = FFPA_DTYPE_BF16;
+  t.rank = 4;
+  const int64_t shape[4] = {1, 1, rows, 512}, stride[4] = {rows * 512, rows * 512, 512, 1};
+  for (int i = 0; i < 4; ++i) t.shape[i] = shape[i], t.stride[i] = stride[i];
+  return t;
 }
-__global__ void dummy_big(const __grid_constant__ Args a, const __grid_constant__ CUtensorMap m0, const __grid_constant__ CUtensorMap m1,
-                          const __grid_constant__ CUtensorMap m2, const __grid_constant__ CUtensorMap m3) {}
 
 int main() {
+  if (cuInit(0) != CUDA_SUCCESS) return 1;
   void *q, *k, *v, *o;
-  cudaMalloc(&q, 1 << 20); cudaMalloc(&k, 1 << 20); cudaMalloc(&v, 1 << 20); cudaMalloc(&o, 1 << 20);
-  cudaStream_t stream; cudaStreamCreate(&stream);
-  ffpa::ForwardParams p;
-  p.q = ffpa::make_tensor(q, ffpa::DType::bf16, {1, 1, 1, 512});
-  p.k = ffpa::make_tensor(k, ffpa::DType::bf16, {1, 1, 16, 512});
-  p.v = ffpa::make_tensor(v, ffpa::DType::bf16, {1, 1, 16, 512});
-  p.o = ffpa::make_tensor(o, ffpa::DType::bf16, {1, 1, 1, 512});
-  p.stream = stream;
-  AttentionProblem problem;
-  validate_forward(p, &problem);
-  const auto shapes = attention_tensor_shapes(problem);
-  CUtensorMap maps[4];
-  std::printf("%-40s %7.2f us\n", "forward (C++ API)", us([&] { ffpa::forward(p); }));
-  std::printf("%-40s %7.2f us\n", "launch<T512> (this TU)", us([&] { launch<T512>(problem, stream); }));
-  const int box_rows[4] = {64, 128, 64, 64};
-  std::printf("%-40s %7.2f us\n", "4 x encode_tensor_map", us([&] { for (int i = 0; i < 4; ++i) encode_tensor_map(shapes[i], box_rows[i], &maps[i]); }));
-  std::printf("%-40s %7.2f us\n", "cudaFuncSetAttribute(forward_kernel)", us([&] {
-    cudaFuncSetAttribute(forward_kernel<T512>, cudaFuncAttributeMaxDynamicSharedMemorySize, T512::kSmemBytes); }));
-  Args args{}; args.p = problem; args.row_blocks = 1; args.scale_log2 = problem.scale * 1.4426950408889634f;
-  cudaLaunchConfig_t config{}; config.gridDim = dim3(1); config.blockDim = dim3(T512::kThreads);
-  config.dynamicSmemBytes = T512::kSmemBytes; config.stream = stream;
-  std::printf("%-40s %7.2f us\n", "cudaLaunchKernelEx(forward_kernel)", us([&] {
-    cudaLaunchKernelEx(&config, forward_kernel<T512>, args, maps[0], maps[1], maps[2], maps[3]); }));
-  cudaLaunchConfig_t c2 = config; c2.dynamicSmemBytes = 0; c2.blockDim = dim3(32);
-  std::printf("%-40s %7.2f us\n", "cudaLaunchKernelEx(dummy, same params)", us([&] {
-    cudaLaunchKernelEx(&c2, dummy_big, args, maps[0], maps[1], maps[2], maps[3]); }));
-  std::printf("%-40s %7.2f us\n", "dummy<<<1,32,0,s>>>", us([&] { dummy<<<1, 32, 0, stream>>>(); }));
-  cudaFuncSetAttribute(dummy_smem, cudaFuncAttributeMaxDynamicSharedMemorySize, T512::kSmemBytes);
-  cudaLaunchConfig_t c3 = config;
-  std::printf("%-40s %7.2f us\n", "dummy, 384 threads, 231 KB smem", us([&] {
-    cudaLaunchKernelEx(&c3, dummy_smem, args, maps[0], maps[1], maps[2], maps[3]); }));
-  c3.dynamicSmemBytes = 0;
-  std::printf("%-40s %7.2f us\n", "dummy, 384 threads, no smem", us([&] {
-    cudaLaunchKernelEx(&c3, dummy_smem, args, maps[0], maps[1], maps[2], maps[3]); }));
-  cudaFuncSetAttribute(forward_kernel<T512>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
-  std::printf("%-40s %7.2f us\n", "forward_kernel, carveout hint 100", us([&] {
-    cudaLaunchKernelEx(&config, forward_kernel<T512>, args, maps[0], maps[1], maps[2], maps[3]); }));
-  cudaFunction_t function = nullptr;
-  cudaGetFuncBySymbol(&function, reinterpret_cast<const void*>(forward_kernel<T512>));
-  void* kernel_args[] = {&args, &maps[0], &maps[1], &maps[2], &maps[3]};
-  std::printf("%-40s %7.2f us\n", "cuLaunchKernel(forward_kernel)", us([&] {
-    cuLaunchKernel(reinterpret_cast<CUfunction>(function), 1, 1, 1, T512::kThreads, 1, 1, T512::kSmemBytes,
-                   reinterpret_cast<CUstream>(stream), kernel_args, nullptr); }));
-  cudaFuncAttributes attributes{};
-  cudaFuncGetAttributes(&attributes, forward_kernel<T512>);
-  std::printf("forward_kernel: %d regs, %zu B local, %d max threads, binary %d, ptx %d\n", attributes.numRegs,
-              attributes.localSizeBytes, attributes.maxThreadsPerBlock, attributes.binaryVersion, attributes.ptxVersion);
-  std::printf("%-40s %7.2f us\n", "forward (C++ API) again", us([&] { ffpa::forward(p); }));
-  std::printf("sizeof(Args) %zu, smem %d\n", sizeof(Args), T512::kSmemBytes);
+  for (void** buffer : {&q, &k, &v, &o}) {
+    if (cudaMalloc(buffer, 1 << 20) != cudaSuccess) return 1;
+  }
+  ffpa_forward_params p;
+  std::memset(&p, 0, sizeof p);
+  p.q = bf16_tensor(q, 1), p.k = bf16_tensor(k, 16), p.v = bf16_tensor(v, 16), p.o = bf16_tensor(o, 1);
+  p.options.impl = FFPA_IMPL_AUTO;
+  char message[512];
+  if (ffpa_forward(&p, message, sizeof message) != FFPA_OK) {
+    std::printf("ffpa_forward failed: %s\n", message);
+    return 1;
+  }
+  size_t bytes = 0;
+  cudaPointerAttributes attributes;
+  unsigned int memory_type = 0;
+  int ordinal = 0, device = 0, major = 0;
+  CUpointer_attribute both[2] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL};
+  void* both_values[2] = {&memory_type, &ordinal};
+  const struct {
+    const char* name;
+    std::function<void()> call;
+  } parts[] = {
+      {"ffpa_forward", [&] { ffpa_forward(&p, message, sizeof message); }},
+      {"ffpa_workspace_size (validate + plan)", [&] { ffpa_workspace_size(&p, &bytes, message, sizeof message); }},
+      {"cudaPointerGetAttributes", [&] { cudaPointerGetAttributes(&attributes, q); }},
+      {"cuPointerGetAttributes (type, ordinal)",
+       [&] { cuPointerGetAttributes(2, both, both_values, reinterpret_cast<CUdeviceptr>(q)); }},
+      {"cudaGetDevice", [&] { cudaGetDevice(&device); }},
+      {"cudaDeviceGetAttribute (cc major)",
+       [&] { cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0); }},
+      {"empty kernel <<<>>>", [&] { spin<<<1, 1>>>(0); }},
+  };
+  constexpr int kRounds = 5, kParts = sizeof parts / sizeof parts[0];
+  double best[kParts];
+  for (int r = 0; r < kRounds; ++r) {
+    for (int i = 0; i < kParts; ++i) {
+      const double us = host_us(parts[i].call, 500);
+      if (r == 0 || us < best[i]) best[i] = us;
+    }
+  }
+  for (int i = 0; i < kParts; ++i) std::printf("%-42s %7.3f us (best of %d)\n", parts[i].name, best[i], kRounds);
   return 0;
 }

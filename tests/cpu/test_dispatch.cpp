@@ -153,6 +153,36 @@ TEST(Sm90Routing, DeclinesWithAReason) {
   EXPECT_NE(reason.find("TMA"), std::string::npos) << reason;
 }
 
+// Which calls run the kernels that start S at the mask (family.hpp's
+// starts_s_at_mask): masks read by key pairs whose rows differ, any such mask
+// in a cluster (D > 512), never with dropout or a scale without a finite inverse.
+TEST(Sm90Routing, MaskInSKernelsServeRowMasksAndClusterMasks) {
+  using ffpa::detail::MaskKind;
+  using ffpa::detail::sm90_wgmma::starts_s_at_mask;
+  auto masked = [](int64_t row_stride) {
+    auto p = sm90_problem(512);
+    p.mask_kind = MaskKind::additive_bf16;
+    p.mask_key_pairs = true;
+    p.mask_stride[2] = row_stride;
+    p.mask_stride[3] = 1;
+    p.scale = 0.0625f;
+    return p;
+  };
+  EXPECT_TRUE(starts_s_at_mask(masked(1000), 512)) << "a full mask";
+  EXPECT_FALSE(starts_s_at_mask(masked(0), 512)) << "a [B,1,1,Nkv] mask is read from L1 in the softmax";
+  EXPECT_TRUE(starts_s_at_mask(masked(0), 1024)) << "a key mask in a cluster";
+  EXPECT_FALSE(starts_s_at_mask(sm90_problem(512), 1024)) << "no mask";
+  auto odd = masked(1000);
+  odd.mask_key_pairs = false;
+  EXPECT_FALSE(starts_s_at_mask(odd, 512)) << "a mask read element by element";
+  auto dropout = masked(1000);
+  dropout.dropout_p = 0.1f;
+  EXPECT_FALSE(starts_s_at_mask(dropout, 1024)) << "dropout kernels add the mask in the softmax";
+  auto tiny_scale = masked(1000);
+  tiny_scale.scale = 1e-45f;  // 1 / scale is infinite
+  EXPECT_FALSE(starts_s_at_mask(tiny_scale, 1024));
+}
+
 TEST(Sm90Routing, ExplicitImplOnHostPointersIsRefused) {
   HostCall c = host_call(64);
   c.params.options.impl = Impl::sm90_wgmma;

@@ -511,6 +511,13 @@ std::vector<ForwardCase> large_cases() {
       shape_case(bf16, 1, 2, 1, 777, 777, 512)
           .with_causal(top_left)
           .with_mask(DType::boolean, MaskShape::stride0_view, true),
+      // Masks read by key pairs with whole KV blocks: the sm90 kernels that
+      // start S at the mask (kMaskInS), one CTA and a cluster, every mask
+      // dtype, with a ragged last block added in the softmax.
+      shape_case(f16, 1, 2, 2, 777, 1024, 512).with_mask(DType::f32, MaskShape::full, true),
+      shape_case(bf16, 1, 2, 2, 129, 300, 1024).with_causal(top_left).with_mask(DType::f16, MaskShape::full, true),
+      shape_case(f16, 2, 2, 1, 65, 258, 640).with_causal(bottom_right).with_mask(DType::boolean, MaskShape::keys, true),
+      shape_case(bf16, 2, 2, 2, 129, 256, 320).with_mask(DType::bf16, MaskShape::batch_rows, true),
       // Dropout.
       shape_case(f16, 1, 2, 1, 777, 8191, 128).with_dropout(0.1f),
       shape_case(bf16, 1, 2, 2, 8191, 777, 1000).with_causal(bottom_right).with_dropout(0.5f),

@@ -137,4 +137,98 @@ __device__ __forceinline__ void add_mask(float (&s)[Layout::kElements], const At
   });
 }
 
+// --- The mask as the scores' starting value -----------------------------
+// A family whose scores come from an accumulating MMA can let the tensor
+// cores add the mask: the accumulators of S = Q K^T start at mask / scale
+// instead of 0, so scaling S gives scale * q.k + mask as add_mask would, and
+// the softmax (which the other warps wait for) does no mask work. The mask
+// pairs are loaded a block early, as raw bits into the registers that will
+// hold the block's S, and turned into starting values just before its MMA.
+// For blocks whose keys are all in range, of a mask read by key pairs; the
+// host also asks for a scale whose inverse is finite and non-zero.
+
+// Whether block [kv0, kv0 + block_n)'s mask can be a starting value.
+__device__ __forceinline__ bool mask_starts_scores(const AttentionProblem& p, int kv0, int block_n) {
+  return kv0 + block_n <= p.seq_kv;
+}
+
+// Loads this thread's mask pairs of rows tile.q0 + coords.row(r), keys key0
+// + 8 b + e, as raw bits into s: element index(r, b, 1) holds a 16- or 8-bit
+// pair, an fp32 pair fills both elements. Rows past Nq read nothing and get
+// zeros (their scores are never stored). The loads are issued here and used by
+// mask_to_starting_scores, so their latency passes under whatever the
+// caller runs between the two.
+template <class Layout, class Coordinates>
+__device__ __forceinline__ void load_mask_pairs(float (&s)[Layout::kElements], const AttentionProblem& p,
+                                                const TileCoordinates& tile, const Coordinates& coords, int key0) {
+  const int seq_q = static_cast<int>(p.seq_q);
+  const int64_t mask_bh = tile.batch * p.mask_stride[0] + tile.head * p.mask_stride[1];
+  with_mask_element(p.mask_kind, [&](auto element_tag) {
+    using T = decltype(element_tag);
+#pragma unroll
+    for (int r = 0; r < Layout::kRows; ++r) {
+      const int i = tile.q0 + coords.row(r);
+      if (i >= seq_q) {
+#pragma unroll
+        for (int e = 0; e < 2 * Layout::kColBlocks; ++e) s[Layout::index(r, e / 2, e % 2)] = 0.0f;
+        continue;
+      }
+      const T* const mask_row = opaque(static_cast<const T*>(p.mask) + mask_bh + i * p.mask_stride[2]);
+      const MaskPair<T>* const row_pairs = reinterpret_cast<const MaskPair<T>*>(mask_row + key0);
+#pragma unroll
+      for (int b = 0; b < Layout::kColBlocks; ++b) {
+        const MaskPair<T>* const pair = row_pairs + Layout::col_offset(b) / 2;
+        // Read-only global loads (a generic load checks the address space),
+        // and the unused element of a packed pair set: left as it was, it
+        // would carry the last block's score through the loop.
+        if constexpr (sizeof(T) == 4) {
+          const float2 v = __ldg(reinterpret_cast<const float2*>(pair));
+          s[Layout::index(r, b, 0)] = v.x;
+          s[Layout::index(r, b, 1)] = v.y;
+        } else if constexpr (sizeof(T) == 2) {
+          s[Layout::index(r, b, 0)] = 0.0f;
+          s[Layout::index(r, b, 1)] = __uint_as_float(__ldg(reinterpret_cast<const unsigned int*>(pair)));
+        } else {
+          s[Layout::index(r, b, 0)] = 0.0f;
+          s[Layout::index(r, b, 1)] = __uint_as_float(__ldg(reinterpret_cast<const unsigned short*>(pair)));
+        }
+      }
+    }
+  });
+}
+
+// value / scale. One multiply: the conversion sits just before the S MMA.
+// Like mask_term's value * log2(e), a value near the fp32 limit overflows to
+// an infinite score (torch.finfo(torch.bfloat16).min does in both).
+__device__ __forceinline__ float starting_score(float value, float inverse_scale) { return value * inverse_scale; }
+
+// The raw pairs load_mask_pairs left in s as the scores' starting values.
+template <class Layout>
+__device__ __forceinline__ void mask_to_starting_scores(float (&s)[Layout::kElements], MaskKind kind,
+                                                        float inverse_scale) {
+  with_mask_element(kind, [&](auto element_tag) {
+    using T = decltype(element_tag);
+#pragma unroll
+    for (int r = 0; r < Layout::kRows; ++r)
+#pragma unroll
+      for (int b = 0; b < Layout::kColBlocks; ++b) {
+        float& first = s[Layout::index(r, b, 0)];
+        float& second = s[Layout::index(r, b, 1)];
+        if constexpr (std::is_same_v<T, float>) {
+          first = starting_score(first, inverse_scale);
+          second = starting_score(second, inverse_scale);
+        } else if constexpr (std::is_same_v<T, uint8_t>) {
+          const uint32_t bits = __float_as_uint(second);
+          first = (bits & 0xFFu) ? 0.0f : -INFINITY;
+          second = (bits & 0xFF00u) ? 0.0f : -INFINITY;
+        } else {
+          const uint32_t bits = __float_as_uint(second);
+          const MaskPair<T> pair = *reinterpret_cast<const MaskPair<T>*>(&bits);
+          first = starting_score(static_cast<float>(pair.first), inverse_scale);
+          second = starting_score(static_cast<float>(pair.second), inverse_scale);
+        }
+      }
+  });
+}
+
 }  // namespace ffpa::detail

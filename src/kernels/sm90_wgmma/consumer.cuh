@@ -12,6 +12,7 @@
 
 #include "common/attention_problem.hpp"
 #include "kernels/common/compiler_hints.cuh"
+#include "kernels/common/score_mask.cuh"
 #include "kernels/sm90_wgmma/cta.cuh"
 #include "kernels/sm90_wgmma/ptx.cuh"
 
@@ -80,7 +81,15 @@ struct Consumer {
     if (lane == 0) mbarrier_arrive(cta.empty(position % kStages));
   }
 
+  // Whether block j's S starts at its mask (score_mask.cuh), and whether this
+  // CTA loads it: in a cluster the mask is added once, by rank 0's partial S.
+  __device__ __forceinline__ bool mask_in_s(int j) const {
+    return Traits::kMaskInS && mask_starts_scores(cta.p, j * kBlockN, kBlockN);
+  }
+  __device__ __forceinline__ bool loads_mask(int j) const { return split_rank<Traits::kSplit>() == 0 && mask_in_s(j); }
+
   // mainloop.cuh
+  // S_j, starting from the mask pairs preload_mask(j, s) loaded where loads_mask(j).
   __device__ __forceinline__ void compute_s(int j, float (&s)[64]);
   __device__ __forceinline__ int issue_pv(int j, bool own);
   __device__ __forceinline__ void finish_pv(int first, int j, bool own);
@@ -89,6 +98,7 @@ struct Consumer {
   __device__ __forceinline__ void send_s(int j, const float (&s)[64]);
   __device__ __forceinline__ void receive_s(int j, float (&s)[64]);
   // softmax.cuh
+  __device__ __forceinline__ void preload_mask(int j, float (&s)[64]) const;
   __device__ __forceinline__ void read_dropout_keep(int j);
   __device__ __forceinline__ void softmax_publish(int j, float (&s)[64]);
   // epilogue.cuh

@@ -28,6 +28,14 @@ Status instance_runnable(DType dtype, int device);
 // of two, each with half of D (two warpgroups hold O of 64 x 512 at most).
 constexpr int cluster_size(int head_dim) { return head_dim > 512 ? 2 : 1; }
 
+// Whether a call without dropout runs the instance for head_dim that starts S
+// at the mask (Traits::kMaskInS): a mask read by key pairs, 1 / scale finite
+// and non-zero, and a mask whose rows differ, or any such mask in a cluster.
+// A/B on the H200 (2026-12-01, B1 H32 N8192): row and full masks 1.05-1.30x
+// at D = 320/512, every mask 1.33-1.66x at D = 1024; a [B,1,1,Nkv] key mask
+// 0.87-0.91x at D = 320/512 (it is read from L1 in the softmax there).
+bool starts_s_at_mask(const AttentionProblem& problem, int head_dim);
+
 struct Instance {
   int head_dim;  // a multiple of 64; serves every D up to it
   Launcher launch;

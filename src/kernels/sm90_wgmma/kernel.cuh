@@ -59,20 +59,39 @@
 
 namespace ffpa::detail::sm90_wgmma {
 
+// The S array of a block: the loop's fresh one, or (kMaskInS) the one carried
+// across blocks.
+template <class Traits, int kCarried>
+__device__ __forceinline__ float (*select_s(float (*fresh)[64], float (*carried)[kCarried]))[64] {
+  if constexpr (Traits::kMaskInS) {
+    return carried;
+  } else {
+    return fresh;
+  }
+}
+
 // Consumer w's blocks are j = w, w + 2, ...; before the softmax of each it
 // applies the other consumer's block j - 1 (consumer 0's first block has
 // none), and after its last block the other's last one.
 template <class Traits>
 __device__ __forceinline__ void run_consumer(Consumer<Traits>& consumer) {
   // The block count is read from shared memory where used, never held.
+  // Without kMaskInS, S is a fresh array per block: the wgmma's read-write
+  // operands would otherwise keep it live across P V. With it, S carries the
+  // next block's mask pairs from after P_j is written (preload_mask) to
+  // S_{j+2}, their loads running under P_j V_j.
+  [[maybe_unused]] float s_carried[Traits::kMaskInS ? 64 : 1];
+  if constexpr (Traits::kMaskInS) consumer.preload_mask(consumer.w, s_carried);
   if constexpr (Traits::kSplit == 1) {
     for (int j = consumer.w;; j += 2) {
       const bool own = j < consumer.cta.tile()->kv_blocks;
-      float s[64];
+      float s_fresh[64];
+      float(&s)[64] = *select_s<Traits>(&s_fresh, &s_carried);
       if (own) consumer.compute_s(j, s);
       if (j >= 1 && j - 1 < consumer.cta.tile()->kv_blocks) consumer.accumulate_pv(j - 1, false);
       if (!own) break;
       consumer.softmax_publish(j, s);
+      if constexpr (Traits::kMaskInS) consumer.preload_mask(j + 2, s);
       consumer.accumulate_pv(j, true);
     }
   } else {
@@ -82,7 +101,8 @@ __device__ __forceinline__ void run_consumer(Consumer<Traits>& consumer) {
     // shape measured 3 % slower, hence two loops.)
     int j = consumer.w;
     for (; j < consumer.cta.tile()->kv_blocks; j += 2) {
-      float s[64];
+      float s_fresh[64];
+      float(&s)[64] = *select_s<Traits>(&s_fresh, &s_carried);
       consumer.compute_s(j, s);
       if (j >= 1) {
         const int first = consumer.issue_pv(j - 1, false);
@@ -93,6 +113,7 @@ __device__ __forceinline__ void run_consumer(Consumer<Traits>& consumer) {
       }
       consumer.receive_s(j, s);
       consumer.softmax_publish(j, s);
+      if constexpr (Traits::kMaskInS) consumer.preload_mask(j + 2, s);
       consumer.accumulate_pv(j, true);
     }
     if (j >= 1 && j - 1 < consumer.cta.tile()->kv_blocks) consumer.accumulate_pv(j - 1, false);

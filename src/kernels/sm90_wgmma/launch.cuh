@@ -41,6 +41,7 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
   args.p = problem;
   args.row_blocks = static_cast<int>((problem.seq_q + Traits::kBlockM - 1) / Traits::kBlockM);
   args.scale_log2 = problem.scale * kLog2e;
+  args.inverse_scale = 1.0f / problem.scale;
   // One CTA per tile, or a cluster of kSplit consecutive CTAs per tile.
   const int64_t tiles = problem.batch * problem.heads_q * args.row_blocks;  // < 2^30 (routing)
   cudaLaunchConfig_t config{};
@@ -87,14 +88,17 @@ struct InstanceTraits {
   static constexpr int kCtaDim = kHeadDim / kSplit;
   static constexpr int kQKChunks = kCtaDim / 64;
   static constexpr int kHalfCols = std::max(128, (kCtaDim + 127) / 128 * 64);
-  template <class Element, bool kDropout = false>
-  using type = Traits<Element, kQKChunks, kHalfCols, kSplit, kDropout>;
+  template <class Element, bool kDropout = false, bool kMaskInS = false>
+  using type = Traits<Element, kQKChunks, kHalfCols, kSplit, kDropout, kMaskInS>;
 };
 
 template <int kHeadDim, class Element>
 Status launch_element(const AttentionProblem& problem, cudaStream_t stream) {
   using Kernels = InstanceTraits<kHeadDim>;
   if (problem.has_dropout()) return launch<typename Kernels::template type<Element, true>>(problem, stream);
+  if (starts_s_at_mask(problem, kHeadDim)) {
+    return launch<typename Kernels::template type<Element, false, true>>(problem, stream);
+  }
   return launch<typename Kernels::template type<Element, false>>(problem, stream);
 }
 

@@ -15,6 +15,8 @@ namespace ffpa::detail::sm90_wgmma {
 template <class Traits>
 __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64]) {
   const int first = ring_k_position(j, kKStages);
+  const bool from_mask = loads_mask(j);
+  if (from_mask) mask_to_starting_scores<typename Traits::SLayout>(s, cta.p.mask_kind, cta.args.inverse_scale);
   fence_operands(s);
 #pragma unroll
   for (int ks = 0; ks < kKStages; ++ks) {
@@ -30,7 +32,7 @@ __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64
         const uint64_t a = smem_descriptor(cta.q_tiles() + (2 * ks + b) * kTileBytes + kk * 32, 16, 1024);
         const uint64_t k =
             smem_descriptor(cta.ring() + stage * kStageBytes + b * Traits::kKBoxBytes + kk * 32, 16, 1024);
-        wgmma_ss<Element, 128, false>(s, a, k, (ks | b | kk) != 0);
+        wgmma_ss<Element, 128, false>(s, a, k, from_mask || (ks | b | kk) != 0);
       }
     wgmma_commit();
     if (ks > 0) {

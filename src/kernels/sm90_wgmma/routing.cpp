@@ -1,5 +1,6 @@
 // Which calls the sm90 family serves, and naming its kernels.
 #include <climits>
+#include <cmath>
 #include <string>
 
 #include "kernels/sm90_wgmma/family.hpp"
@@ -45,6 +46,13 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
   return nullptr;  // unreachable: head_dim <= largest
 }
 
+bool starts_s_at_mask(const AttentionProblem& problem, int head_dim) {
+  if (problem.mask_kind == MaskKind::none || !problem.mask_key_pairs || problem.has_dropout()) return false;
+  const float inverse_scale = 1.0f / problem.scale;
+  if (!std::isfinite(inverse_scale) || inverse_scale == 0.0f) return false;
+  return cluster_size(head_dim) > 1 || problem.mask_stride[2] != 0;
+}
+
 Status run(const AttentionProblem& problem, int head_dim, cudaStream_t stream) {
   for (int i = 0; i < kInstanceCount; ++i) {
     if (kInstances[i].head_dim == head_dim) return kInstances[i].launch(problem, stream);
@@ -57,7 +65,9 @@ std::string kernel_name(const AttentionProblem& problem, const Instance& instanc
   const int ctas = cluster_size(instance.head_dim);
   return std::string("sm90_wgmma<") + (problem.dtype == DType::bf16 ? "bf16" : "f16") + ",d" +
          std::to_string(instance.head_dim) + ",m64,n128,s" + std::to_string(ring_stages(ctas)) +
-         (ctas == 1 ? "" : ",cluster" + std::to_string(ctas)) + (problem.has_dropout() ? ",dropout>" : ">");
+         (ctas == 1 ? "" : ",cluster" + std::to_string(ctas)) + (problem.has_dropout()                             ? ",dropout>"
+          : starts_s_at_mask(problem, instance.head_dim) ? ",mask-in-s>"
+                                                           : ">");
 }
 
 }  // namespace ffpa::detail::sm90_wgmma

@@ -25,6 +25,12 @@ __device__ __forceinline__ void Consumer<Traits>::read_dropout_keep(int j) {
   mbarrier_arrive(cta.keep_empty());
 }
 
+// Block j's mask pairs into s (loads_mask(j)), for compute_s(j) to start from.
+template <class Traits>
+__device__ __forceinline__ void Consumer<Traits>::preload_mask(int j, float (&s)[64]) const {
+  if (j < cta.tile()->kv_blocks && loads_mask(j)) load_mask_pairs<typename Traits::SLayout>(s, cta.p, *cta.tile(), SCoordinates{*this}, j * kBlockN + 2 * quad_lane());
+}
+
 template <class Traits>
 __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (&s)[64]) {
   using Layout = typename Traits::SLayout;
@@ -37,7 +43,7 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
   const KeyLimits limits(p, tile->q0);
   const SCoordinates coords{*this};
   if (limits.block_needs_masking(kv0, kBlockN)) mask_outside_limits<Layout>(s, limits, coords, kv0 + 2 * t);
-  if (p.mask_kind != MaskKind::none) add_mask<Layout, Traits::kMaskBlocksInFlight, Traits::kMaskPairLoads>(s, p, *tile, coords, kv0 + 2 * t);
+  if (p.mask_kind != MaskKind::none && !mask_in_s(j)) add_mask<Layout, Traits::kMaskBlocksInFlight, Traits::kMaskPairLoads>(s, p, *tile, coords, kv0 + 2 * t);
 
   float scale[2], new_max[2];
   float* const row_sums = cta.row_sums();

@@ -12,7 +12,8 @@
 
 namespace ffpa::detail::sm90_wgmma {
 
-template <typename Element_, int kQKChunks_, int kHalfCols_, int kSplit_, bool kDropout_ = false>
+template <typename Element_, int kQKChunks_, int kHalfCols_, int kSplit_, bool kDropout_ = false,
+          bool kMaskInS_ = false>
 struct Traits {
   using Element = Element_;
   // Dropout is compiled in or out: with it, the producer warpgroup's three
@@ -20,6 +21,14 @@ struct Traits {
   // consumers (dropout_warps.cuh), and the kernel without it carries no
   // Philox code and no keep-bit barriers.
   static constexpr bool kDropout = kDropout_;
+  // The mask as S's starting value (score_mask.cuh), compiled in or out: with
+  // it, each consumer loads its next block's mask pairs into S's registers
+  // after writing P, under P V, and the softmax does no mask work; S then
+  // lives across the whole loop, which costs the kernels without a mask 7 %
+  // at D = 512 (A/B, H200, 2026-12-01), so they do not carry it. Not with
+  // dropout: its 232-register consumers spill (ptxas: 11 -> 127 at D = 512).
+  static constexpr bool kMaskInS = kMaskInS_;
+  static_assert(!(kDropout && kMaskInS), "dropout kernels add the mask in the softmax");
   static constexpr int kElementBytes = ElementTraits<Element>::kBytes;
   static constexpr int kBoxCols = kSwizzleCols<kElementBytes>;  // columns of a 128-byte swizzle row
   static constexpr int kQKChunks = kQKChunks_;  // kBoxCols-column chunks of this CTA's part of S = Q K^T
@@ -101,6 +110,7 @@ struct Args {
   AttentionProblem p;
   int row_blocks;    // ceil(Nq / 64); the grid is row_blocks x Hq x B CTAs (< 2^31)
   float scale_log2;  // scale * log2(e)
+  float inverse_scale;  // 1 / scale: Traits::kMaskInS starts S at mask / scale
 };
 
 }  // namespace ffpa::detail::sm90_wgmma
