@@ -92,3 +92,50 @@ def test_dropout_keep_mask_is_the_library_mask(rng, dropout_p):
     kept = o[..., :nkv] != 0
     keep = torch.from_numpy(sdpa_mem_efficient_keep_mask(seed, offset, b, h, nq, nkv, dropout_p))
     assert torch.equal(kept, keep), f"{(kept != keep).sum().item()} of {keep.numel()} keep decisions differ"
+
+
+def test_threads_each_use_their_own_params(rng):
+    """Calls of one layout from several threads at once (each thread writes its
+    pointers into its own FfpaForwardParams, ops._Slot): every result is its inputs'."""
+    import threading
+
+    inputs = [random_qkv(1, 2, 2, 9, 17, 32, torch.bfloat16, CPU) for _ in range(4)]
+    expected = [sdpa_float32(q, k, v, scale=0.25) for q, k, v in inputs]
+    failures = []
+
+    def work(index):
+        q, k, v = inputs[index]
+        for _ in range(25):
+            o, _ = reference_op(q, k, v, scale=0.25)
+            try:
+                assert_output_close(o, expected[index], torch.bfloat16)
+            except AssertionError as error:
+                failures.append(error)
+                return
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures[0]
+
+
+def test_a_call_reentering_its_thread_takes_a_fresh_params(rng):
+    """A call made while this thread's params of the layout are in use (a signal
+    handler's) runs on params of its own and leaves the outer call's words alone."""
+    q, k, v = random_qkv(1, 2, 2, 9, 17, 32, torch.float16, CPU)
+    reference_op(q, k, v, scale=0.25)  # the layout's plan and this thread's slot
+    options = (0.0, _library.Causal.NONE, 0.25, _library.Accumulation.F32, _library.Impl.CPU_REFERENCE)
+    plan = ffpa_attn.ops.plan_for(q, k, v, None, True, options)
+    slot = plan.threads.slot
+    slot.busy = True  # as inside the outer call
+    before = bytes(slot.words)
+    try:
+        q2, k2, v2 = random_qkv(1, 2, 2, 9, 17, 32, torch.float16, CPU)
+        o, _ = reference_op(q2, k2, v2, scale=0.25)
+        assert bytes(slot.words) == before
+        assert slot.busy
+    finally:
+        slot.busy = False
+    assert_output_close(o, sdpa_float32(q2, k2, v2, scale=0.25), torch.float16)

@@ -64,6 +64,9 @@ class LibraryDouble:
         if self.forward_error is not None:
             raise self.forward_error
 
+    def forward_prepared(self, params_ref, message) -> None:  # the eager path's call (ops.launch)
+        self.forward(params_ref)
+
 
 @pytest.fixture
 def simulated_gpu(monkeypatch):
@@ -72,6 +75,7 @@ def simulated_gpu(monkeypatch):
     double = LibraryDouble()
     monkeypatch.setattr(_library, "device_support", double.device_support)
     monkeypatch.setattr(_library, "forward", double.forward)
+    monkeypatch.setattr(_library, "forward_prepared", double.forward_prepared)
     monkeypatch.setattr(functional, "fallback_reason", lambda spec, limits: None)
     monkeypatch.setattr(functional, "_LIBRARY_LIMITS", Limits(8, 1024, 8))
     monkeypatch.setattr(functional, "_LIBRARY_MISSING", None)
