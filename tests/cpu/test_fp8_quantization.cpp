@@ -32,6 +32,13 @@ using testing::AccuracyInputs;
 using testing::ErrorMetrics;
 using testing::InputKind;
 
+// A case of this shape, the other fields at their defaults.
+AccuracyCase shaped_case(int64_t heads_q, int64_t heads_kv, int64_t seq_q, int64_t seq_kv, int64_t dim) {
+  AccuracyCase c;
+  c.heads_q = heads_q, c.heads_kv = heads_kv, c.seq_q = seq_q, c.seq_kv = seq_kv, c.dim = dim;
+  return c;
+}
+
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
@@ -225,12 +232,7 @@ void check_kv_groups(const AttentionProblem& p, const QuantizedInputs& z) {
 }
 
 TEST(Fp8Model, ScalesMapEachGroupsLargestElementToTheLargestCode) {
-  AccuracyCase c;
-  c.heads_q = 4;
-  c.heads_kv = 2;
-  c.seq_q = 150;
-  c.seq_kv = 200;
-  c.dim = 40;
+  AccuracyCase c = shaped_case(4, 2, 150, 200, 40);
   c.kind = InputKind::llm_like;
   const AccuracyInputs in = testing::make_accuracy_inputs(c);
   for (QkFormat format : {QkFormat::int8, QkFormat::e4m3}) {
@@ -258,11 +260,7 @@ TEST(Fp8Model, TheMeansAreThePrePassOrderedSum) {
   // Block 0 sums to 2^24 (each +1 rounds back to even), block 1 to 128, the
   // total to 2^24 + 128: mean 65536.5 (a plain sequential sum gives 65536, the
   // exact mean 65536.996). The other channels: K's mean in double, to fp32.
-  AccuracyCase c;
-  c.heads_q = c.heads_kv = 1;
-  c.seq_q = 8;
-  c.seq_kv = 256;
-  c.dim = 16;
+  AccuracyCase c = shaped_case(1, 1, 8, 256, 16);
   const AccuracyInputs in = testing::make_accuracy_inputs(c);
   for (int64_t j = 0; j < c.seq_kv; ++j) {
     testing::set_element(in.k.tensor, {0, 0, j, 3}, j == 0 ? 16777216.0 : 1.0);
@@ -287,11 +285,7 @@ TEST(Fp8Model, TheMeansAreThePrePassOrderedSum) {
 }
 
 TEST(Fp8Model, AllZeroBlocksGetScaleOneAndFiniteOutput) {
-  AccuracyCase c;
-  c.heads_q = c.heads_kv = 1;
-  c.seq_q = 100;
-  c.seq_kv = 200;
-  c.dim = 24;
+  AccuracyCase c = shaped_case(1, 1, 100, 200, 24);
   AccuracyInputs in = testing::make_accuracy_inputs(c);
   // Q rows of the first block, K keys of the second block, V channel 2: zeros.
   for (int64_t d = 0; d < c.dim; ++d) {
@@ -320,12 +314,7 @@ TEST(Fp8Model, DefaultsOnRandnAreWithinTheMeasuredBounds) {
   // Measured (fp8_model.md): relative L2 3.5-3.7e-2, cosine 0.9993-0.9994;
   // e4m3 P and V alone give 3.4e-2 on randn.
   for (int64_t dim : {128, 512}) {
-    AccuracyCase c;
-    c.heads_q = 4;
-    c.heads_kv = 2;
-    c.seq_q = 200;
-    c.seq_kv = 190;
-    c.dim = dim;
+    AccuracyCase c = shaped_case(4, 2, 200, 190, dim);
     c.seed = 3;
     const AccuracyInputs in = testing::make_accuracy_inputs(c);
     const ErrorMetrics m = testing::error_metrics(model(in.problem, QuantizationOptions{}).out, reference(in.problem).out);
@@ -390,12 +379,7 @@ TEST(Fp8Model, WithoutQuantizationItIsTheReferenceSmoothedOrNot) {
   // and dropout follow the reference's.
   for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right}) {
     for (int variant = 0; variant < 3; ++variant) {
-      AccuracyCase c;
-      c.heads_q = 4;
-      c.heads_kv = 1;
-      c.seq_q = 70;
-      c.seq_kv = variant == 1 ? 50 : 150;  // 50: bottom_right rows without keys
-      c.dim = 40;
+      AccuracyCase c = shaped_case(4, 1, 70, variant == 1 ? 50 : 150, 40);  // 50: bottom_right rows without keys
       c.causal = causal;
       c.kind = InputKind::llm_like;
       c.seed = 10 + variant;
@@ -420,12 +404,7 @@ TEST(Fp8Model, WithoutQuantizationItIsTheReferenceSmoothedOrNot) {
 }
 
 TEST(Fp8Model, HybridRowsAreTheReferenceRowsBitForBit) {
-  AccuracyCase c;
-  c.heads_q = 4;
-  c.heads_kv = 2;
-  c.seq_q = 150;
-  c.seq_kv = 150;
-  c.dim = 40;
+  AccuracyCase c = shaped_case(4, 2, 150, 150, 40);
   c.causal = Causal::top_left;
   const AccuracyInputs in = testing::make_accuracy_inputs(c);
   const Output want = reference(in.problem);
@@ -470,12 +449,7 @@ TEST(Fp8Model, OddSizesEveryKnobAndRowsWithoutKeys) {
   for (int64_t dim : {40, 520}) {
     for (int64_t nkv : {203, 61}) {
       for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right}) {
-        AccuracyCase c;
-        c.heads_q = 2;
-        c.heads_kv = 1;
-        c.seq_q = 77;
-        c.seq_kv = nkv;
-        c.dim = dim;
+        AccuracyCase c = shaped_case(2, 1, 77, nkv, dim);
         c.causal = causal;
         c.seed = static_cast<uint64_t>(dim + nkv);
         const AccuracyInputs in = testing::make_accuracy_inputs(c);
@@ -506,12 +480,7 @@ TEST(Fp8Model, OddSizesEveryKnobAndRowsWithoutKeys) {
 }
 
 TEST(Fp8Model, MasksAndDropoutWithQuantization) {
-  AccuracyCase c;
-  c.heads_q = 2;
-  c.heads_kv = 2;
-  c.seq_q = 90;
-  c.seq_kv = 260;
-  c.dim = 64;
+  AccuracyCase c = shaped_case(2, 2, 90, 260, 64);
   c.causal = Causal::bottom_right;
   AccuracyInputs in = testing::make_accuracy_inputs(c);
   MaskStorage mask;
@@ -529,11 +498,7 @@ TEST(Fp8Model, MatchesANaiveEvaluationOfItsFormula) {
   // codes . k codes) * q scale * k scale; v^ = code * scale. Three KV blocks,
   // the second holding the largest scores (q and k of block 1 share a large
   // channel 0), so m_n changes along the row.
-  AccuracyCase c;
-  c.heads_q = c.heads_kv = 1;
-  c.seq_q = 20;
-  c.seq_kv = 300;
-  c.dim = 16;
+  AccuracyCase c = shaped_case(1, 1, 20, 300, 16);
   AccuracyInputs in = testing::make_accuracy_inputs(c);
   for (int64_t i = 0; i < c.seq_q; ++i) testing::set_element(in.q.tensor, {0, 0, i, 0}, 3.0);
   for (int64_t j = 128; j < 256; ++j) {
