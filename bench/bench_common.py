@@ -206,6 +206,24 @@ def first_line(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
+def held_host_us(call: Callable[[], Any], calls: int = 600, warm: int = 100) -> float:
+    """Host microseconds per call of `call` (a CUDA call), the GPU held by a ~0.1 s sleep kernel so
+    that the host can neither wait for the GPU nor fill the launch queue: only the host is timed.
+    Imports torch (bench/host_ab.py, bench/host_parts.py)."""
+    import torch
+
+    for _ in range(warm):
+        call()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e8))
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
 class Progress:
     """A line per step on stderr with the elapsed time and an ETA from the steps' estimated weights."""
 

@@ -3,25 +3,18 @@ ffpa_attn_func, 5 interleaved rounds, median, one line labelled argv[1]. For an 
 package, run it alternately in fresh processes with PYTHONPATH on each (docs/perf/h200-2026-12-01b/host_slots_ab.txt)."""
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
+
+import bench_common as bc
 from ffpa_attn import ffpa_attn_func
 q = torch.randn(1, 1, 1, 512, device="cuda", dtype=torch.bfloat16)
 k = torch.randn(1, 1, 16, 512, device="cuda", dtype=torch.bfloat16)
 v = torch.randn(1, 1, 16, 512, device="cuda", dtype=torch.bfloat16)
 cases = {"sdpa": lambda: F.scaled_dot_product_attention(q, k, v), "ffpa_attn_func": lambda: ffpa_attn_func(q, k, v)}
-def measure(f, n=600):
-    for _ in range(100): f()
-    torch.cuda.synchronize(); torch.cuda._sleep(int(2e8))
-    t = time.perf_counter()
-    for _ in range(n): f()
-    el = time.perf_counter() - t
-    torch.cuda.synchronize()
-    return el / n * 1e6
 res = {}
 for r in range(5):
     for name, f in (cases.items() if r % 2 == 0 else list(cases.items())[::-1]):
-        res.setdefault(name, []).append(measure(f))
+        res.setdefault(name, []).append(bc.held_host_us(f))
 print(sys.argv[1], " ".join(f"{n} {statistics.median(x):.2f}" for n, x in res.items()), flush=True)

@@ -5,10 +5,11 @@ import ctypes
 import json
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
+
+import bench_common as bc
 import ffpa_attn.functional as fn
 from ffpa_attn import _library, ffpa_attn_func, ops
 
@@ -45,19 +46,10 @@ cases = {
     "cuPointerGetAttribute (ctypes)": cu_ptr,
     "empty lambda": lambda: None,
 }
-def measure(f, n):
-    for _ in range(100): f()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(int(2e8))
-    t = time.perf_counter()
-    for _ in range(n): f()
-    el = time.perf_counter() - t
-    torch.cuda.synchronize()
-    return el / n * 1e6
 res = {}
 for rnd in range(5):
     for name, f in (cases.items() if rnd % 2 == 0 else list(cases.items())[::-1]):
-        res.setdefault(name, []).append(measure(f, 600))
+        res.setdefault(name, []).append(bc.held_host_us(f, 600))
 med = {name: statistics.median(x) for name, x in res.items()}
 for name, us in med.items():
     print(f"{name:40s} {us:8.2f} us  {[round(x, 2) for x in res[name]]}")
