@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 
 #include "common/attention_problem.hpp"
@@ -223,7 +224,8 @@ __device__ __forceinline__ void mask_to_starting_scores(float (&s)[Layout::kElem
           second = (bits & 0xFF00u) ? 0.0f : -INFINITY;
         } else {
           const uint32_t bits = __float_as_uint(second);
-          const MaskPair<T> pair = *reinterpret_cast<const MaskPair<T>*>(&bits);
+          MaskPair<T> pair;
+          memcpy(&pair, &bits, sizeof pair);
           first = starting_score(static_cast<float>(pair.first), inverse_scale);
           second = starting_score(static_cast<float>(pair.second), inverse_scale);
         }

@@ -31,9 +31,10 @@ constexpr int cluster_size(int head_dim) { return head_dim > 512 ? 2 : 1; }
 // Whether a call without dropout runs the instance for head_dim that starts S
 // at the mask (Traits::kMaskInS): a mask read by key pairs, 1 / scale finite
 // and non-zero, and a mask whose rows differ, or any such mask in a cluster.
-// A/B on the H200 (2026-12-01, B1 H32 N8192): row and full masks 1.05-1.30x
-// at D = 320/512, every mask 1.33-1.66x at D = 1024; a [B,1,1,Nkv] key mask
-// 0.87-0.91x at D = 320/512 (it is read from L1 in the softmax there).
+// A/B on the H200 (2026-12-01, B1 H32 N8192, docs/perf/h200-2026-12-01b/):
+// row and full masks 1.14-1.33x at D = 320/512, every mask 1.34-1.71x at
+// D = 1024; a [B,1,1,Nkv] key mask no faster at D = 320/512 (0.99: it is read
+// from L1 in the softmax there).
 bool starts_s_at_mask(const AttentionProblem& problem, int head_dim);
 
 struct Instance {
