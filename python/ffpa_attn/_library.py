@@ -231,7 +231,7 @@ class Library:
         message = ctypes.create_string_buffer(MESSAGE_BYTES)
         status = self._dll.ffpa_library_info_get(ctypes.byref(info), message, MESSAGE_BYTES)
         if status != 0:
-            raise FFPAError(self.status_name(status), message.value.decode(errors="replace"))
+            raise self.error(status, message)
         return info
 
     def device_support(self, device: int, impl: Impl = Impl.AUTO) -> FFPAError | None:
@@ -246,7 +246,7 @@ class Library:
             message = ctypes.create_string_buffer(MESSAGE_BYTES)
             status = self._dll.ffpa_device_support(device, int(impl), message, MESSAGE_BYTES)
             self._device_support[key] = (
-                None if status == 0 else FFPAError(self.status_name(status), message.value.decode(errors="replace"))
+                None if status == 0 else self.error(status, message)
             )
         return self._device_support[key]
 
@@ -268,7 +268,7 @@ class Library:
             message = _thread_buffers.message = ctypes.create_string_buffer(MESSAGE_BYTES)
         status = self._dll.ffpa_forward(ctypes.byref(params), message, MESSAGE_BYTES)
         if status != 0:
-            raise FFPAError(self.status_name(status), message.value.decode(errors="replace"))
+            raise self.error(status, message)
 
 
 _loaded: Library | None = None
