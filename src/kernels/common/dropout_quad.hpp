@@ -18,6 +18,12 @@ FFPA_HOST_DEVICE uint64_t dropout_head_word(const AttentionProblem& p, int64_t b
                            static_cast<uint64_t>(p.seq_kv));
 }
 
+// Bit w of the result: whether word w of the Philox block is kept.
+FFPA_HOST_DEVICE uint32_t keep_nibble(const Philox4& block, uint32_t threshold) {
+  return (block.x[0] >= threshold ? 1u : 0u) | (block.x[1] >= threshold ? 2u : 0u) |
+         (block.x[2] >= threshold ? 4u : 0u) | (block.x[3] >= threshold ? 8u : 0u);
+}
+
 // The keep bits of 32 consecutive keys of a row whose first key is stream word
 // `word`: bit k is key k. The keys are words word .. word + 31, in the 8
 // Philox blocks from word / 4, or 9 when word is not a block's first: each
@@ -38,17 +44,9 @@ FFPA_HOST_DEVICE uint32_t row_keep_bits32(uint64_t seed, uint32_t threshold, uin
 #endif
     const Philox4 even = dropout_block(round_seed, first_block + static_cast<uint64_t>(m));
     const Philox4 odd = dropout_block(round_seed, first_block + static_cast<uint64_t>(m + 1));
-    const uint32_t e = (even.x[0] >= threshold ? 1u : 0u) | (even.x[1] >= threshold ? 2u : 0u) |
-                       (even.x[2] >= threshold ? 4u : 0u) | (even.x[3] >= threshold ? 8u : 0u);
-    const uint32_t o = (odd.x[0] >= threshold ? 1u : 0u) | (odd.x[1] >= threshold ? 2u : 0u) |
-                       (odd.x[2] >= threshold ? 4u : 0u) | (odd.x[3] >= threshold ? 8u : 0u);
-    low |= (e | o << 4) << (4 * m);
+    low |= (keep_nibble(even, threshold) | keep_nibble(odd, threshold) << 4) << (4 * m);
   }
-  if (blocks == 9) {
-    const Philox4 last = dropout_block(seed, first_block + 8);
-    high = (last.x[0] >= threshold ? 1u : 0u) | (last.x[1] >= threshold ? 2u : 0u) |
-           (last.x[2] >= threshold ? 4u : 0u) | (last.x[3] >= threshold ? 8u : 0u);
-  }
+  if (blocks == 9) high = keep_nibble(dropout_block(seed, first_block + 8), threshold);
   return skip == 0 ? low : (low >> skip) | (high << (32 - skip));
 }
 
