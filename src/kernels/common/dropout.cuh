@@ -4,7 +4,8 @@
 // draws it. A row's keys are consecutive words of the stream, but a row starts
 // anywhere in a Philox block of four words, so a quad's keys straddle blocks:
 // the quad draws each block once and trades words by shuffles. (The sm90
-// family draws whole rows in its dropout warps: sm90_wgmma/dropout_warps.cuh.)
+// family draws 32 keys of a row a thread: sm90_wgmma/dropout_warps.cuh and
+// Consumer::draw_keep.)
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // The dropout keep bits of a row's keys in the layout of a quad of lanes
 // (kernels/common/dropout.cuh), in host and device code: the sm90 dropout
-// warps draw them, and the CPU tests play them against the stream
+// warps (D > 512) and S owners (D <= 512) draw them, and the CPU tests play them against the stream
 // (tests/cpu/test_philox.cpp).
 #pragma once
 
@@ -22,6 +22,13 @@ FFPA_HOST_DEVICE uint64_t dropout_head_word(const AttentionProblem& p, int64_t b
 FFPA_HOST_DEVICE uint32_t keep_nibble(const Philox4& block, uint32_t threshold) {
   return (block.x[0] >= threshold ? 1u : 0u) | (block.x[1] >= threshold ? 2u : 0u) |
          (block.x[2] >= threshold ? 4u : 0u) | (block.x[3] >= threshold ? 8u : 0u);
+}
+
+// The keep bits of 32 keys from the nine blocks' bits that hold them: `low`,
+// blocks 0-7 from the first block's first word, `high`, block 8, and `skip`,
+// the first block's words before key 0 (block 8 unused when it is 0).
+FFPA_HOST_DEVICE uint32_t keys_from_blocks(uint32_t low, uint32_t high, uint32_t skip) {
+  return skip == 0 ? low : (low >> skip) | (high << (32 - skip));
 }
 
 // The keep bits of 32 consecutive keys of a row whose first key is stream word
@@ -47,7 +54,7 @@ FFPA_HOST_DEVICE uint32_t row_keep_bits32(uint64_t seed, uint32_t threshold, uin
     low |= (keep_nibble(even, threshold) | keep_nibble(odd, threshold) << 4) << (4 * m);
   }
   if (blocks == 9) high = keep_nibble(dropout_block(seed, first_block + 8), threshold);
-  return skip == 0 ? low : (low >> skip) | (high << (32 - skip));
+  return keys_from_blocks(low, high, skip);
 }
 
 // Lane t's byte of 32 keys' keep bits (row_keep_bits32): bit 2 b + e is key

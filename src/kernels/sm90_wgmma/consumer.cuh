@@ -12,6 +12,7 @@
 
 #include "common/attention_problem.hpp"
 #include "kernels/common/compiler_hints.cuh"
+#include "kernels/common/dropout_quad.hpp"
 #include "kernels/common/score_mask.cuh"
 #include "kernels/sm90_wgmma/cta.cuh"
 #include "kernels/sm90_wgmma/ptx.cuh"
@@ -41,10 +42,20 @@ struct Consumer {
   // in registers across the KV loop they would spill next to S and O.
   const int thread, warp, lane, g;
   float o_acc[kHalfCols / 2];
-  // Traits::kDropout: the keep bits of S_j's elements (the dropout warps drew
-  // them), read just before P_j is packed and applied as it is: bit 2 b + e of
-  // word h is column 8 b + 2 t + e of row row(h).
+  // Traits::kDropout: the keep bits of S_j's elements (drawn by this S owner,
+  // or read from the dropout warps' buffer just before P_j is packed), applied
+  // as P_j is packed: bit 2 b + e of word h is column 8 b + 2 t + e of row row(h).
   uint32_t dropout_keep[2];
+  // Without dropout warps (Traits::kDropoutWarps) the S owner draws S_j's
+  // keep bits while its S wgmmas run. This thread draws quarter t (keys
+  // 32t .. 32t + 31 of the block) of rows row(0) and row(1): the 9 Philox
+  // blocks from each row's first (the ninth unused when the row starts on a
+  // block), spread over the K stages of compute_s, then finish_keep trades
+  // the quarters within the quad into dropout_keep.
+  static constexpr bool kOwnerDraws = Traits::kDropout && !Traits::kDropoutWarps;
+  static constexpr int kKeepDraws = 18;  // 2 rows x 9 Philox blocks
+  uint64_t keep_word[2];                 // the stream word of each row's first key of the quarter
+  uint32_t keep_low[2], keep_high[2];    // the blocks' keep bits from the first block's first word
 
   __device__ __forceinline__ Consumer(const Cta<Traits>& cta_, int w_)
       : cta(cta_),
@@ -89,6 +100,9 @@ struct Consumer {
   __device__ __forceinline__ bool loads_mask(int j) const { return split_rank<Traits::kSplit>() == 0 && mask_in_s(j); }
 
   // mainloop.cuh
+  __device__ __forceinline__ void start_keep(int j);
+  __device__ __forceinline__ void draw_keep(int begin, int end);
+  __device__ __forceinline__ void finish_keep();
   // S_j, starting from the mask pairs preload_mask(j, s) loaded where loads_mask(j).
   __device__ __forceinline__ void compute_s(int j, float (&s)[64]);
   __device__ __forceinline__ int issue_pv(int j, bool own);

@@ -105,7 +105,7 @@ struct Cta {
         mbarrier_init(x_full(), 128);   // every thread of the peer's S owner
         mbarrier_init(x_empty(), 128);
       }
-      if constexpr (Traits::kDropout) {
+      if constexpr (Traits::kDropoutWarps) {
         for (int w = 0; w < 2; ++w) mbarrier_init(keep_full(w), Traits::kDropoutThreads);
         mbarrier_init(keep_empty(), 128);  // every thread of the block's S owner has read its words
       }

@@ -1,4 +1,5 @@
-// The dropout warps of an sm90_wgmma CTA (Traits::kDropout): warps 1-3 of the
+// The dropout warps of an sm90_wgmma CTA (Traits::kDropoutWarps: in a cluster,
+// D > 512; at D <= 512 the S owners draw, Consumer::draw_keep): warps 1-3 of the
 // producer warpgroup, idle otherwise, draw each KV block's keep bits (the
 // stream of common/philox.hpp, SDPA's) into shared memory a block ahead of
 // the consumers, who read two words per block instead of drawing on their

@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (warpgroup == 0) {
     setmaxnreg_decrease<Traits::kProducerRegisters>();
     if (threadIdx.x == 0) Producer<Traits>{cta}.run(&q_map, &k_map, &v_map);
-    if constexpr (Traits::kDropout) {
+    if constexpr (Traits::kDropoutWarps) {
       if (threadIdx.x >= 32) DropoutWarps<Traits>{cta}.run(threadIdx.x - 32);
     }
     if constexpr (Traits::kSplit == 2) cluster_sync();  // every thread of the cluster, producers too

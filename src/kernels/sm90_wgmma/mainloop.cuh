@@ -11,12 +11,64 @@
 
 namespace ffpa::detail::sm90_wgmma {
 
+template <class Traits>
+__device__ __forceinline__ void Consumer<Traits>::start_keep(int j) {
+  const AttentionProblem& p = cta.p;
+  const TileCoordinates* tile = cta.tile();
+  const uint64_t head_word = dropout_head_word(p, static_cast<int64_t>(tile->batch) * p.heads_q + tile->head);
+  const int t = quad_lane();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    keep_word[h] = dropout_word(head_word, static_cast<uint32_t>(tile->q0 + row(h)), static_cast<uint32_t>(p.seq_kv),
+                                static_cast<uint32_t>(j * kBlockN + 32 * t));
+    keep_low[h] = keep_high[h] = 0;
+  }
+}
+
+// Draws [begin, end) of the kKeepDraws (row h = d / 9, block m = d % 9): constants
+// once compute_s's stage loop is unrolled, so this is straight-line code.
+template <class Traits>
+__device__ __forceinline__ void Consumer<Traits>::draw_keep(int begin, int end) {
+  const uint32_t threshold = cta.p.dropout_threshold;
+#pragma unroll
+  for (int d = begin; d < end; ++d) {
+    const int h = d / 9, m = d % 9;
+    const uint32_t nibble =
+        keep_nibble(dropout_block(cta.p.dropout_seed, (keep_word[h] >> 2) + static_cast<uint64_t>(m)), threshold);
+    if (m < 8) {
+      keep_low[h] |= nibble << (4 * m);
+    } else {
+      keep_high[h] = nibble;
+    }
+  }
+}
+
+// Each lane's quarter of the rows' 128 keep bits to each lane's pairs (bit
+// 2 b + e of dropout_keep[h]: key 8 b + 2t + e), by four shuffles a row.
+template <class Traits>
+__device__ __forceinline__ void Consumer<Traits>::finish_keep() {
+  const int t = quad_lane();
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t keys = keys_from_blocks(keep_low[h], keep_high[h], static_cast<uint32_t>(keep_word[h] & 3));
+    uint32_t word = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int source = (t - k) & 3;
+      const uint32_t got = __shfl_sync(0xFFFFFFFFu, quad_lane_byte(keys, (t + k) & 3), source, 4);
+      word |= got << (8 * source);
+    }
+    dropout_keep[h] = word;
+  }
+}
+
 // S_j (fp32, 64 x 128), streaming K_j through the ring.
 template <class Traits>
 __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64]) {
   const int first = ring_k_position(j, kKStages);
   const bool from_mask = loads_mask(j);
   if (from_mask) mask_to_starting_scores<typename Traits::SLayout>(s, cta.p.mask_kind, cta.args.inverse_scale);
+  if constexpr (kOwnerDraws) start_keep(j);
   fence_operands(s);
 #pragma unroll
   for (int ks = 0; ks < kKStages; ++ks) {
@@ -35,6 +87,7 @@ __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64
         wgmma_ss<Element, 128, false>(s, a, k, from_mask || (ks | b | kk) != 0);
       }
     wgmma_commit();
+    if constexpr (kOwnerDraws) draw_keep(ks * kKeepDraws / kKStages, (ks + 1) * kKeepDraws / kKStages);
     if (ks > 0) {
       wgmma_wait<1>();
       release(position - 1);
@@ -43,6 +96,7 @@ __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64
   wgmma_wait<0>();
   fence_operands(s);
   release(first + kKStages - 1);
+  if constexpr (kOwnerDraws) finish_keep();
 }
 
 // The owner has already rescaled O; the other consumer rescales by the owner's

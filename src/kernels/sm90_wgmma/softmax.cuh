@@ -58,7 +58,7 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
     block_sum = quad_sum(block_sum);
     if (t == 0) row_sums[w * 64 + row(h)] = row_sums[w * 64 + row(h)] * scale[h] + block_sum;
   }
-  if constexpr (Traits::kDropout) read_dropout_keep(j);
+  if constexpr (Traits::kDropoutWarps) read_dropout_keep(j);
   const int buffer = j & 1;
   if (j >= 2) mbarrier_wait(cta.p_empty(buffer), ((j >> 1) - 1) & 1);
   unsigned char* const p_tile = cta.smem() + Traits::kPOffset + buffer * Traits::kPBytes;

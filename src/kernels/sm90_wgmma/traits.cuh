@@ -16,17 +16,18 @@ template <typename Element_, int kQKChunks_, int kHalfCols_, int kSplit_, bool k
           bool kMaskInS_ = false>
 struct Traits {
   using Element = Element_;
-  // Dropout is compiled in or out: with it, the producer warpgroup's three
-  // idle warps draw each block's keep bits into shared memory ahead of the
-  // consumers (dropout_warps.cuh), and the kernel without it carries no
-  // Philox code and no keep-bit barriers.
+  // Dropout is compiled in or out: with it, the S owners (D <= 512) or the
+  // producer warpgroup's three idle warps (D > 512, dropout_warps.cuh) draw
+  // each block's keep bits (kDropoutWarps below), and the kernel without it
+  // carries no Philox code and no keep-bit barriers.
   static constexpr bool kDropout = kDropout_;
   // The mask as S's starting value (score_mask.cuh), compiled in or out: with
   // it, each consumer loads its next block's mask pairs into S's registers
   // after writing P, under P V, and the softmax does no mask work; S then
   // lives across the whole loop, which costs the kernels without a mask 7 %
   // at D = 512 (A/B, H200, 2026-12-01), so they do not carry it. Not with
-  // dropout: its 232-register consumers spill (ptxas: 11 -> 127 at D = 512).
+  // dropout: its consumers spilled (ptxas, 232 registers beside the dropout
+  // warps: 11 -> 127 at D = 512).
   static constexpr bool kMaskInS = kMaskInS_;
   static_assert(!(kDropout && kMaskInS), "dropout kernels add the mask in the softmax");
   static constexpr int kElementBytes = ElementTraits<Element>::kBytes;
@@ -39,17 +40,25 @@ struct Traits {
   static constexpr int kBlockN = 128;  // keys per KV block: the N of S
   static constexpr int kThreads = 384;
   static constexpr int kDropoutThreads = 96;  // warps 1-3 of the producer warpgroup
+  // Who draws dropout's keep bits. At D <= 512 each S owner draws its block's
+  // while its S wgmmas run (Consumer::draw_keep), off the softmax's path and
+  // with 240 registers: 1.15-1.27x the dropout warps at D = 320/512. In a
+  // cluster (D > 512) the S wgmmas are half as long and the draws would
+  // lengthen them: there warps 1-3 of the producer warpgroup draw a block
+  // ahead (dropout_warps.cuh; owner draws measured 0.84x at D = 1024). A/B on
+  // the H200, 2026-12-01: docs/kernels/sm90_wgmma.md.
+  static constexpr bool kDropoutWarps = kDropout && kSplit == 2;
   // Registers per thread after setmaxnreg. The warpgroups trade within what
   // the launch gave the CTA (168 a thread: 64K / 384, a multiple of 8); a
   // consumer's setmaxnreg.inc waits until the producer's dec has freed enough,
   // so a split past the launch's pool hangs. Without dropout, 24 + 2 x 240 is
-  // all of it. With dropout, the dropout warps' Philox throughput bounds the
-  // kernel at D <= 512 (ncu, 2026-12-01: they never wait; ~85 instructions a
-  // Philox block, one dependent chain): 40 registers let them run two chains,
-  // and the consumers fit 232 (+5-8 % at D = 320/512/1024, A/B on the H200).
+  // all of it. With dropout warps, their Philox throughput bounded the kernel
+  // (ncu, 2026-12-01: they never wait; ~85 instructions a Philox block, one
+  // dependent chain): 40 registers let them run two chains, and the consumers
+  // fit 232 (+5-8 % at D = 320/512/1024, A/B on the H200).
   static constexpr int kLaunchRegisters = 168;
-  static constexpr int kProducerRegisters = kDropout ? 40 : 24;
-  static constexpr int kConsumerRegisters = kDropout ? 232 : 240;
+  static constexpr int kProducerRegisters = kDropoutWarps ? 40 : 24;
+  static constexpr int kConsumerRegisters = kDropoutWarps ? 232 : 240;
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kLaunchRegisters,
                 "setmaxnreg redistributes the launch's registers: more would never be granted");
   static constexpr int kStages = ring_stages(kSplit);
@@ -87,15 +96,15 @@ struct Traits {
   // 2 b + e of word [r][t]: key 8 b + 2t + e of row r). One buffer: the 1 KB
   // is what the 227 KB leave at D = 512 and 1024.
   static constexpr int kKeepOffset = kTileOffset + 32;
-  static constexpr int kKeepBytes = kDropout ? kBlockM * 4 * 4 : 0;
+  static constexpr int kKeepBytes = kDropoutWarps ? kBlockM * 4 * 4 : 0;
   static constexpr int kBarrierOffset = kKeepOffset + kKeepBytes;
   // q_full, full[kFullBarriers], empty[kStages], p_full[2], p_empty[2]
-  // (kSplit = 2: x_full, x_empty; kDropout: keep_full[2], keep_empty). See
+  // (kSplit = 2: x_full, x_empty; kDropoutWarps: keep_full[2], keep_empty). See
   // "Why more full barriers than stages" (kernel.cuh) for the count.
   static constexpr int kFullBarriers = 16;  // >= kKStages + 2 + kStages; a power of two: cheap p % 16
   static_assert(kFullBarriers >= kKStages + 2 + kStages, "see Why more full barriers than stages");
   static constexpr int kKeepBarrier = 1 + kFullBarriers + kStages + 4 + (kSplit == 1 ? 0 : 2);
-  static constexpr int kBarriers = kKeepBarrier + (kDropout ? 3 : 0);
+  static constexpr int kBarriers = kKeepBarrier + (kDropoutWarps ? 3 : 0);
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
 
   static_assert(kElementBytes == 2, "P V reads V N-major (tnspB): 16-bit elements");
