@@ -1,0 +1,68 @@
+// Split-KV decode's schedule, host and device (issue 12; docs/kernels/split_kv_plan.md):
+// how many KV splits a call's work units get, and which query head and row
+// each row of a packed decode tile is. The splits write partial rows as their
+// softmax state (max, sum) and unnormalized O, which softmax_state.hpp's merge
+// combines (an fp32 LSE would lose ~1e-3 of O at score ranges of 1e4: the
+// test shows it). Tested on the CPU
+// (tests/cpu/test_split_kv.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "common/host_device.hpp"
+
+namespace ffpa::detail {
+
+struct KvSplits {
+  int count = 1;               // splits of each work unit's keys
+  int64_t keys_per_split = 0;  // whole KV blocks; the last split holds the rest (at least one key)
+};
+
+// Below this many keys a split's fixed costs (loading Q, writing and combining
+// a partial row) outweigh its share of the K and V bytes (plan; to be checked
+// against measured times of several counts).
+constexpr int64_t kMinKeysPerSplit = 256;
+constexpr int kMaxKvSplits = 128;
+
+// How full the CTA slots are over the waves `ctas` CTAs take: ctas / (waves x slots).
+FFPA_HOST_DEVICE double wave_efficiency(int64_t ctas, int64_t slots) {
+  const int64_t waves = (ctas + slots - 1) / slots;
+  return static_cast<double>(ctas) / static_cast<double>(waves * slots);
+}
+
+// The splits of seq_kv keys for `units` independent work units (batch x KV
+// head x row group) on `slots` CTA slots (SMs x CTAs per SM): among the split
+// counts whose splits are whole blocks of block_n keys, at least
+// kMinKeysPerSplit of them (one split is always allowed) and at most
+// kMaxKvSplits, the one whose CTAs fill their waves best; the fewest splits on
+// a tie. Units that fill the slots alone are not split.
+inline KvSplits choose_kv_splits(int64_t units, int64_t seq_kv, int64_t slots, int block_n) {
+  KvSplits best{1, seq_kv};
+  if (units <= 0 || seq_kv <= 0 || slots <= 0 || units >= slots) return best;
+  double best_efficiency = wave_efficiency(units, slots);
+  for (int wanted = 2; wanted <= kMaxKvSplits; ++wanted) {
+    const int64_t per_split = (seq_kv + wanted - 1) / wanted;
+    const int64_t keys = (per_split + block_n - 1) / block_n * block_n;
+    if (keys < kMinKeysPerSplit) break;  // more splits only shorten them
+    const int count = static_cast<int>((seq_kv + keys - 1) / keys);
+    const double efficiency = wave_efficiency(units * count, slots);
+    if (count > best.count && efficiency > best_efficiency) {
+      best = {count, keys};
+      best_efficiency = efficiency;
+    }
+  }
+  return best;
+}
+
+// The rows of a packed decode tile: the `group` query heads that share a KV
+// head times the Nq query rows, head-major, so that each K and V byte is read
+// once for all of them. Tile row r is query head (kv_head x group +
+// head_offset(r)), query row query_row(r).
+struct PackedRows {
+  int group, seq_q;
+  FFPA_HOST_DEVICE int rows() const { return group * seq_q; }
+  FFPA_HOST_DEVICE int head_offset(int r) const { return r / seq_q; }
+  FFPA_HOST_DEVICE int query_row(int r) const { return r % seq_q; }
+};
+
+}  // namespace ffpa::detail

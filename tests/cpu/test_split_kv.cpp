@@ -1,0 +1,206 @@
+// Split-KV decode's CPU-checkable pieces (issue 12): the split-count rule
+// (kernels/common/split_kv.hpp), the packed decode rows, and the combine of
+// the splits' partial rows (softmax_state.hpp's merge) against the whole row
+// in double, on adversarial rows.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/common/math_constants.hpp"
+#include "kernels/common/softmax_state.hpp"
+#include "kernels/common/split_kv.hpp"
+
+namespace {
+
+using namespace ffpa::detail;
+
+constexpr int kH200Slots = 132;  // one decode CTA per SM
+
+TEST(SplitKv, DecodeOfOneSequenceFillsAWaveWithTheFewestSplits) {
+  // B1 H32 (MHA) Nkv 8192: 4 splits of 2048 keys are 128 CTAs, 0.97 of a wave;
+  // 8, 16 or 32 splits fill no better.
+  const KvSplits s = choose_kv_splits(32, 8192, kH200Slots, 128);
+  EXPECT_EQ(s.count, 4);
+  EXPECT_EQ(s.keys_per_split, 2048);
+}
+
+TEST(SplitKv, UnitsThatFillTheSlotsAreNotSplit) {
+  EXPECT_EQ(choose_kv_splits(132, 100000, kH200Slots, 128).count, 1);
+  EXPECT_EQ(choose_kv_splits(1000, 8192, kH200Slots, 128).count, 1);
+}
+
+TEST(SplitKv, ShortSequencesKeepTheMinimumPerSplit) {
+  EXPECT_EQ(choose_kv_splits(8, 255, kH200Slots, 128).count, 1);  // no split holds 256 keys
+  const KvSplits s = choose_kv_splits(8, 1000, kH200Slots, 128);
+  EXPECT_GE(s.keys_per_split, kMinKeysPerSplit);
+  EXPECT_EQ(s.count, 4);  // 256 keys each (the last 232): 32 CTAs, the best the floor allows
+}
+
+// The split counts whole blocks of at least kMinKeysPerSplit keys can give
+// seq_kv keys (by brute force over the split lengths), one split included.
+std::vector<int> achievable_counts(int64_t seq_kv, int block_n) {
+  std::vector<int> counts{1};
+  for (int64_t keys = block_n; keys < seq_kv; keys += block_n) {
+    const int64_t count = (seq_kv + keys - 1) / keys;
+    if (keys >= kMinKeysPerSplit && count <= kMaxKvSplits) counts.push_back(static_cast<int>(count));
+  }
+  return counts;
+}
+
+// Over a grid of shapes: whole blocks, the floor and the cap, every key in
+// exactly one split, and no achievable count with fewer splits fills the
+// waves as well.
+TEST(SplitKv, RuleInvariantsOverAGridOfShapes) {
+  for (int64_t units : {1, 2, 3, 8, 31, 32, 64, 100, 131}) {
+    for (int64_t seq_kv : {1, 127, 128, 129, 256, 511, 2048, 8191, 32768, 131072, 1000003}) {
+      for (int block_n : {64, 128}) {
+        SCOPED_TRACE("units " + std::to_string(units) + ", Nkv " + std::to_string(seq_kv) + ", block " +
+                     std::to_string(block_n));
+        const KvSplits s = choose_kv_splits(units, seq_kv, kH200Slots, block_n);
+        ASSERT_GE(s.count, 1);
+        ASSERT_LE(s.count, kMaxKvSplits);
+        if (s.count == 1) {
+          EXPECT_EQ(s.keys_per_split, seq_kv);
+          continue;
+        }
+        EXPECT_EQ(s.keys_per_split % block_n, 0);
+        EXPECT_GE(s.keys_per_split, kMinKeysPerSplit);
+        EXPECT_GE(s.count * s.keys_per_split, seq_kv) << "keys past the last split";
+        EXPECT_LT((s.count - 1) * s.keys_per_split, seq_kv) << "an empty last split";
+        const double chosen = wave_efficiency(units * s.count, kH200Slots);
+        EXPECT_GT(chosen, wave_efficiency(units, kH200Slots));
+        for (int other : achievable_counts(seq_kv, block_n)) {
+          if (other < s.count) EXPECT_LT(wave_efficiency(units * other, kH200Slots), chosen) << other << " splits";
+          if (other > s.count) EXPECT_LE(wave_efficiency(units * other, kH200Slots), chosen) << other << " splits";
+        }
+      }
+    }
+  }
+}
+
+TEST(SplitKv, PackedRowsVisitEachHeadAndRowOnceHeadMajor) {
+  for (int group : {1, 4, 8}) {
+    for (int seq_q = 1; seq_q <= 16; ++seq_q) {
+      const PackedRows rows{group, seq_q};
+      std::vector<int> seen(static_cast<size_t>(group * seq_q), 0);
+      for (int r = 0; r < rows.rows(); ++r) {
+        const int head = rows.head_offset(r), row = rows.query_row(r);
+        ASSERT_GE(head, 0);
+        ASSERT_LT(head, group);
+        ASSERT_GE(row, 0);
+        ASSERT_LT(row, seq_q);
+        ++seen[static_cast<size_t>(head * seq_q + row)];
+        EXPECT_EQ(head * seq_q + row, r) << "a query head's rows are consecutive tile rows";
+      }
+      EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+    }
+  }
+}
+
+// A row's attention over keys [begin, end) in double: the normalized O (one
+// value column per entry of `values`) and the natural-log LSE (scores in the
+// log2 domain, as the kernels hold them; -inf scores are masked keys).
+struct WholeRow {
+  std::vector<double> o;
+  double lse = -INFINITY;
+};
+
+WholeRow attend(const std::vector<float>& scores, const std::vector<std::vector<float>>& values) {
+  WholeRow r;
+  r.o.assign(values.size(), 0.0);
+  double max = -INFINITY;
+  for (float x : scores) max = std::max(max, static_cast<double>(x));
+  if (max == -INFINITY) return r;  // no attended key: O = 0, LSE = -inf
+  double sum = 0.0;
+  for (size_t j = 0; j < scores.size(); ++j) {
+    const double e = std::exp2(scores[j] - max);
+    sum += e;
+    for (size_t c = 0; c < values.size(); ++c) r.o[c] += e * values[c][j];
+  }
+  for (double& x : r.o) x /= sum;
+  r.lse = (max + std::log2(sum)) * std::log(2.0);
+  return r;
+}
+
+// What a split writes, in fp32 as a kernel computes it: its softmax state (the
+// keys' maximum and the sum relative to it) and its unnormalized O row.
+struct PartialRow {
+  RowSoftmaxState state;
+  std::vector<float> o;
+};
+
+PartialRow split_row(const std::vector<float>& scores, const std::vector<std::vector<float>>& values, size_t begin,
+                     size_t end) {
+  PartialRow p;
+  p.o.assign(values.size(), 0.0f);
+  for (size_t j = begin; j < end; ++j) p.state.max_log2 = std::fmax(p.state.max_log2, scores[j]);
+  const float base = exponent_base(p.state.max_log2);
+  for (size_t j = begin; j < end; ++j) {
+    const float e = std::exp2(scores[j] - base);
+    p.state.sum += e;
+    for (size_t c = 0; c < values.size(); ++c) p.o[c] += e * values[c][j];
+  }
+  return p;
+}
+
+// The combine: the splits' states merged in split order (merge_row_states),
+// each unnormalized O row scaled by its factor and added, then normalized.
+// The partials carry the state, not an LSE: an fp32 LSE of a row whose scores
+// are ~1e4 has an absolute error of ~1e-3, which the factors exp(LSE_s - LSE)
+// turn into relative errors of up to ~1e-3 in O (1.4e-4 measured by this
+// test with LSE partials, its first form).
+WholeRow combine(const std::vector<PartialRow>& partials) {
+  RowSoftmaxState state;
+  std::vector<float> o(partials.front().o.size(), 0.0f);
+  for (const PartialRow& p : partials) {
+    const MergedRowState m = merge_row_states(state, p.state);
+    for (size_t c = 0; c < o.size(); ++c) o[c] = o[c] * m.scale_a + p.o[c] * m.scale_b;
+    state = m.state;
+  }
+  WholeRow r;
+  r.lse = log_sum_exp(state);
+  for (float x : o) r.o.push_back(state.sum > 0.0f ? x / state.sum : 0.0f);
+  return r;
+}
+
+TEST(SplitKv, CombinedPartialRowsEqualTheWholeRow) {
+  std::mt19937 rng(20261201);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f), unit(0.0f, 1.0f);
+  for (int trial = 0; trial < 600; ++trial) {
+    const size_t n = 1 + rng() % 700, columns = 3;
+    // Score ranges from 10 to 1e4: one split holds the row's maximum while
+    // another's is 1e4 below it (its factor underflows to 0, never NaN).
+    const float range = trial % 3 == 0 ? 1e4f : trial % 3 == 1 ? 100.0f : 10.0f;
+    std::vector<float> scores(n);
+    std::vector<std::vector<float>> values(columns, std::vector<float>(n));
+    for (size_t j = 0; j < n; ++j) {
+      scores[j] = rng() % 4 == 0 ? -INFINITY : range * (2.0f * unit(rng) - 1.0f);
+      for (auto& column : values) column[j] = value(rng);
+    }
+    const size_t splits = 1 + rng() % 16;
+    const size_t length = (n + splits - 1) / splits;
+    if (trial % 7 == 0) {  // a fully masked split in the middle
+      for (size_t j = length; j < std::min(n, 2 * length); ++j) scores[j] = -INFINITY;
+    }
+    if (trial % 25 == 0) scores.assign(n, -INFINITY);  // a row with no attended key
+    std::vector<PartialRow> partials;
+    for (size_t begin = 0; begin < n; begin += length) {
+      partials.push_back(split_row(scores, values, begin, std::min(n, begin + length)));
+    }
+    const WholeRow whole = attend(scores, values), merged = combine(partials);
+    SCOPED_TRACE("trial " + std::to_string(trial) + ", " + std::to_string(partials.size()) + " splits");
+    if (whole.lse == -INFINITY) {
+      EXPECT_EQ(merged.lse, -INFINITY);
+      for (double x : merged.o) EXPECT_EQ(x, 0.0);
+      continue;
+    }
+    EXPECT_NEAR(merged.lse, whole.lse, 1e-6 * std::max(1.0, std::fabs(whole.lse)));
+    for (size_t c = 0; c < columns; ++c) EXPECT_NEAR(merged.o[c], whole.o[c], 2e-5);
+  }
+}
+
+}  // namespace
