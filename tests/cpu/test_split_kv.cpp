@@ -147,23 +147,24 @@ PartialRow split_row(const std::vector<float>& scores, const std::vector<std::ve
   return p;
 }
 
-// The combine: the splits' states merged in split order (merge_row_states),
-// each unnormalized O row scaled by its factor and added, then normalized.
+// The combine as the kernel runs it (split_kv.hpp): the splits' states merged,
+// each unnormalized O row weighted and added.
 // The partials carry the state, not an LSE: an fp32 LSE of a row whose scores
 // are ~1e4 has an absolute error of ~1e-3, which the factors exp(LSE_s - LSE)
 // turn into relative errors of up to ~1e-3 in O (1.4e-4 measured by this
 // test with LSE partials, its first form).
 WholeRow combine(const std::vector<PartialRow>& partials) {
-  RowSoftmaxState state;
+  std::vector<RowSoftmaxState> states;
+  for (const PartialRow& p : partials) states.push_back(p.state);
+  const RowSoftmaxState merged = merge_split_states(states.data(), 1, static_cast<int>(states.size()));
   std::vector<float> o(partials.front().o.size(), 0.0f);
   for (const PartialRow& p : partials) {
-    const MergedRowState m = merge_row_states(state, p.state);
-    for (size_t c = 0; c < o.size(); ++c) o[c] = o[c] * m.scale_a + p.o[c] * m.scale_b;
-    state = m.state;
+    const float weight = split_weight(p.state, merged);
+    for (size_t c = 0; c < o.size(); ++c) o[c] += p.o[c] * weight;
   }
   WholeRow r;
-  r.lse = log_sum_exp(state);
-  for (float x : o) r.o.push_back(state.sum > 0.0f ? x / state.sum : 0.0f);
+  r.lse = log_sum_exp(merged);
+  r.o.assign(o.begin(), o.end());
   return r;
 }
 

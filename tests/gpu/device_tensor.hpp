@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "ffpa/ffpa.hpp"
@@ -96,6 +98,35 @@ inline void copy_to_host(const DeviceTensor& device, HostTensor* host, cudaStrea
   FFPA_ASSERT_CUDA(cudaMemcpyAsync(host->tensor.data, device.buffer.data(), host->bytes(),
                                    cudaMemcpyDeviceToHost, stream));
   FFPA_ASSERT_CUDA(cudaStreamSynchronize(stream));
+}
+
+// What gpu_unavailable_reason reports: no device, or one older than compute
+// capability 8.0.
+inline std::optional<std::string> query_gpu_unavailable_reason() {
+  int count = 0;
+  const cudaError_t error = cudaGetDeviceCount(&count);
+  if (error != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorName(error) +
+           ")";
+  }
+  if (count == 0) return std::string("no CUDA device");
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::string("cannot query the compute capability of device 0");
+  }
+  if (major < 8)
+    return "device 0 has compute capability " + std::to_string(major) + "." +
+           std::to_string(minor) + "; the GPU kernels need 8.0 or newer";
+  return std::nullopt;
+}
+
+// Why the GPU tests cannot run on this machine, or nothing (queried once).
+inline const std::optional<std::string>& gpu_unavailable_reason() {
+  static const std::optional<std::string> reason = query_gpu_unavailable_reason();
+  return reason;
 }
 
 }  // namespace ffpa::testing

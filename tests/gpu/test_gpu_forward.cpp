@@ -65,33 +65,6 @@ std::string status_text(const Status& status) {
 
 // --- environment, seeds -----------------------------------------------------------
 
-std::optional<std::string> query_gpu_unavailable_reason() {
-  int count = 0;
-  const cudaError_t error = cudaGetDeviceCount(&count);
-  if (error != cudaSuccess) {
-    (void)cudaGetLastError();
-    return std::string("no usable CUDA device (cudaGetDeviceCount: ") + cudaGetErrorName(error) +
-           ")";
-  }
-  if (count == 0) return std::string("no CUDA device");
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return std::string("cannot query the compute capability of device 0");
-  }
-  if (major < 8)
-    return "device 0 has compute capability " + std::to_string(major) + "." +
-           std::to_string(minor) + "; the GPU kernels need 8.0 or newer";
-  return std::nullopt;
-}
-
-// Why the GPU tests cannot run on this machine, or nothing (queried once).
-const std::optional<std::string>& gpu_unavailable_reason() {
-  static const std::optional<std::string> reason = query_gpu_unavailable_reason();
-  return reason;
-}
-
 // Whether device 0 runs the sm90 family at all (compute capability 9.0 and a
 // build with sm_90a kernels).
 bool device_runs_sm90() {

@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "common/host_device.hpp"
+#include "kernels/common/softmax_state.hpp"
 
 namespace ffpa::detail {
 
@@ -64,5 +65,27 @@ struct PackedRows {
   FFPA_HOST_DEVICE int head_offset(int r) const { return r / seq_q; }
   FFPA_HOST_DEVICE int query_row(int r) const { return r % seq_q; }
 };
+
+// The combine of one output row, host and device: the splits' states (the
+// keys' maximum in the log2 domain and the sum relative to it; max = -inf and
+// sum = 0 for a split whose keys the row never attends) merged in one pass,
+// then each split's unnormalized O row weighted by split_weight and added.
+// The order of the splits does not matter up to rounding.
+FFPA_HOST_DEVICE RowSoftmaxState merge_split_states(const RowSoftmaxState* states, int64_t stride, int splits) {
+  RowSoftmaxState merged;
+  for (int s = 0; s < splits; ++s) merged.max_log2 = fmaxf(merged.max_log2, states[s * stride].max_log2);
+  for (int s = 0; s < splits; ++s) {
+    const RowSoftmaxState split = states[s * stride];
+    merged.sum += split.sum * rescale_factor(split.max_log2, merged.max_log2);
+  }
+  return merged;
+}
+
+// What a split's unnormalized O row is multiplied by in the normalized output
+// row: exp2(max_s - max) / sum; 0 for a row with no attended key (O = 0, the
+// spec's rule, with LSE = log_sum_exp(merged) = -inf).
+FFPA_HOST_DEVICE float split_weight(RowSoftmaxState split, RowSoftmaxState merged) {
+  return merged.sum > 0.0f ? rescale_factor(split.max_log2, merged.max_log2) / merged.sum : 0.0f;
+}
 
 }  // namespace ffpa::detail
