@@ -34,7 +34,11 @@ Status workspace_size(const ForwardParams& params, size_t* bytes) {
   if (bytes == nullptr) return {StatusCode::null_pointer, "bytes is null"};
   detail::AttentionProblem problem;
   if (Status status = detail::validate_forward(params, &problem); !status.ok()) return status;
-  *bytes = 0;  // no implementation needs temporary memory yet
+  *bytes = 0;
+  if (is_empty(problem)) return {};
+  KernelChoice choice;
+  if (Status status = detail::plan_forward(problem, params.options.impl, &choice); !status.ok()) return status;
+  *bytes = static_cast<size_t>(detail::workspace_bytes(problem, choice));
   return {};
 }
 
@@ -46,7 +50,7 @@ Status forward(const ForwardParams& params) {
   if (Status status = detail::plan_forward(problem, params.options.impl, &choice); !status.ok()) {
     return status;
   }
-  return detail::run_forward(problem, choice, params.stream);
+  return detail::run_forward(problem, choice, params.workspace, params.workspace_bytes, params.stream);
 }
 
 Status device_support(int device, Impl impl) { return detail::device_support(device, impl); }

@@ -8,6 +8,7 @@
 #include "host/memory_space.hpp"
 #include "kernels/sm80_split_d/family.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
+#include "kernels/split_kv/combine.hpp"
 #include "reference/cpu_attention.hpp"
 
 namespace ffpa::detail {
@@ -132,9 +133,17 @@ Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, Kerne
     return {StatusCode::impl_unavailable, "impl sm90_wgmma does not serve this call: " + reason};
   }
   if (Status status = instance->runnable(problem.dtype, info.device); !status.ok()) return status;
+  int sm_count = 0;
+  if (const cudaError_t error = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, info.device);
+      error != cudaSuccess) {
+    return no_device(Impl::sm90_wgmma, error, "cudaDeviceGetAttribute");
+  }
   choice->impl = Impl::sm90_wgmma;
   choice->padded_head_dim = instance->head_dim;
   choice->value_splits = 1;
+  const KvSplits splits = sm90_wgmma::kv_splits(problem, instance->head_dim, sm_count);
+  choice->kv_splits = splits.count;
+  choice->split_blocks = static_cast<int32_t>(splits.keys_per_split / 128);
   return {};
 }
 
@@ -162,8 +171,10 @@ std::string kernel_name(const AttentionProblem& problem, const KernelChoice& cho
           problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits});
     case Impl::sm90_wgmma:
       for (int i = 0; i < sm90_wgmma::kInstanceCount; ++i) {
-        if (sm90_wgmma::kInstances[i].head_dim == choice.padded_head_dim)
-          return sm90_wgmma::kernel_name(problem, sm90_wgmma::kInstances[i]);
+        if (sm90_wgmma::kInstances[i].head_dim != choice.padded_head_dim) continue;
+        std::string name = sm90_wgmma::kernel_name(problem, sm90_wgmma::kInstances[i]);
+        if (choice.kv_splits > 1) name.insert(name.size() - 1, ",kv_splits" + std::to_string(choice.kv_splits));
+        return name;
       }
       break;
     case Impl::automatic: break;
@@ -254,8 +265,54 @@ Status device_support(int device, Impl impl) {
   return status;
 }
 
-Status run_forward(const AttentionProblem& problem, const KernelChoice& choice,
-                   cudaStream_t stream) {
+int64_t workspace_bytes(const AttentionProblem& problem, const KernelChoice& choice) {
+  return choice.kv_splits > 1 ? split_kv::partial_layout(problem, choice.kv_splits).bytes : 0;
+}
+
+namespace {
+
+// Split-KV: the partial rows in the caller's workspace, or in stream-ordered
+// memory freed after the combine; then the kernel and the combine.
+Status run_sm90_split_kv(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
+                         size_t workspace_size, cudaStream_t stream) {
+  const split_kv::PartialLayout layout = split_kv::partial_layout(problem, choice.kv_splits);
+  void* partials = workspace;
+  if (partials == nullptr) {
+    if (const cudaError_t error = cudaMallocAsync(&partials, static_cast<size_t>(layout.bytes), stream);
+        error != cudaSuccess) {
+      (void)cudaGetLastError();
+      return error == cudaErrorMemoryAllocation
+                 ? Status{StatusCode::out_of_memory, "split-KV: no device memory for the " +
+                                                         std::to_string(layout.bytes) + " bytes of partial rows"}
+                 : cuda_status(error, "cudaMallocAsync");
+    }
+  } else if (workspace_size < static_cast<size_t>(layout.bytes)) {
+    return {StatusCode::workspace_too_small, "split-KV needs " + std::to_string(layout.bytes) +
+                                                 " bytes of workspace, got " + std::to_string(workspace_size)};
+  }
+  unsigned char* const base = static_cast<unsigned char*>(partials);
+  sm90_wgmma::KvSplitLaunch split;
+  split.splits = choice.kv_splits;
+  split.split_blocks = choice.split_blocks;
+  split.partial_o = reinterpret_cast<float*>(base + layout.o_offset);
+  split.partial_states = reinterpret_cast<RowSoftmaxState*>(base + layout.states_offset);
+  Status status = sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim), split, stream);
+  if (status.ok()) {
+    status = split_kv::launch_combine(problem, {split.partial_o, split.partial_states, split.splits}, stream);
+  }
+  if (workspace == nullptr) {
+    if (const cudaError_t error = cudaFreeAsync(partials, stream); error != cudaSuccess && status.ok()) {
+      (void)cudaGetLastError();
+      status = cuda_status(error, "cudaFreeAsync");
+    }
+  }
+  return status;
+}
+
+}  // namespace
+
+Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
+                   size_t workspace_size, cudaStream_t stream) {
   switch (choice.impl) {
     case Impl::cpu_reference:
       try {
@@ -270,7 +327,8 @@ Status run_forward(const AttentionProblem& problem, const KernelChoice& choice,
           problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits},
           stream);
     case Impl::sm90_wgmma:
-      return sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim), stream);
+      if (choice.kv_splits > 1) return run_sm90_split_kv(problem, choice, workspace, workspace_size, stream);
+      return sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim), {}, stream);
     case Impl::automatic: break;
   }
   return {StatusCode::impl_unavailable,

@@ -24,8 +24,12 @@ std::string kernel_name(const AttentionProblem& problem, const KernelChoice& cho
 // kernels on CUDA device `device` (ffpa::device_support).
 Status device_support(int device, Impl impl);
 
-// Runs a planned call (asynchronously on `stream` for GPU implementations).
-Status run_forward(const AttentionProblem& problem, const KernelChoice& choice,
-                   cudaStream_t stream);
+// The workspace bytes a planned call uses (split-KV's partial rows), 0 for most.
+int64_t workspace_bytes(const AttentionProblem& problem, const KernelChoice& choice);
+
+// Runs a planned call (asynchronously on `stream` for GPU implementations),
+// its temporary memory from `workspace` when given, else stream-ordered.
+Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
+                   size_t workspace_size, cudaStream_t stream);
 
 }  // namespace ffpa::detail

@@ -4,6 +4,7 @@
 // the 128-byte swizzle a bijection that spreads 8 rows over distinct banks.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -16,7 +17,7 @@
 namespace ffpa::detail {
 inline bool operator==(const TileCoordinates& a, const TileCoordinates& b) {
   return a.q0 == b.q0 && a.head == b.head && a.batch == b.batch && a.kv_head == b.kv_head &&
-         a.kv_blocks == b.kv_blocks;
+         a.kv_split == b.kv_split && a.kv_first == b.kv_first && a.kv_blocks == b.kv_blocks;
 }
 }  // namespace ffpa::detail
 
@@ -72,9 +73,50 @@ TEST(TileSchedule, EveryTileOnceLongestFirstAndTheAttendedKeys) {
       previous_q0 = c.q0;
       const int end = reference_kv_end(p, c.q0, block_m);
       EXPECT_EQ(attended_kv_end(p, c.q0, block_m), end);
+      EXPECT_EQ(c.kv_split, 0);
+      EXPECT_EQ(c.kv_first, 0);
       EXPECT_EQ(c.kv_blocks, (end + block_n - 1) / block_n);
     }
     EXPECT_EQ(static_cast<int64_t>(seen.size()), row_blocks * p.heads_q * p.batch);
+  }
+}
+
+// With KV splits: every (tile, split) once, the splits of a tile cover the
+// attended blocks exactly once, in order, each within its range.
+TEST(TileSchedule, KvSplitsCoverTheAttendedBlocksOnce) {
+  std::mt19937 rng(20261201);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int heads_kv = 1 + rng() % 3, group = 1 + rng() % 3;
+    const Causal causal = static_cast<Causal>(rng() % 3);
+    const AttentionProblem p = problem(1 + rng() % 3, heads_kv * group, heads_kv, 1 + rng() % 100,
+                                       1 + rng() % 3000, causal);
+    const int block_m = 64, block_n = 128;
+    const int row_blocks = static_cast<int>((p.seq_q + block_m - 1) / block_m);
+    const int total_blocks = static_cast<int>((p.seq_kv + block_n - 1) / block_n);
+    const int split_blocks = 1 + static_cast<int>(rng() % total_blocks);
+    const int kv_splits = (total_blocks + split_blocks - 1) / split_blocks;
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": " + std::to_string(kv_splits) + " splits of " +
+                 std::to_string(split_blocks) + " blocks");
+    std::set<std::tuple<int, int, int, int>> seen;
+    std::map<std::tuple<int, int, int>, int> covered;  // (batch, head, q0) -> blocks so far, in split order
+    for (int64_t tile = 0; tile < row_blocks * kv_splits * p.heads_q * p.batch; ++tile) {
+      const TileCoordinates c = tile_coordinates<int64_t>(p, tile, row_blocks, block_m, block_n, kv_splits, split_blocks);
+      EXPECT_EQ(c, tile_coordinates<int>(p, static_cast<int>(tile), row_blocks, block_m, block_n, kv_splits,
+                                         split_blocks));
+      ASSERT_TRUE(seen.insert({c.batch, c.head, c.q0, c.kv_split}).second) << "tile " << tile << " twice";
+      EXPECT_EQ(c.kv_first, c.kv_split * split_blocks);
+      EXPECT_GE(c.kv_blocks, 0);
+      EXPECT_LE(c.kv_blocks, split_blocks);
+      int& blocks = covered[{c.batch, c.head, c.q0}];
+      if (c.kv_blocks > 0) {
+        EXPECT_EQ(c.kv_first, blocks) << "a gap or an overlap before split " << c.kv_split;
+        blocks += c.kv_blocks;
+      }
+    }
+    for (const auto& [tile, blocks] : covered) {
+      const int q0 = std::get<2>(tile);
+      EXPECT_EQ(blocks, (reference_kv_end(p, q0, block_m) + block_n - 1) / block_n);
+    }
   }
 }
 

@@ -95,7 +95,7 @@ struct Consumer {
   // Whether block j's S starts at its mask (score_mask.cuh), and whether this
   // CTA loads it: in a cluster the mask is added once, by rank 0's partial S.
   __device__ __forceinline__ bool mask_in_s(int j) const {
-    return Traits::kMaskInS && mask_starts_scores(cta.p, j * kBlockN, kBlockN);
+    return Traits::kMaskInS && mask_starts_scores(cta.p, cta.block_key(j), kBlockN);
   }
   __device__ __forceinline__ bool loads_mask(int j) const { return split_rank<Traits::kSplit>() == 0 && mask_in_s(j); }
 
@@ -117,6 +117,7 @@ struct Consumer {
   __device__ __forceinline__ void softmax_publish(int j, float (&s)[64]);
   // epilogue.cuh
   __device__ __forceinline__ void store_output(const CUtensorMap* o_map);
+  __device__ __forceinline__ void store_partial();
 };
 
 }  // namespace ffpa::detail::sm90_wgmma

@@ -56,6 +56,8 @@ struct Cta {
   __device__ __forceinline__ TileCoordinates* tile() const {
     return reinterpret_cast<TileCoordinates*>(smem() + Traits::kTileOffset);
   }
+  // The first key of the tile's KV block j (blocks count from its split's first).
+  __device__ __forceinline__ int block_key(int j) const { return (tile()->kv_first + j) * Traits::kBlockN; }
 
   // --- barriers -------------------------------------------------------------
   __device__ __forceinline__ uint32_t barriers() const { return smem_address(smem() + Traits::kBarrierOffset); }
@@ -93,7 +95,7 @@ struct Cta {
   __device__ __forceinline__ void setup() const {
     if (threadIdx.x == 0) {
       *tile() = tile_coordinates<int>(p, static_cast<int>(blockIdx.x / kSplit), args.row_blocks, Traits::kBlockM,
-                                      Traits::kBlockN);
+                                      Traits::kBlockN, args.kv_splits, args.split_blocks);
       mbarrier_init(q_full(), 1);
       for (int f = 0; f < kFull; ++f) mbarrier_init(full(f), 1);
       for (int s = 0; s < kStages; ++s) mbarrier_init(empty(s), 4);  // a warp of the consumer each

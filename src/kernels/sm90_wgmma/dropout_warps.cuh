@@ -51,7 +51,7 @@ struct DropoutWarps {
         if (row < p.seq_q) {
           const uint64_t head_word = dropout_head_word(p, static_cast<int64_t>(tile->batch) * p.heads_q + tile->head);
           const uint64_t word = dropout_word(head_word, static_cast<uint32_t>(row), static_cast<uint32_t>(p.seq_kv),
-                                             static_cast<uint32_t>(j * Traits::kBlockN + 32 * quarter));
+                                             static_cast<uint32_t>(cta.block_key(j) + 32 * quarter));
           keys = row_keep_bits32(p.dropout_seed, p.dropout_threshold, word);
         }
 #pragma unroll

@@ -11,6 +11,39 @@
 
 namespace ffpa::detail::sm90_wgmma {
 
+// Split-KV: this tile's partial rows (its split's keys), unnormalized, in
+// fp32, and each row's softmax state (the maximum of the last block's
+// statistics, both consumers' sums): what kernels/split_kv/combine.cu merges.
+template <class Traits>
+__device__ __forceinline__ void Consumer<Traits>::store_partial() {
+  const AttentionProblem& p = cta.p;
+  const TileCoordinates* tile = cta.tile();
+  named_barrier_sync(1, 256);  // both consumers: every wgmma has retired, the row sums are final
+  const int t = quad_lane();
+  const int64_t rows = p.batch * p.heads_q * p.seq_q;
+  const int64_t head_row0 = (static_cast<int64_t>(tile->batch) * p.heads_q + tile->head) * p.seq_q;
+  const int head_dim = static_cast<int>(p.head_dim);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int i = tile->q0 + row(h);
+    if (i >= static_cast<int>(p.seq_q)) continue;
+    const int64_t partial_row = tile->kv_split * rows + head_row0 + i;
+    if (split_rank<Traits::kSplit>() == 0 && w == 0 && t == 0) {
+      const float* const row_sums = cta.row_sums();
+      cta.args.partial_states[partial_row] =
+          RowSoftmaxState{running_max(tile->kv_blocks - 1, h), row_sums[row(h)] + row_sums[64 + row(h)]};
+    }
+    float* const o_row = cta.args.partial_o + partial_row * head_dim;
+#pragma unroll
+    for (int k = 0; k < kHalfCols / 8; ++k) {
+      const int col = cta.vo_col0() + w * kHalfCols + 8 * k + 2 * t;  // even; D is a multiple of 8
+      if (col < head_dim) {
+        *reinterpret_cast<float2*>(o_row + col) = make_float2(o_acc[4 * k + 2 * h], o_acc[4 * k + 2 * h + 1]);
+      }
+    }
+  }
+}
+
 template <class Traits>
 __device__ __forceinline__ void Consumer<Traits>::store_output(const CUtensorMap* o_map) {
   const AttentionProblem& p = cta.p;

@@ -8,17 +8,28 @@
 #include <string>
 
 #include "common/attention_problem.hpp"
+#include "kernels/common/softmax_state.hpp"
+#include "kernels/common/split_kv.hpp"
 #include "ffpa/ffpa.hpp"
 
 namespace ffpa::detail::sm90_wgmma {
 
-using Launcher = Status (*)(const AttentionProblem&, cudaStream_t);
+// Split-KV (kernels/common/split_kv.hpp): each tile one of `splits` ranges of
+// split_blocks KV blocks, writing partial rows into the workspace (Args).
+struct KvSplitLaunch {
+  int splits = 1;
+  int split_blocks = 0;
+  float* partial_o = nullptr;
+  RowSoftmaxState* partial_states = nullptr;
+};
+
+using Launcher = Status (*)(const AttentionProblem&, const KvSplitLaunch&, cudaStream_t);
 using RunnableCheck = Status (*)(DType, int device);
 
 // Defined in launch.cuh, explicitly instantiated per head dim in the
 // generated sm90_wgmma_d<D>.cu translation units (compiled for sm_90a only).
 template <int kHeadDim>
-Status launch_instance(const AttentionProblem& problem, cudaStream_t stream);
+Status launch_instance(const AttentionProblem& problem, const KvSplitLaunch& split, cudaStream_t stream);
 // Whether the instance's kernel for the dtype runs on the current device,
 // `device` (host/kernel_image.hpp): impl_unavailable when it does not.
 template <int kHeadDim>
@@ -54,7 +65,12 @@ extern const int kInstanceCount;
 const Instance* route(const AttentionProblem& problem, std::string* reason);
 
 // Runs the instance for head_dim (a planned call's padded_head_dim).
-Status run(const AttentionProblem& problem, int head_dim, cudaStream_t stream);
+Status run(const AttentionProblem& problem, int head_dim, const KvSplitLaunch& split, cudaStream_t stream);
+
+// The KV splits of a call on a device with `sm_count` SMs (one CTA each, a
+// cluster of cluster_size(head_dim) per tile): split_kv.hpp's rule over the
+// tiles' row blocks; one split (no partials) when the tiles fill the device.
+KvSplits kv_splits(const AttentionProblem& problem, int head_dim, int sm_count);
 
 // Human-readable name of an instance, e.g. "sm90_wgmma<bf16,d512,m64,n128,s4>".
 std::string kernel_name(const AttentionProblem& problem, const Instance& instance);

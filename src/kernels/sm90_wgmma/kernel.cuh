@@ -144,7 +144,11 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Consumer<Traits> consumer(cta, warpgroup - 1);
   mbarrier_wait(cta.q_full(), 0);
   run_consumer(consumer);
-  consumer.store_output(&o_map);
+  if (args.kv_splits > 1) {
+    consumer.store_partial();
+  } else {
+    consumer.store_output(&o_map);
+  }
   if constexpr (Traits::kSplit == 2) cluster_sync();  // the peer may still arrive on our barriers
 #endif
 }

@@ -18,7 +18,7 @@
 namespace ffpa::detail::sm90_wgmma {
 
 template <class Traits>
-Status launch(const AttentionProblem& problem, cudaStream_t stream) {
+Status launch(const AttentionProblem& problem, const KvSplitLaunch& split, cudaStream_t stream) {
   const auto kernel = forward_kernel<Traits>;
   static SharedMemoryOptIn opt_in;
   int device = 0;
@@ -42,8 +42,12 @@ Status launch(const AttentionProblem& problem, cudaStream_t stream) {
   args.row_blocks = static_cast<int>((problem.seq_q + Traits::kBlockM - 1) / Traits::kBlockM);
   args.scale_log2 = problem.scale * kLog2e;
   args.inverse_scale = 1.0f / problem.scale;
-  // One CTA per tile, or a cluster of kSplit consecutive CTAs per tile.
-  const int64_t tiles = problem.batch * problem.heads_q * args.row_blocks;  // < 2^30 (routing)
+  args.kv_splits = split.splits;
+  args.split_blocks = split.split_blocks;
+  args.partial_o = split.partial_o;
+  args.partial_states = split.partial_states;
+  // One CTA per tile, or a cluster of kSplit consecutive CTAs per tile; a tile per KV split.
+  const int64_t tiles = problem.batch * problem.heads_q * args.row_blocks * split.splits;  // < 2^30 (routing)
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(tiles * Traits::kSplit));
   config.blockDim = dim3(Traits::kThreads);
@@ -93,19 +97,19 @@ struct InstanceTraits {
 };
 
 template <int kHeadDim, class Element>
-Status launch_element(const AttentionProblem& problem, cudaStream_t stream) {
+Status launch_element(const AttentionProblem& problem, const KvSplitLaunch& split, cudaStream_t stream) {
   using Kernels = InstanceTraits<kHeadDim>;
-  if (problem.has_dropout()) return launch<typename Kernels::template type<Element, true>>(problem, stream);
+  if (problem.has_dropout()) return launch<typename Kernels::template type<Element, true>>(problem, split, stream);
   if (starts_s_at_mask(problem, kHeadDim)) {
-    return launch<typename Kernels::template type<Element, false, true>>(problem, stream);
+    return launch<typename Kernels::template type<Element, false, true>>(problem, split, stream);
   }
-  return launch<typename Kernels::template type<Element, false>>(problem, stream);
+  return launch<typename Kernels::template type<Element, false>>(problem, split, stream);
 }
 
 template <int kHeadDim>
-Status launch_instance(const AttentionProblem& problem, cudaStream_t stream) {
-  if (problem.dtype == DType::bf16) return launch_element<kHeadDim, __nv_bfloat16>(problem, stream);
-  return launch_element<kHeadDim, __half>(problem, stream);
+Status launch_instance(const AttentionProblem& problem, const KvSplitLaunch& split, cudaStream_t stream) {
+  if (problem.dtype == DType::bf16) return launch_element<kHeadDim, __nv_bfloat16>(problem, split, stream);
+  return launch_element<kHeadDim, __half>(problem, split, stream);
 }
 
 template <int kHeadDim>

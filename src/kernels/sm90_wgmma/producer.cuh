@@ -41,7 +41,7 @@ struct Producer {
       for (int b = 0; b < boxes; ++b) {
         const int col = (Traits::kSplit == 2 ? opaque(cta.qk_col0()) : cta.qk_col0()) + (2 * ks + b) * kBoxCols;
         tma_load_4d(cta.ring() + stage * Traits::kStageBytes + b * Traits::kKBoxBytes, k_map,
-                    cta.full(position - 1), col, j * Traits::kBlockN, tile->kv_head, tile->batch);
+                    cta.full(position - 1), col, cta.block_key(j), tile->kv_head, tile->batch);
       }
     }
   }
@@ -54,7 +54,7 @@ struct Producer {
         for (int box = 0; box < Traits::kHalfCols / kBoxCols; ++box)
           tma_load_4d(cta.ring() + stage * Traits::kStageBytes + box * Traits::kTileBytes, v_map,
                       cta.full(position - 1), cta.vo_col0() + w * Traits::kHalfCols + box * kBoxCols,
-                      j * Traits::kBlockN + key_half * 64, tile->kv_head, tile->batch);
+                      cta.block_key(j) + key_half * 64, tile->kv_head, tile->batch);
       }
   }
 

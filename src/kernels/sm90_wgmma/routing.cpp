@@ -53,9 +53,17 @@ bool starts_s_at_mask(const AttentionProblem& problem, int head_dim) {
   return cluster_size(head_dim) > 1 || problem.mask_stride[2] != 0;
 }
 
-Status run(const AttentionProblem& problem, int head_dim, cudaStream_t stream) {
+KvSplits kv_splits(const AttentionProblem& problem, int head_dim, int sm_count) {
+  constexpr int kBlockM = 64, kBlockN = 128;  // Traits' tile (host code cannot include traits.cuh)
+  const int64_t row_blocks = (problem.seq_q + kBlockM - 1) / kBlockM;
+  const int64_t slots = sm_count / cluster_size(head_dim);
+  KvSplits splits = choose_kv_splits(problem.batch * problem.heads_q * row_blocks, problem.seq_kv, slots, kBlockN);
+  return splits;
+}
+
+Status run(const AttentionProblem& problem, int head_dim, const KvSplitLaunch& split, cudaStream_t stream) {
   for (int i = 0; i < kInstanceCount; ++i) {
-    if (kInstances[i].head_dim == head_dim) return kInstances[i].launch(problem, stream);
+    if (kInstances[i].head_dim == head_dim) return kInstances[i].launch(problem, split, stream);
   }
   return {StatusCode::impl_unavailable, "impl sm90_wgmma: no instance for head dim " +
                                             std::to_string(head_dim) + " in this build"};

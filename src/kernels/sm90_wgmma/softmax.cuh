@@ -28,7 +28,7 @@ __device__ __forceinline__ void Consumer<Traits>::read_dropout_keep(int j) {
 // Block j's mask pairs into s (loads_mask(j)), for compute_s(j) to start from.
 template <class Traits>
 __device__ __forceinline__ void Consumer<Traits>::preload_mask(int j, float (&s)[64]) const {
-  if (j < cta.tile()->kv_blocks && loads_mask(j)) load_mask_pairs<typename Traits::SLayout>(s, cta.p, *cta.tile(), SCoordinates{*this}, j * kBlockN + 2 * quad_lane());
+  if (j < cta.tile()->kv_blocks && loads_mask(j)) load_mask_pairs<typename Traits::SLayout>(s, cta.p, *cta.tile(), SCoordinates{*this}, cta.block_key(j) + 2 * quad_lane());
 }
 
 template <class Traits>
@@ -37,7 +37,7 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
   const AttentionProblem& p = cta.p;
   const TileCoordinates* tile = cta.tile();
   const int t = quad_lane();
-  const int kv0 = j * kBlockN;
+  const int kv0 = cta.block_key(j);
 #pragma unroll
   for (int i = 0; i < 64; ++i) s[i] *= cta.args.scale_log2;
   const KeyLimits limits(p, tile->q0);

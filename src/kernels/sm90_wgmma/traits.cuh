@@ -7,7 +7,9 @@
 #include "common/attention_problem.hpp"
 #include "kernels/common/accumulator_layout.cuh"
 #include "kernels/common/element.cuh"
+#include "kernels/common/softmax_state.hpp"
 #include "kernels/common/swizzle.hpp"
+#include "kernels/common/tile_schedule.hpp"
 #include "kernels/sm90_wgmma/ring.hpp"
 
 namespace ffpa::detail::sm90_wgmma {
@@ -96,6 +98,7 @@ struct Traits {
   // 2 b + e of word [r][t]: key 8 b + 2t + e of row r). One buffer: the 1 KB
   // is what the 227 KB leave at D = 512 and 1024.
   static constexpr int kKeepOffset = kTileOffset + 32;
+  static_assert(sizeof(TileCoordinates) <= 32, "the tile's 32 bytes of shared memory");
   static constexpr int kKeepBytes = kDropoutWarps ? kBlockM * 4 * 4 : 0;
   static constexpr int kBarrierOffset = kKeepOffset + kKeepBytes;
   // q_full, full[kFullBarriers], empty[kStages], p_full[2], p_empty[2]
@@ -120,6 +123,14 @@ struct Args {
   int row_blocks;    // ceil(Nq / 64); the grid is row_blocks x Hq x B CTAs (< 2^31)
   float scale_log2;  // scale * log2(e)
   float inverse_scale;  // 1 / scale: Traits::kMaskInS starts S at mask / scale
+  // Split-KV (kernels/common/split_kv.hpp; kv_splits > 1): each tile is one split
+  // of split_blocks KV blocks and writes its rows' partial (unnormalized O and
+  // softmax state, row (b x Hq + h) x Nq + i of split s at s x B x Hq x Nq + row)
+  // instead of O and LSE; kernels/split_kv/combine.cu merges them.
+  int kv_splits = 1;
+  int split_blocks = 0;
+  float* partial_o = nullptr;
+  RowSoftmaxState* partial_states = nullptr;
 };
 
 }  // namespace ffpa::detail::sm90_wgmma

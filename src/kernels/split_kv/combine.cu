@@ -95,9 +95,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) combine_kernel(const Atte
 
 }  // namespace
 
-int64_t partial_bytes(const AttentionProblem& problem, int splits) {
-  const int64_t rows = problem.batch * problem.heads_q * problem.seq_q;
-  return static_cast<int64_t>(splits) * rows * (problem.head_dim * 4 + static_cast<int64_t>(sizeof(RowSoftmaxState)));
+PartialLayout partial_layout(const AttentionProblem& problem, int splits) {
+  auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
+  const int64_t rows = static_cast<int64_t>(splits) * problem.batch * problem.heads_q * problem.seq_q;
+  PartialLayout layout;
+  layout.states_offset = aligned(rows * problem.head_dim * 4);
+  layout.bytes = layout.states_offset + aligned(rows * static_cast<int64_t>(sizeof(RowSoftmaxState)));
+  return layout;
 }
 
 Status launch_combine(const AttentionProblem& problem, const Partials& partials, cudaStream_t stream) {

@@ -21,8 +21,12 @@ struct Partials {
   int splits = 0;
 };
 
-// The workspace bytes of `splits` splits' partials for the problem's rows.
-int64_t partial_bytes(const AttentionProblem& problem, int splits);
+// Where a call's partials lie in its workspace: O rows, then states, each on a
+// 256-byte boundary.
+struct PartialLayout {
+  int64_t o_offset = 0, states_offset = 0, bytes = 0;
+};
+PartialLayout partial_layout(const AttentionProblem& problem, int splits);
 
 // O (the problem's dtype and strides, scaled for dropout) and, when asked, LSE
 // from the partials, on `stream`.
