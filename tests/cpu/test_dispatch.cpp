@@ -183,6 +183,24 @@ TEST(Sm90Routing, MaskInSKernelsServeRowMasksAndClusterMasks) {
   EXPECT_FALSE(starts_s_at_mask(tiny_scale, 1024));
 }
 
+// Split-KV's splits for the sm90 family (routing.cpp's kv_splits): decode of
+// one sequence fills the H200's 132 SMs with whole splits; a cluster tile
+// takes two SMs; tiles that fill the device are not split.
+TEST(Sm90Routing, KvSplitsFillTheDeviceForDecode) {
+  using ffpa::detail::sm90_wgmma::kv_splits;
+  auto decode = [](int64_t batch, int64_t heads, int64_t seq_q, int64_t seq_kv, int64_t dim) {
+    auto p = sm90_problem(dim);
+    p.batch = batch, p.heads_q = p.heads_kv = heads, p.seq_q = seq_q, p.seq_kv = seq_kv;
+    return p;
+  };
+  const auto d512 = kv_splits(decode(1, 32, 1, 8192, 512), 512, 132);
+  EXPECT_EQ(d512.count, 4);
+  EXPECT_EQ(d512.keys_per_split, 2048);
+  EXPECT_EQ(kv_splits(decode(1, 32, 1, 8192, 1024), 1024, 132).count, 2);  // 64 clusters of 2 on 132 SMs
+  EXPECT_EQ(kv_splits(decode(8, 32, 1, 8192, 512), 512, 132).count, 1);    // 256 tiles
+  EXPECT_EQ(kv_splits(decode(1, 32, 1, 200, 512), 512, 132).count, 1);     // under 256 keys a split
+}
+
 TEST(Sm90Routing, ExplicitImplOnHostPointersIsRefused) {
   HostCall c = host_call(64);
   c.params.options.impl = Impl::sm90_wgmma;
