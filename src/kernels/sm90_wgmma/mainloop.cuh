@@ -20,7 +20,7 @@ __device__ __forceinline__ void Consumer<Traits>::start_keep(int j) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     keep_word[h] = dropout_word(head_word, static_cast<uint32_t>(tile->q0 + row(h)), static_cast<uint32_t>(p.seq_kv),
-                                static_cast<uint32_t>(j * kBlockN + 32 * t));
+                                static_cast<uint32_t>(cta.block_key(j) + 32 * t));
     keep_low[h] = keep_high[h] = 0;
   }
 }
