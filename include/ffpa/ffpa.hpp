@@ -131,6 +131,7 @@ struct KernelChoice {
   std::string kernel;  // e.g. "sm80_split_d<bf16,f32,M4N2,out512,bc128>"
   int64_t padded_head_dim = 0;  // head dim of the instantiation that serves D
   int32_t value_splits = 1;     // CTAs sharing one row block, each a slice of Dv
+  int32_t heads_per_tile = 1;   // GQA packing: query heads of one KV head in a tile (decode)
   int32_t kv_splits = 1;        // split-KV: CTAs sharing one row block, each a range of the keys
   int32_t split_blocks = 0;     // split-KV: KV blocks per split
 };

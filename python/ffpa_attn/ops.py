@@ -107,7 +107,7 @@ def plan_for(q, k, v, mask, return_lse: bool, options: tuple) -> "_Plan":
     the dropout seed and offset are written per call), cached by the call's layout."""
     key = (
         q.dtype, k.dtype, v.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
-        None if mask is None else (mask.dtype, mask.shape, mask.stride()), return_lse, options,
+        None if mask is None else (mask.dtype, mask.shape, mask.stride()), return_lse, options, q.get_device(),
     )  # fmt: skip
     plan = _PLANS.get(key)
     if plan is None:
@@ -126,6 +126,10 @@ def launch(plan: "_Plan", q, k, v, mask, return_lse: bool, dropout_seed: int, dr
         return None
     o = torch.empty_like(q) if plan.o_like_q else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
+    # Split-KV's partial rows: from torch's caching allocator (and a graph's pool
+    # under capture), not the library's stream-ordered fallback, which the
+    # default pool hands back to the driver at each synchronization.
+    workspace = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=q.device) if plan.workspace_bytes else None
     on_cuda = q.is_cuda
     device = q.get_device()
     slot = getattr(plan.threads, "slot", None)
@@ -145,6 +149,8 @@ def launch(plan: "_Plan", q, k, v, mask, return_lse: bool, dropout_seed: int, dr
         words[_STREAM_WORD] = _RAW_STREAM(device) if on_cuda else 0
         words[_SEED_WORD] = dropout_seed & _U64_MASK  # int64 through the op: a seed >= 2^63 arrives negative
         words[_OFFSET_WORD] = dropout_offset & _U64_MASK
+        if workspace is not None:
+            words[_WORKSPACE_WORD] = workspace.data_ptr()
         if on_cuda and device != _CURRENT_DEVICE():
             with torch.cuda.device(device):
                 _library.forward_prepared(slot.params_ref, slot.message)
@@ -176,7 +182,7 @@ class _Slot:
 class _Plan:
     """What run works out once per combination of shapes, strides, dtypes and options."""
 
-    __slots__ = ("in_place", "o_like_q", "params", "threads")
+    __slots__ = ("in_place", "o_like_q", "params", "threads", "workspace_bytes")
 
     def __init__(self, q, k, v, mask, return_lse, options) -> None:
         options = (*options, 0, 0)  # the dropout seed and offset: written per call
@@ -187,6 +193,12 @@ class _Plan:
         o = _new_output(q)
         lse = _new_lse(q, True) if return_lse else None
         self.params = _params_template(q, k, v, o, lse, _broadcast_mask(mask, q, k), options)
+        # The workspace of the plan's calls (q's device is part of the plan's key).
+        self.workspace_bytes = 0
+        if q.is_cuda and q.numel() and k.numel():
+            with torch.cuda.device(q.device):
+                self.workspace_bytes = _library.workspace_size(self.params)
+        self.params.workspace_bytes = self.workspace_bytes
         self.threads = threading.local()  # each thread's _Slot
 
 
@@ -215,7 +227,7 @@ _PLANS: dict = {}
 _MAX_PLANS = 1024
 # Where launch writes the per-call values into an FfpaForwardParams: the data
 # pointers of q, k, v, o, mask, lse (each FfpaTensor starts with its pointer),
-# the stream and the dropout seed and offset, all 64-bit and 8-byte aligned,
+# the stream, the workspace and the dropout seed and offset, all 64-bit and 8-byte aligned,
 # as indices of 64-bit words. Offsets from ctypes, so a changed struct moves
 # them too.
 _U64_MASK = 2**64 - 1
@@ -225,13 +237,15 @@ _PER_CALL_OFFSETS = (
         for field in ("q", "k", "v", "o", "mask", "lse")
     ),
     _library.FfpaForwardParams.stream.offset,
+    _library.FfpaForwardParams.workspace.offset,
     _library.FfpaForwardParams.options.offset + _library.FfpaOptions.dropout_seed.offset,
     _library.FfpaForwardParams.options.offset + _library.FfpaOptions.dropout_offset.offset,
 )
 if any(offset % 8 for offset in _PER_CALL_OFFSETS):
     raise ImportError("ffpa_attn: the library's per-call fields are not 64-bit aligned (a changed ffpa.h?)")
 (
-    _Q_WORD, _K_WORD, _V_WORD, _O_WORD, _MASK_WORD, _LSE_WORD, _STREAM_WORD, _SEED_WORD, _OFFSET_WORD
+    _Q_WORD, _K_WORD, _V_WORD, _O_WORD, _MASK_WORD, _LSE_WORD, _STREAM_WORD, _WORKSPACE_WORD, _SEED_WORD,
+    _OFFSET_WORD,
 ) = (offset // 8 for offset in _PER_CALL_OFFSETS)  # fmt: skip
 
 

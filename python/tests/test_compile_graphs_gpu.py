@@ -139,11 +139,19 @@ def test_compiled_default_dropout_seed_is_drawn_per_call():
     assert not torch.equal(compiled(q, k, v), compiled(q, k, v)), "each call draws a fresh dropout seed"
 
 
-def test_cuda_graph_capture_and_replay(rng):
+# Prefill, and decode / spec-decode, whose calls split the keys over CTAs
+# (partial rows in stream-ordered memory, then a combine kernel) and pack the
+# query heads of a GQA group into one tile.
+@pytest.mark.parametrize(
+    "b, hq, hkv, nq, nkv",
+    [(2, 4, 2, 65, 129), (2, 8, 2, 1, 3001), (1, 8, 2, 4, 2050)],
+    ids=["prefill", "decode", "specdec"],
+)
+def test_cuda_graph_capture_and_replay(rng, b, hq, hkv, nq, nkv):
     pytest.importorskip("numpy")
     from sdpa_dropout_reference import sdpa_mem_efficient_keep_mask
 
-    b, hq, hkv, nq, nkv, d, p = 2, 4, 2, 65, 129, 512, 0.1
+    d, p = 512, 0.1
     dropout_seed = rng.getrandbits(63)
     backend = CUDABackend(causal_alignment="bottom_right", dropout_seed=dropout_seed)
     static_q, static_k, static_v = random_qkv(b, hq, hkv, nq, nkv, d, torch.bfloat16, CUDA)

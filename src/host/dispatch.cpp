@@ -141,9 +141,10 @@ Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, Kerne
   choice->impl = Impl::sm90_wgmma;
   choice->padded_head_dim = instance->head_dim;
   choice->value_splits = 1;
-  const KvSplits splits = sm90_wgmma::kv_splits(problem, instance->head_dim, sm_count);
-  choice->kv_splits = splits.count;
-  choice->split_blocks = static_cast<int32_t>(splits.keys_per_split / 128);
+  const sm90_wgmma::TilePlan tiles = sm90_wgmma::plan_tiles(problem, instance->head_dim, sm_count);
+  choice->heads_per_tile = tiles.heads_per_tile;
+  choice->kv_splits = tiles.splits.count;
+  choice->split_blocks = static_cast<int32_t>(tiles.splits.keys_per_split / 128);
   return {};
 }
 
@@ -173,6 +174,7 @@ std::string kernel_name(const AttentionProblem& problem, const KernelChoice& cho
       for (int i = 0; i < sm90_wgmma::kInstanceCount; ++i) {
         if (sm90_wgmma::kInstances[i].head_dim != choice.padded_head_dim) continue;
         std::string name = sm90_wgmma::kernel_name(problem, sm90_wgmma::kInstances[i]);
+        if (choice.heads_per_tile > 1) name.insert(name.size() - 1, ",heads" + std::to_string(choice.heads_per_tile));
         if (choice.kv_splits > 1) name.insert(name.size() - 1, ",kv_splits" + std::to_string(choice.kv_splits));
         return name;
       }
@@ -291,14 +293,15 @@ Status run_sm90_split_kv(const AttentionProblem& problem, const KernelChoice& ch
                                                  " bytes of workspace, got " + std::to_string(workspace_size)};
   }
   unsigned char* const base = static_cast<unsigned char*>(partials);
-  sm90_wgmma::KvSplitLaunch split;
-  split.splits = choice.kv_splits;
-  split.split_blocks = choice.split_blocks;
-  split.partial_o = reinterpret_cast<float*>(base + layout.o_offset);
-  split.partial_states = reinterpret_cast<RowSoftmaxState*>(base + layout.states_offset);
-  Status status = sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim), split, stream);
+  sm90_wgmma::TileLaunch tiles;
+  tiles.heads_per_tile = choice.heads_per_tile;
+  tiles.splits = choice.kv_splits;
+  tiles.split_blocks = choice.split_blocks;
+  tiles.partial_o = reinterpret_cast<float*>(base + layout.o_offset);
+  tiles.partial_states = reinterpret_cast<RowSoftmaxState*>(base + layout.states_offset);
+  Status status = sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim), tiles, stream);
   if (status.ok()) {
-    status = split_kv::launch_combine(problem, {split.partial_o, split.partial_states, split.splits}, stream);
+    status = split_kv::launch_combine(problem, {tiles.partial_o, tiles.partial_states, tiles.splits}, stream);
   }
   if (workspace == nullptr) {
     if (const cudaError_t error = cudaFreeAsync(partials, stream); error != cudaSuccess && status.ok()) {
@@ -328,7 +331,8 @@ Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, 
           stream);
     case Impl::sm90_wgmma:
       if (choice.kv_splits > 1) return run_sm90_split_kv(problem, choice, workspace, workspace_size, stream);
-      return sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim), {}, stream);
+      return sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim),
+                             sm90_wgmma::TileLaunch{choice.heads_per_tile}, stream);
     case Impl::automatic: break;
   }
   return {StatusCode::impl_unavailable,

@@ -181,24 +181,36 @@ TEST(Sm90Routing, MaskInSKernelsServeRowMasksAndClusterMasks) {
   auto tiny_scale = masked(1000);
   tiny_scale.scale = 1e-45f;  // 1 / scale is infinite
   EXPECT_FALSE(starts_s_at_mask(tiny_scale, 1024));
+  auto packed = masked(1000);  // decode at GQA 4: packed tiles add the mask in the softmax
+  packed.heads_q = 32, packed.heads_kv = 8, packed.seq_q = 1;
+  EXPECT_FALSE(starts_s_at_mask(packed, 1024));
 }
 
-// Split-KV's splits for the sm90 family (routing.cpp's kv_splits): decode of
-// one sequence fills the H200's 132 SMs with whole splits; a cluster tile
-// takes two SMs; tiles that fill the device are not split.
-TEST(Sm90Routing, KvSplitsFillTheDeviceForDecode) {
-  using ffpa::detail::sm90_wgmma::kv_splits;
-  auto decode = [](int64_t batch, int64_t heads, int64_t seq_q, int64_t seq_kv, int64_t dim) {
+// The sm90 family's tiles for decode (routing.cpp's plan_tiles): one sequence
+// fills the H200's 132 SMs with whole splits; a cluster tile takes two SMs;
+// tiles that fill the device are not split; GQA groups are packed into one
+// tile per KV head (and then split), prefill is not packed.
+TEST(Sm90Routing, PlanTilesPacksGqaAndFillsTheDeviceForDecode) {
+  using ffpa::detail::sm90_wgmma::plan_tiles;
+  auto decode = [](int64_t batch, int64_t heads_q, int64_t heads_kv, int64_t seq_q, int64_t seq_kv, int64_t dim) {
     auto p = sm90_problem(dim);
-    p.batch = batch, p.heads_q = p.heads_kv = heads, p.seq_q = seq_q, p.seq_kv = seq_kv;
+    p.batch = batch, p.heads_q = heads_q, p.heads_kv = heads_kv, p.seq_q = seq_q, p.seq_kv = seq_kv;
     return p;
   };
-  const auto d512 = kv_splits(decode(1, 32, 1, 8192, 512), 512, 132);
-  EXPECT_EQ(d512.count, 4);
-  EXPECT_EQ(d512.keys_per_split, 2048);
-  EXPECT_EQ(kv_splits(decode(1, 32, 1, 8192, 1024), 1024, 132).count, 2);  // 64 clusters of 2 on 132 SMs
-  EXPECT_EQ(kv_splits(decode(8, 32, 1, 8192, 512), 512, 132).count, 1);    // 256 tiles
-  EXPECT_EQ(kv_splits(decode(1, 32, 1, 200, 512), 512, 132).count, 1);     // under 256 keys a split
+  const auto d512 = plan_tiles(decode(1, 32, 32, 1, 8192, 512), 512, 132);
+  EXPECT_EQ(d512.heads_per_tile, 1);
+  EXPECT_EQ(d512.splits.count, 4);
+  EXPECT_EQ(d512.splits.keys_per_split, 2048);
+  EXPECT_EQ(plan_tiles(decode(1, 32, 32, 1, 8192, 1024), 1024, 132).splits.count, 2);  // 64 clusters of 2
+  EXPECT_EQ(plan_tiles(decode(8, 32, 32, 1, 8192, 512), 512, 132).splits.count, 1);    // 256 tiles
+  EXPECT_EQ(plan_tiles(decode(1, 32, 32, 1, 200, 512), 512, 132).splits.count, 1);     // under 256 keys a split
+  const auto gqa = plan_tiles(decode(8, 32, 8, 1, 8192, 512), 512, 132);  // decode-b8-gqa32-8
+  EXPECT_EQ(gqa.heads_per_tile, 4);
+  EXPECT_EQ(gqa.splits.count, 2);  // 64 tiles of 4 heads, 2 splits of 4096 keys
+  const auto specdec = plan_tiles(decode(4, 32, 8, 4, 8192, 512), 512, 132);  // specdec-b4-q4-gqa32-8
+  EXPECT_EQ(specdec.heads_per_tile, 4);
+  EXPECT_EQ(specdec.splits.count, 4);  // 32 tiles of 4 heads x 16 rows
+  EXPECT_EQ(plan_tiles(decode(1, 32, 8, 4096, 4096, 512), 512, 132).heads_per_tile, 1);
 }
 
 TEST(Sm90Routing, ExplicitImplOnHostPointersIsRefused) {

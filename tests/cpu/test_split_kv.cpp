@@ -82,21 +82,26 @@ TEST(SplitKv, RuleInvariantsOverAGridOfShapes) {
   }
 }
 
-TEST(SplitKv, PackedRowsVisitEachHeadAndRowOnceHeadMajor) {
-  for (int group : {1, 4, 8}) {
-    for (int seq_q = 1; seq_q <= 16; ++seq_q) {
-      const PackedRows rows{group, seq_q};
-      std::vector<int> seen(static_cast<size_t>(group * seq_q), 0);
-      for (int r = 0; r < rows.rows(); ++r) {
-        const int head = rows.head_offset(r), row = rows.query_row(r);
-        ASSERT_GE(head, 0);
-        ASSERT_LT(head, group);
-        ASSERT_GE(row, 0);
-        ASSERT_LT(row, seq_q);
-        ++seen[static_cast<size_t>(head * seq_q + row)];
-        EXPECT_EQ(head * seq_q + row, r) << "a query head's rows are consecutive tile rows";
-      }
-      EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+TEST(SplitKv, PackedHeadsShareAKvHeadAndFitTheirRows) {
+  // Decode and spec-decode of the compass (docs/perf/compass.json).
+  EXPECT_EQ(packed_heads(4, 1, 64), 4);
+  EXPECT_EQ(packed_heads(4, 4, 64), 4);   // 16 rows a head
+  EXPECT_EQ(packed_heads(8, 7, 64), 8);   // 8 rows a head
+  EXPECT_EQ(packed_heads(8, 16, 64), 4);  // 16 rows a head: 4 heads fill 64
+  EXPECT_EQ(packed_heads(128, 1, 64), 64);
+  EXPECT_EQ(packed_heads(6, 1, 64), 2);   // the largest power of two dividing 6
+  EXPECT_EQ(packed_heads(3, 1, 64), 1);
+  EXPECT_EQ(packed_heads(1, 1, 64), 1);   // MHA
+  EXPECT_EQ(packed_heads(4, 33, 64), 1);  // prefill: a head fills the tile
+  EXPECT_EQ(packed_heads(4, 4096, 64), 1);
+  for (int64_t group = 1; group <= 96; ++group) {
+    for (int64_t seq_q = 1; seq_q <= 80; ++seq_q) {
+      const int heads = packed_heads(group, seq_q, 64);
+      SCOPED_TRACE("group " + std::to_string(group) + ", Nq " + std::to_string(seq_q));
+      ASSERT_EQ(heads & (heads - 1), 0) << "a power of two: rows map to heads by a shift";
+      EXPECT_EQ(group % heads, 0) << "a tile's heads share one KV head";
+      EXPECT_TRUE(heads == 1 || 64 / heads >= seq_q) << "each head's Nq rows fit its part of the tile";
+      EXPECT_FALSE(group % (2 * heads) == 0 && 64 / (2 * heads) >= seq_q) << "the most heads that fit";
     }
   }
 }

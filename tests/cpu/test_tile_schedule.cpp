@@ -11,13 +11,15 @@
 #include <tuple>
 
 #include "common/attention_problem.hpp"
+#include "kernels/common/split_kv.hpp"
 #include "kernels/common/swizzle.hpp"
 #include "kernels/common/tile_schedule.hpp"
 
 namespace ffpa::detail {
 inline bool operator==(const TileCoordinates& a, const TileCoordinates& b) {
   return a.q0 == b.q0 && a.head == b.head && a.batch == b.batch && a.kv_head == b.kv_head &&
-         a.kv_split == b.kv_split && a.kv_first == b.kv_first && a.kv_blocks == b.kv_blocks;
+         a.kv_split == b.kv_split && a.kv_first == b.kv_first && a.kv_blocks == b.kv_blocks &&
+         a.row_shift == b.row_shift;
 }
 }  // namespace ffpa::detail
 
@@ -117,6 +119,48 @@ TEST(TileSchedule, KvSplitsCoverTheAttendedBlocksOnce) {
       const int q0 = std::get<2>(tile);
       EXPECT_EQ(blocks, (reference_kv_end(p, q0, block_m) + block_n - 1) / block_n);
     }
+  }
+}
+
+// GQA packing (split_kv.hpp's packed_heads): the tiles' rows cover every
+// (batch, head, query row) once, a tile's heads share its KV head, padding
+// rows are exactly those past Nq, and the attended blocks are the most any of
+// its rows attends. Without packing the rows are q0 + r of the tile's head.
+TEST(TileSchedule, PackedHeadsCoverEveryRowOnce) {
+  std::mt19937 rng(20261202);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int heads_kv = 1 + rng() % 3, group = 1 << (rng() % 5);
+    const Causal causal = static_cast<Causal>(rng() % 3);
+    const AttentionProblem p = problem(1 + rng() % 2, heads_kv * group, heads_kv, 1 + rng() % 20,
+                                       1 + rng() % 700, causal);
+    const int block_m = 64, block_n = 128;
+    const int heads_per_tile = ffpa::detail::packed_heads(group, p.seq_q, block_m);
+    const int head_rows = block_m / heads_per_tile;
+    const int row_blocks = static_cast<int>(ffpa::detail::head_row_blocks(p.seq_q, block_m, heads_per_tile));
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": group " + std::to_string(group) + ", Nq " +
+                 std::to_string(p.seq_q) + ", " + std::to_string(heads_per_tile) + " heads a tile");
+    std::map<std::tuple<int, int, int>, int> rows_seen;
+    const int64_t tiles = row_blocks * (p.heads_q / heads_per_tile) * p.batch;
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      const TileCoordinates c =
+          tile_coordinates<int64_t>(p, tile, row_blocks, block_m, block_n, 1, 0, heads_per_tile);
+      EXPECT_EQ(c, tile_coordinates<int>(p, static_cast<int>(tile), row_blocks, block_m, block_n, 1, 0,
+                                         heads_per_tile));
+      int end = 0;
+      for (int r = 0; r < block_m; ++r) {
+        const int head = c.row_head(r), row = c.query_row(r);
+        ASSERT_GE(head, c.head);
+        ASSERT_LT(head, c.head + heads_per_tile);
+        EXPECT_EQ(head / group, c.kv_head) << "row " << r;
+        EXPECT_EQ(row, c.q0 + r % head_rows);
+        if (row >= p.seq_q) continue;  // padding
+        ++rows_seen[{c.batch, head, row}];
+        end = std::max(end, reference_kv_end(p, row, 1));
+      }
+      EXPECT_EQ(c.kv_blocks, (end + block_n - 1) / block_n);
+    }
+    EXPECT_EQ(static_cast<int64_t>(rows_seen.size()), p.batch * p.heads_q * p.seq_q);
+    for (const auto& [row, count] : rows_seen) EXPECT_EQ(count, 1);
   }
 }
 

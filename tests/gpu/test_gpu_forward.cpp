@@ -521,6 +521,40 @@ std::vector<ForwardCase> large_cases() {
   return cases;
 }
 
+// Decode and speculative decode (Nq in {1, 2, 4, 7, 16}) against long and odd
+// KV lengths: the sm90 family splits the keys (split-KV) and packs the query
+// heads of a GQA group into one tile (kernels/common/split_kv.hpp), so each
+// feature is crossed with packing (groups of 1 to 64 heads, 3 and 6 packing 1
+// and 2) and with both kinds of tile (one CTA, a cluster above D = 512).
+std::vector<ForwardCase> decode_cases() {
+  return {
+      shape_case(bf16, 2, 8, 2, 1, 8191, 512),
+      shape_case(f16, 1, 8, 1, 2, 3001, 320).with_causal(bottom_right),
+      shape_case(bf16, 1, 16, 2, 4, 4099, 512)
+          .with_causal(bottom_right)
+          .with_mask(DType::bf16, MaskShape::full, true),
+      shape_case(f16, 2, 8, 2, 7, 2047, 1024).with_mask(DType::boolean, MaskShape::batch_rows, true),
+      shape_case(bf16, 1, 8, 1, 16, 1537, 512).with_dropout(0.2f),
+      shape_case(bf16, 1, 12, 4, 1, 5000, 512),
+      shape_case(f16, 1, 12, 2, 3, 777, 320)
+          .with_layout(Layout::bnhd)
+          .with_mask(DType::f32, MaskShape::full, true),
+      shape_case(bf16, 1, 4, 1, 1, 1, 512),
+      shape_case(bf16, 1, 4, 2, 2, 100003, 512).with_causal(bottom_right),
+      shape_case(f16, 1, 8, 2, 1, 20000, 1024).with_dropout(0.1f),
+      shape_case(bf16, 1, 64, 1, 1, 3000, 512),
+      shape_case(bf16, 1, 8, 2, 4, 1001, 512)
+          .with_causal(bottom_right)
+          .with_mask(DType::f16, MaskShape::keys, true),
+      shape_case(f16, 1, 8, 2, 1, 4096, 512).with_row_pad(8).without_lse(),
+      shape_case(bf16, 2, 4, 2, 16, 3000, 320).with_mask(DType::boolean, MaskShape::full, true),
+      shape_case(f16, 1, 8, 2, 7, 6000, 768)
+          .with_causal(bottom_right)
+          .with_mask(DType::bf16, MaskShape::batch_keys, true)
+          .with_dropout(0.3f),
+  };
+}
+
 // --- tests -----------------------------------------------------------------------------
 
 class GpuForward : public ::testing::TestWithParam<ForwardCase> {
@@ -538,6 +572,7 @@ std::string param_name(const ::testing::TestParamInfo<ForwardCase>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Small, GpuForward, ::testing::ValuesIn(small_cases()), param_name);
 INSTANTIATE_TEST_SUITE_P(Large, GpuForward, ::testing::ValuesIn(large_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(Decode, GpuForward, ::testing::ValuesIn(decode_cases()), param_name);
 
 class GpuForwardSmall : public ::testing::Test {
  protected:

@@ -257,13 +257,26 @@ PointResult run_on_device(const BenchArgs& args, const Device& device, cudaStrea
   BENCH_CUDA(cudaMemcpyAsync(inputs.get(), in.buffer.get(), in.slab.total_bytes(), cudaMemcpyHostToDevice, stream));
   const size_t o_bytes = buffer_bytes(in.tensors.o), lse_bytes = buffer_bytes(in.tensors.lse);
   const DeviceMemory o = device_alloc(o_bytes), lse = device_alloc(lse_bytes);
+  // The workspace a call uses (split-KV's partial rows), allocated once as a
+  // framework's caching allocator would hand it out: without one the library
+  // takes stream-ordered memory per call, which the default pool returns to
+  // the driver at every synchronization of this loop.
+  DeviceMemory workspace;
+  size_t workspace_bytes = 0;
   const auto call = [&](int64_t n) {  // call n reads input set n mod sets
-    return make_params(bind_tensors(in.tensors, in.slab, inputs.get(), n % in.slab.sets, o.get(), lse.get()), args,
-                       args.impl, stream);
+    ForwardParams params = make_params(
+        bind_tensors(in.tensors, in.slab, inputs.get(), n % in.slab.sets, o.get(), lse.get()), args, args.impl, stream);
+    params.workspace = workspace.get();
+    params.workspace_bytes = workspace_bytes;
+    return params;
   };
   check_ffpa(select_kernel(call(0), &result.kernel), "ffpa::select_kernel");
   MemoryResult memory;
   check_ffpa(workspace_size(call(0), &memory.workspace), "ffpa::workspace_size");
+  if (memory.workspace > 0) {
+    workspace = device_alloc(memory.workspace);
+    workspace_bytes = memory.workspace;
+  }
 
   if (args.check_rows > 0) {
     // 0xFF bytes are NaN in f16, bf16 and f32: any element left unwritten shows.

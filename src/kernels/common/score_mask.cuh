@@ -20,20 +20,24 @@
 
 namespace ffpa::detail {
 
-// Which keys the rows of a tile may see: key c of tile row r (tile rows start
-// at query row q0) is visible when c < Nkv and, causal, c <= q0 + shift + r.
+// Which keys the rows of a tile may see: key c of tile row r (query row
+// tile.query_row(r) = q0 + (r & row_mask)) is visible when c < Nkv and,
+// causal, c <= q0 + shift + (r & row_mask).
 struct KeyLimits {
   int seq_kv;
-  int first_row_limit;  // q0 + causal shift: the last key tile row 0 may attend
+  int first_row_limit;  // q0 + causal shift: the last key a tile's first query row may attend
+  int row_mask;         // tile row -> query row offset (GQA packing: tile_schedule.hpp)
   bool causal;
 
-  __device__ __forceinline__ KeyLimits(const AttentionProblem& p, int q0)
+  __device__ __forceinline__ KeyLimits(const AttentionProblem& p, const TileCoordinates& tile)
       : seq_kv(static_cast<int>(p.seq_kv)),
-        first_row_limit(q0 + static_cast<int>(p.causal_shift())),
+        first_row_limit(tile.q0 + static_cast<int>(p.causal_shift())),
+        row_mask((1 << tile.row_shift) - 1),
         causal(p.causal != Causal::none) {}
 
   // Whether a block of keys [kv0, kv0 + block_n) has a key some row of the
-  // tile may not see (then the block is masked element by element).
+  // tile may not see (then the block is masked element by element): the
+  // tile's first query row sees the fewest.
   __device__ __forceinline__ bool block_needs_masking(int kv0, int block_n) const {
     return kv0 + block_n > seq_kv || (causal && kv0 + block_n - 1 > first_row_limit);
   }
@@ -48,8 +52,14 @@ __device__ __forceinline__ void mask_outside_limits(float (&s)[Layout::kElements
   for (int i = 0; i < Layout::kElements; ++i) {
     const int r = 2 * (i / (4 * Layout::kColBlocks)) + (i / 2) % 2;
     const int c = key0 + Layout::col_offset((i / 4) % Layout::kColBlocks) + i % 2;
-    if (c >= limits.seq_kv || (limits.causal && c > limits.first_row_limit + coords.row(r))) s[i] = -INFINITY;
+    if (c >= limits.seq_kv || (limits.causal && c > limits.first_row_limit + (coords.row(r) & limits.row_mask)))
+      s[i] = -INFINITY;
   }
+}
+
+// The mask's element offset of the row of tile row r (its head and query row).
+__device__ __forceinline__ int64_t mask_row_offset(const AttentionProblem& p, const TileCoordinates& tile, int r) {
+  return tile.batch * p.mask_stride[0] + tile.row_head(r) * p.mask_stride[1] + tile.query_row(r) * p.mask_stride[2];
 }
 
 // An element of the mask as a log2-domain additive term.
@@ -80,8 +90,8 @@ __device__ __forceinline__ void with_mask_element(MaskKind kind, F&& f) {
   }
 }
 
-// Adds the user's mask to this thread's scores (rows tile.q0 + coords.row(r),
-// keys key0 + 8 * b + e): per thread row one row pointer, then column blocks
+// Adds the user's mask to this thread's scores (tile rows coords.row(r):
+// query row tile.query_row() of head tile.row_head(), keys key0 + 8 * b + e): per thread row one row pointer, then column blocks
 // kBlocksInFlight at a time, all their loads issued before the first add
 // (fewer than all keeps a register-starved kernel from spilling; the compiler
 // barrier stops it from batching more). Where the mask's keys are contiguous
@@ -98,15 +108,14 @@ __device__ __forceinline__ void add_mask(float (&s)[Layout::kElements], const At
                                          const TileCoordinates& tile, const Coordinates& coords, int key0) {
   static_assert(Layout::kColBlocks % kBlocksInFlight == 0);
   const int seq_q = static_cast<int>(p.seq_q), seq_kv = static_cast<int>(p.seq_kv);
-  const int64_t mask_bh = tile.batch * p.mask_stride[0] + tile.head * p.mask_stride[1];
   const bool pairs = kPairs && p.mask_key_pairs && key0 + Layout::col_offset(Layout::kColBlocks - 1) + 1 < seq_kv;
   with_mask_element(p.mask_kind, [&](auto element_tag) {
     using T = decltype(element_tag);
 #pragma unroll
     for (int r = 0; r < Layout::kRows; ++r) {
-      const int i = tile.q0 + coords.row(r);
+      const int i = tile.query_row(coords.row(r));
       if (i >= seq_q) continue;
-      const T* const mask_row = opaque(static_cast<const T*>(p.mask) + mask_bh + i * p.mask_stride[2]);
+      const T* const mask_row = opaque(static_cast<const T*>(p.mask) + mask_row_offset(p, tile, coords.row(r)));
       if (pairs) {
         const MaskPair<T>* const row_pairs = reinterpret_cast<const MaskPair<T>*>(mask_row + key0);
 #pragma unroll
@@ -153,7 +162,10 @@ __device__ __forceinline__ bool mask_starts_scores(const AttentionProblem& p, in
   return kv0 + block_n <= p.seq_kv;
 }
 
-// Loads this thread's mask pairs of rows tile.q0 + coords.row(r), keys key0
+// Loads this thread's mask pairs of rows tile.q0 + coords.row(r) of the
+// tile's head (the kernels that start S at the mask never pack heads:
+// sm90_wgmma::starts_s_at_mask; the packed mapping's per-row head costs their
+// register-bound consumers a spill and 6 % at D = 512), keys key0
 // + 8 b + e, as raw bits into s: element index(r, b, 1) holds a 16- or 8-bit
 // pair, an fp32 pair fills both elements. Rows past Nq read nothing and get
 // zeros (their scores are never stored). The loads are issued here and used by

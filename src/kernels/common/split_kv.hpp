@@ -1,6 +1,6 @@
 // Split-KV decode's schedule, host and device (issue 12; docs/kernels/split_kv_plan.md):
-// how many KV splits a call's work units get, and which query head and row
-// each row of a packed decode tile is. The splits write partial rows as their
+// how many KV splits a call's work units get, and how many query heads of a
+// GQA group a decode tile packs. The splits write partial rows as their
 // softmax state (max, sum) and unnormalized O, which softmax_state.hpp's merge
 // combines (an fp32 LSE would lose ~1e-3 of O at score ranges of 1e4: the
 // test shows it). Tested on the CPU
@@ -55,16 +55,19 @@ inline KvSplits choose_kv_splits(int64_t units, int64_t seq_kv, int64_t slots, i
   return best;
 }
 
-// The rows of a packed decode tile: the `group` query heads that share a KV
-// head times the Nq query rows, head-major, so that each K and V byte is read
-// once for all of them. Tile row r is query head (kv_head x group +
-// head_offset(r)), query row query_row(r).
-struct PackedRows {
-  int group, seq_q;
-  FFPA_HOST_DEVICE int rows() const { return group * seq_q; }
-  FFPA_HOST_DEVICE int head_offset(int r) const { return r / seq_q; }
-  FFPA_HOST_DEVICE int query_row(int r) const { return r % seq_q; }
-};
+// GQA packing: how many query heads of a KV head's group one tile of block_m
+// rows holds, each with the same query rows, so that each K and V byte is
+// read once for all of them (decode with Nq = 1 fills 1 of a tile's 64 rows
+// otherwise: 4x the padded tensor work at GQA 4). The heads get block_m /
+// heads rows each, at least Nq rounded up to a power of two (the tile's rows
+// map to (head, row) by shifts: tile_schedule.hpp), and their count divides
+// the group, so that a tile's heads share one KV head. 1 (no packing) for
+// Nq > block_m / 2 or an odd group.
+FFPA_HOST_DEVICE int packed_heads(int64_t group, int64_t seq_q, int block_m) {
+  int heads = 1;
+  while (group % (2 * heads) == 0 && (block_m / (2 * heads)) >= seq_q) heads *= 2;
+  return heads;
+}
 
 // The combine of one output row, host and device: the splits' states (the
 // keys' maximum in the log2 domain and the sum relative to it; max = -inf and

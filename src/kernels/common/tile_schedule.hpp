@@ -4,8 +4,12 @@
 // block attends the most keys); and the KV blocks a row block attends end at
 // its last row's causal limit. With split-KV (kernels/common/split_kv.hpp) a
 // tile is also one split of the keys: blocks [kv_first, kv_first + kv_blocks)
-// of its split's range that the rows attend, possibly none. The CPU tests
-// check it against the reference's masking rule (tests/cpu/test_tile_schedule.cpp).
+// of its split's range that the rows attend, possibly none. With GQA packing
+// (decode: split_kv.hpp's packed_heads) a tile holds the same query rows of
+// several query heads that share a KV head, so each K and V byte is read once
+// for all of them: tile row r is query row query_row(r) of head row_head(r).
+// The CPU tests check it against the reference's masking rule
+// (tests/cpu/test_tile_schedule.cpp).
 #pragma once
 
 #include <cstdint>
@@ -17,11 +21,25 @@ namespace ffpa::detail {
 
 struct TileCoordinates {
   int q0;  // first query row
-  int head, batch, kv_head;
+  int head, batch, kv_head;  // head: the first query head of the tile
   int kv_split;   // which split of the keys (0 without split-KV)
   int kv_first;   // the first KV block of the split (0 without split-KV)
   int kv_blocks;  // KV blocks of block_n keys from kv_first the rows attend (causal: up to the diagonal)
+  // log2 of the rows each head has in the tile (a power of two): block_m's
+  // without packing, so that query_row(r) = q0 + r and row_head(r) = head.
+  int row_shift;
+
+  // Query row and query head of tile row r (rows past Nq are padding).
+  FFPA_HOST_DEVICE int query_row(int r) const { return q0 + (r & ((1 << row_shift) - 1)); }
+  FFPA_HOST_DEVICE int row_head(int r) const { return head + (r >> row_shift); }
 };
+
+// log2 of a power of two.
+FFPA_HOST_DEVICE int log2_of_power_of_two(int value) {
+  int shift = 0;
+  while ((1 << shift) < value) ++shift;
+  return shift;
+}
 
 // One past the last key any row of [q0, q0 + block_m) attends.
 FFPA_HOST_DEVICE int attended_kv_end(const AttentionProblem& p, int q0, int block_m) {
@@ -32,25 +50,40 @@ FFPA_HOST_DEVICE int attended_kv_end(const AttentionProblem& p, int q0, int bloc
   return p.causal == Causal::none ? seq_kv : (clipped > 0 ? clipped : 0);
 }
 
+// The rows of one head in a tile of block_m rows holding heads_per_tile heads.
+FFPA_HOST_DEVICE int rows_per_head(int block_m, int heads_per_tile) { return block_m / heads_per_tile; }
+
+// Tiles along one head's Nq query rows.
+FFPA_HOST_DEVICE int64_t head_row_blocks(int64_t seq_q, int block_m, int heads_per_tile) {
+  const int rows = rows_per_head(block_m, heads_per_tile);
+  return (seq_q + rows - 1) / rows;
+}
+
 // The tile of linear index `tile` (row block fastest, then KV split, then
-// head, then batch) among row_blocks x kv_splits x Hq x B; split s holds KV
-// blocks [s x split_blocks, (s + 1) x split_blocks). Index is the integer type
-// the caller counts tiles in (int when the grid is below 2^31 tiles).
+// head group, then batch) among row_blocks x kv_splits x (Hq / heads_per_tile)
+// x B; split s holds KV blocks [s x split_blocks, (s + 1) x split_blocks); a
+// tile's heads_per_tile heads (a power of two dividing the GQA group, block_m
+// / heads_per_tile rows each: head_row_blocks() of them per head) share a KV head.
+// Index is the integer type the caller counts tiles in (int when the grid is
+// below 2^31 tiles).
 template <typename Index>
 FFPA_HOST_DEVICE TileCoordinates tile_coordinates(const AttentionProblem& p, Index tile, int row_blocks,
                                                   int block_m, int block_n, int kv_splits = 1,
-                                                  int split_blocks = 0) {
+                                                  int split_blocks = 0, int heads_per_tile = 1) {
   TileCoordinates c;
   int row_block = static_cast<int>(tile % row_blocks);
   tile /= row_blocks;
   c.kv_split = static_cast<int>(tile % kv_splits);
   tile /= kv_splits;
-  c.head = static_cast<int>(tile % static_cast<Index>(p.heads_q));
-  c.batch = static_cast<int>(tile / static_cast<Index>(p.heads_q));
+  const Index head_groups = static_cast<Index>(p.heads_q / heads_per_tile);
+  c.head = static_cast<int>(tile % head_groups) * heads_per_tile;
+  c.batch = static_cast<int>(tile / head_groups);
   c.kv_head = c.head / static_cast<int>(p.group_size());
+  const int head_rows = rows_per_head(block_m, heads_per_tile);
+  c.row_shift = log2_of_power_of_two(head_rows);
   if (p.causal != Causal::none) row_block = row_blocks - 1 - row_block;  // longest first
-  c.q0 = row_block * block_m;
-  const int attended_blocks = (attended_kv_end(p, c.q0, block_m) + block_n - 1) / block_n;
+  c.q0 = row_block * head_rows;
+  const int attended_blocks = (attended_kv_end(p, c.q0, head_rows) + block_n - 1) / block_n;
   if (kv_splits == 1) {
     c.kv_first = 0;
     c.kv_blocks = attended_blocks;

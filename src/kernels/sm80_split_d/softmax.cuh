@@ -56,7 +56,7 @@ __device__ __forceinline__ void Cta<Traits>::softmax(int kv0, SAccumulator& s_ac
   const int key0 = kv0 + warp_n * Traits::kWarpKeys + 2 * t;
 #pragma unroll
   for (int i = 0; i < Layout::kElements; ++i) s[i] *= scale_log2;
-  const KeyLimits limits(p, tile.q0);
+  const KeyLimits limits(p, tile);
   const SCoordinates coords{*this};
   if (limits.block_needs_masking(kv0, Traits::kBlockN)) mask_outside_limits<Layout>(s, limits, coords, key0);
   if (p.mask_kind != MaskKind::none) add_mask<Layout>(s, p, tile, coords, key0);

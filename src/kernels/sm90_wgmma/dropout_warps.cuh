@@ -46,10 +46,11 @@ struct DropoutWarps {
       for (int draw = thread; draw < kRowDraws; draw += kThreads) {
         const int r = draw % Traits::kBlockM, quarter = draw / Traits::kBlockM;
         const TileCoordinates* tile = cta.tile();
-        const int row = tile->q0 + r;
+        const int row = tile->query_row(r);
         uint32_t keys = 0;  // rows past Nq are never stored
         if (row < p.seq_q) {
-          const uint64_t head_word = dropout_head_word(p, static_cast<int64_t>(tile->batch) * p.heads_q + tile->head);
+          const uint64_t head_word =
+              dropout_head_word(p, static_cast<int64_t>(tile->batch) * p.heads_q + tile->row_head(r));
           const uint64_t word = dropout_word(head_word, static_cast<uint32_t>(row), static_cast<uint32_t>(p.seq_kv),
                                              static_cast<uint32_t>(cta.block_key(j) + 32 * quarter));
           keys = row_keep_bits32(p.dropout_seed, p.dropout_threshold, word);

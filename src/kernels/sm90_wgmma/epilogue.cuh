@@ -21,13 +21,13 @@ __device__ __forceinline__ void Consumer<Traits>::store_partial() {
   named_barrier_sync(1, 256);  // both consumers: every wgmma has retired, the row sums are final
   const int t = quad_lane();
   const int64_t rows = p.batch * p.heads_q * p.seq_q;
-  const int64_t head_row0 = (static_cast<int64_t>(tile->batch) * p.heads_q + tile->head) * p.seq_q;
   const int head_dim = static_cast<int>(p.head_dim);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int i = tile->q0 + row(h);
+    const int i = tile->query_row(row(h));
     if (i >= static_cast<int>(p.seq_q)) continue;
-    const int64_t partial_row = tile->kv_split * rows + head_row0 + i;
+    const int64_t partial_row =
+        tile->kv_split * rows + (static_cast<int64_t>(tile->batch) * p.heads_q + tile->row_head(row(h))) * p.seq_q + i;
     if (split_rank<Traits::kSplit>() == 0 && w == 0 && t == 0) {
       const float* const row_sums = cta.row_sums();
       cta.args.partial_states[partial_row] =
@@ -57,9 +57,9 @@ __device__ __forceinline__ void Consumer<Traits>::store_output(const CUtensorMap
   for (int h = 0; h < 2; ++h) {
     const float total = row_sums[row(h)] + row_sums[64 + row(h)];
     out_scale[h] = output_row_scale(total, keep_scale);
-    const int r = tile->q0 + row(h);
+    const int r = tile->query_row(row(h));
     if (p.lse != nullptr && split_rank<Traits::kSplit>() == 0 && w == 0 && t == 0 && r < static_cast<int>(p.seq_q))
-      store_lse(p, tile->batch, tile->head, r, row_log_sum_exp(running_max(tile->kv_blocks - 1, h), total));
+      store_lse(p, tile->batch, tile->row_head(row(h)), r, row_log_sum_exp(running_max(tile->kv_blocks - 1, h), total));
   }
   unsigned char* const o_tiles = cta.smem() + Traits::kQOffset;
 #pragma unroll

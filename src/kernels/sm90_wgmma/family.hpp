@@ -14,22 +14,25 @@
 
 namespace ffpa::detail::sm90_wgmma {
 
-// Split-KV (kernels/common/split_kv.hpp): each tile one of `splits` ranges of
-// split_blocks KV blocks, writing partial rows into the workspace (Args).
-struct KvSplitLaunch {
+// How a call's tiles are formed (kernels/common/split_kv.hpp): GQA packing
+// (heads_per_tile query heads of one KV head in a tile) and split-KV (each
+// tile one of `splits` ranges of split_blocks KV blocks, writing partial rows
+// into the workspace: Args).
+struct TileLaunch {
+  int heads_per_tile = 1;
   int splits = 1;
   int split_blocks = 0;
   float* partial_o = nullptr;
   RowSoftmaxState* partial_states = nullptr;
 };
 
-using Launcher = Status (*)(const AttentionProblem&, const KvSplitLaunch&, cudaStream_t);
+using Launcher = Status (*)(const AttentionProblem&, const TileLaunch&, cudaStream_t);
 using RunnableCheck = Status (*)(DType, int device);
 
 // Defined in launch.cuh, explicitly instantiated per head dim in the
 // generated sm90_wgmma_d<D>.cu translation units (compiled for sm_90a only).
 template <int kHeadDim>
-Status launch_instance(const AttentionProblem& problem, const KvSplitLaunch& split, cudaStream_t stream);
+Status launch_instance(const AttentionProblem& problem, const TileLaunch& tiles, cudaStream_t stream);
 // Whether the instance's kernel for the dtype runs on the current device,
 // `device` (host/kernel_image.hpp): impl_unavailable when it does not.
 template <int kHeadDim>
@@ -41,7 +44,8 @@ constexpr int cluster_size(int head_dim) { return head_dim > 512 ? 2 : 1; }
 
 // Whether a call without dropout runs the instance for head_dim that starts S
 // at the mask (Traits::kMaskInS): a mask read by key pairs, 1 / scale finite
-// and non-zero, and a mask whose rows differ, or any such mask in a cluster.
+// and non-zero, and a mask whose rows differ, or any such mask in a cluster;
+// never with GQA packing (decode: the softmax adds the mask there).
 // A/B on the H200 (2026-12-01, B1 H32 N8192, docs/perf/h200-2026-12-01b/):
 // row and full masks 1.14-1.33x at D = 320/512, every mask 1.34-1.71x at
 // D = 1024; a [B,1,1,Nkv] key mask no faster at D = 320/512 (0.99: it is read
@@ -65,12 +69,17 @@ extern const int kInstanceCount;
 const Instance* route(const AttentionProblem& problem, std::string* reason);
 
 // Runs the instance for head_dim (a planned call's padded_head_dim).
-Status run(const AttentionProblem& problem, int head_dim, const KvSplitLaunch& split, cudaStream_t stream);
+Status run(const AttentionProblem& problem, int head_dim, const TileLaunch& tiles, cudaStream_t stream);
 
-// The KV splits of a call on a device with `sm_count` SMs (one CTA each, a
-// cluster of cluster_size(head_dim) per tile): split_kv.hpp's rule over the
-// tiles' row blocks; one split (no partials) when the tiles fill the device.
-KvSplits kv_splits(const AttentionProblem& problem, int head_dim, int sm_count);
+// How the call's tiles are formed on a device with `sm_count` SMs (one CTA
+// each, a cluster of cluster_size(head_dim) per tile): the GQA heads a tile
+// packs (split_kv.hpp's packed_heads) and the KV splits of its tiles
+// (choose_kv_splits; one split, no partials, when the tiles fill the device).
+struct TilePlan {
+  int heads_per_tile = 1;
+  KvSplits splits;
+};
+TilePlan plan_tiles(const AttentionProblem& problem, int head_dim, int sm_count);
 
 // Human-readable name of an instance, e.g. "sm90_wgmma<bf16,d512,m64,n128,s4>".
 std::string kernel_name(const AttentionProblem& problem, const Instance& instance);

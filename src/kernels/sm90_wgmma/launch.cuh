@@ -11,6 +11,7 @@
 #include "host/cuda_status.hpp"
 #include "host/kernel_image.hpp"
 #include "kernels/common/math_constants.hpp"
+#include "kernels/common/tile_schedule.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
 #include "kernels/sm90_wgmma/kernel.cuh"
 #include "kernels/sm90_wgmma/tensor_map.hpp"
@@ -18,7 +19,7 @@
 namespace ffpa::detail::sm90_wgmma {
 
 template <class Traits>
-Status launch(const AttentionProblem& problem, const KvSplitLaunch& split, cudaStream_t stream) {
+Status launch(const AttentionProblem& problem, const TileLaunch& tiles, cudaStream_t stream) {
   const auto kernel = forward_kernel<Traits>;
   static SharedMemoryOptIn opt_in;
   int device = 0;
@@ -28,28 +29,36 @@ Status launch(const AttentionProblem& problem, const KvSplitLaunch& split, cudaS
   FFPA_RETURN_IF_DEVICE_ERROR("sm90_wgmma", opt_in_shared_memory(reinterpret_cast<const void*>(kernel),
                                                                  Traits::kSmemBytes, device, &opt_in));
 
-  // Q and O in boxes of 64 rows (one CTA's), K of 128 (a KV block), V of 64
-  // (half a block: one ring stage per key half and consumer).
+  // Q and O in boxes of a tile's 64 rows (64 / heads_per_tile rows of each of
+  // its heads: TMA fills the box row by row, head after head, the order of
+  // TileCoordinates::row_head), K of 128 (a KV block), V of 64 (half a block:
+  // one ring stage per key half and consumer).
   const std::array<TensorMapShape, 4> shapes = attention_tensor_shapes(problem);
-  constexpr int kBoxRows[4] = {Traits::kBlockM, Traits::kBlockN, 64, Traits::kBlockM};
+  const int head_rows = rows_per_head(Traits::kBlockM, tiles.heads_per_tile);
+  const int box_rows[4] = {head_rows, Traits::kBlockN, 64, head_rows};
+  const int box_heads[4] = {tiles.heads_per_tile, 1, 1, tiles.heads_per_tile};
   CUtensorMap maps[4];
   for (int i = 0; i < 4; ++i) {
-    if (Status status = encode_tensor_map(shapes[i], kBoxRows[i], &maps[i]); !status.ok()) return status;
+    if (Status status = encode_tensor_map(shapes[i], box_rows[i], box_heads[i], &maps[i]); !status.ok()) {
+      return status;
+    }
   }
 
   Args args{};
   args.p = problem;
-  args.row_blocks = static_cast<int>((problem.seq_q + Traits::kBlockM - 1) / Traits::kBlockM);
+  args.heads_per_tile = tiles.heads_per_tile;
+  args.row_blocks = static_cast<int>(head_row_blocks(problem.seq_q, Traits::kBlockM, tiles.heads_per_tile));
   args.scale_log2 = problem.scale * kLog2e;
   args.inverse_scale = 1.0f / problem.scale;
-  args.kv_splits = split.splits;
-  args.split_blocks = split.split_blocks;
-  args.partial_o = split.partial_o;
-  args.partial_states = split.partial_states;
+  args.kv_splits = tiles.splits;
+  args.split_blocks = tiles.split_blocks;
+  args.partial_o = tiles.partial_o;
+  args.partial_states = tiles.partial_states;
   // One CTA per tile, or a cluster of kSplit consecutive CTAs per tile; a tile per KV split.
-  const int64_t tiles = problem.batch * problem.heads_q * args.row_blocks * split.splits;  // < 2^30 (routing)
+  const int64_t tile_count =
+      problem.batch * (problem.heads_q / tiles.heads_per_tile) * args.row_blocks * tiles.splits;  // < 2^30 (routing)
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(tiles * Traits::kSplit));
+  config.gridDim = dim3(static_cast<unsigned>(tile_count * Traits::kSplit));
   config.blockDim = dim3(Traits::kThreads);
   config.dynamicSmemBytes = Traits::kSmemBytes;
   config.stream = stream;
@@ -97,19 +106,19 @@ struct InstanceTraits {
 };
 
 template <int kHeadDim, class Element>
-Status launch_element(const AttentionProblem& problem, const KvSplitLaunch& split, cudaStream_t stream) {
+Status launch_element(const AttentionProblem& problem, const TileLaunch& tiles, cudaStream_t stream) {
   using Kernels = InstanceTraits<kHeadDim>;
-  if (problem.has_dropout()) return launch<typename Kernels::template type<Element, true>>(problem, split, stream);
+  if (problem.has_dropout()) return launch<typename Kernels::template type<Element, true>>(problem, tiles, stream);
   if (starts_s_at_mask(problem, kHeadDim)) {
-    return launch<typename Kernels::template type<Element, false, true>>(problem, split, stream);
+    return launch<typename Kernels::template type<Element, false, true>>(problem, tiles, stream);
   }
-  return launch<typename Kernels::template type<Element, false>>(problem, split, stream);
+  return launch<typename Kernels::template type<Element, false>>(problem, tiles, stream);
 }
 
 template <int kHeadDim>
-Status launch_instance(const AttentionProblem& problem, const KvSplitLaunch& split, cudaStream_t stream) {
-  if (problem.dtype == DType::bf16) return launch_element<kHeadDim, __nv_bfloat16>(problem, split, stream);
-  return launch_element<kHeadDim, __half>(problem, split, stream);
+Status launch_instance(const AttentionProblem& problem, const TileLaunch& tiles, cudaStream_t stream) {
+  if (problem.dtype == DType::bf16) return launch_element<kHeadDim, __nv_bfloat16>(problem, tiles, stream);
+  return launch_element<kHeadDim, __half>(problem, tiles, stream);
 }
 
 template <int kHeadDim>

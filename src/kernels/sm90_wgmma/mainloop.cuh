@@ -15,12 +15,13 @@ template <class Traits>
 __device__ __forceinline__ void Consumer<Traits>::start_keep(int j) {
   const AttentionProblem& p = cta.p;
   const TileCoordinates* tile = cta.tile();
-  const uint64_t head_word = dropout_head_word(p, static_cast<int64_t>(tile->batch) * p.heads_q + tile->head);
   const int t = quad_lane();
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    keep_word[h] = dropout_word(head_word, static_cast<uint32_t>(tile->q0 + row(h)), static_cast<uint32_t>(p.seq_kv),
-                                static_cast<uint32_t>(cta.block_key(j) + 32 * t));
+    const uint64_t head_word =
+        dropout_head_word(p, static_cast<int64_t>(tile->batch) * p.heads_q + tile->row_head(row(h)));
+    keep_word[h] = dropout_word(head_word, static_cast<uint32_t>(tile->query_row(row(h))),
+                                static_cast<uint32_t>(p.seq_kv), static_cast<uint32_t>(cta.block_key(j) + 32 * t));
     keep_low[h] = keep_high[h] = 0;
   }
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/common/tile_schedule.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
 #include "kernels/sm90_wgmma/ring.hpp"
 #include "kernels/sm90_wgmma/tensor_map.hpp"
@@ -48,22 +49,25 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
 
 bool starts_s_at_mask(const AttentionProblem& problem, int head_dim) {
   if (problem.mask_kind == MaskKind::none || !problem.mask_key_pairs || problem.has_dropout()) return false;
+  if (packed_heads(problem.group_size(), problem.seq_q, 64) > 1) return false;  // load_mask_pairs: unpacked rows
   const float inverse_scale = 1.0f / problem.scale;
   if (!std::isfinite(inverse_scale) || inverse_scale == 0.0f) return false;
   return cluster_size(head_dim) > 1 || problem.mask_stride[2] != 0;
 }
 
-KvSplits kv_splits(const AttentionProblem& problem, int head_dim, int sm_count) {
+TilePlan plan_tiles(const AttentionProblem& problem, int head_dim, int sm_count) {
   constexpr int kBlockM = 64, kBlockN = 128;  // Traits' tile (host code cannot include traits.cuh)
-  const int64_t row_blocks = (problem.seq_q + kBlockM - 1) / kBlockM;
-  const int64_t slots = sm_count / cluster_size(head_dim);
-  KvSplits splits = choose_kv_splits(problem.batch * problem.heads_q * row_blocks, problem.seq_kv, slots, kBlockN);
-  return splits;
+  TilePlan plan;
+  plan.heads_per_tile = packed_heads(problem.group_size(), problem.seq_q, kBlockM);
+  const int64_t tiles =
+      problem.batch * (problem.heads_q / plan.heads_per_tile) * head_row_blocks(problem.seq_q, kBlockM, plan.heads_per_tile);
+  plan.splits = choose_kv_splits(tiles, problem.seq_kv, sm_count / cluster_size(head_dim), kBlockN);
+  return plan;
 }
 
-Status run(const AttentionProblem& problem, int head_dim, const KvSplitLaunch& split, cudaStream_t stream) {
+Status run(const AttentionProblem& problem, int head_dim, const TileLaunch& tiles, cudaStream_t stream) {
   for (int i = 0; i < kInstanceCount; ++i) {
-    if (kInstances[i].head_dim == head_dim) return kInstances[i].launch(problem, split, stream);
+    if (kInstances[i].head_dim == head_dim) return kInstances[i].launch(problem, tiles, stream);
   }
   return {StatusCode::impl_unavailable, "impl sm90_wgmma: no instance for head dim " +
                                             std::to_string(head_dim) + " in this build"};

@@ -40,7 +40,7 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
   const int kv0 = cta.block_key(j);
 #pragma unroll
   for (int i = 0; i < 64; ++i) s[i] *= cta.args.scale_log2;
-  const KeyLimits limits(p, tile->q0);
+  const KeyLimits limits(p, *tile);
   const SCoordinates coords{*this};
   if (limits.block_needs_masking(kv0, kBlockN)) mask_outside_limits<Layout>(s, limits, coords, kv0 + 2 * t);
   if (p.mask_kind != MaskKind::none && !mask_in_s(j)) add_mask<Layout, Traits::kMaskBlocksInFlight, Traits::kMaskPairLoads>(s, p, *tile, coords, kv0 + 2 * t);

@@ -52,7 +52,7 @@ bool tensor_map_addressable(const TensorMapShape& shape) {
   return true;
 }
 
-Status encode_tensor_map(const TensorMapShape& shape, int box_rows, CUtensorMap* map) {
+Status encode_tensor_map(const TensorMapShape& shape, int box_rows, int box_heads, CUtensorMap* map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) {
     return {StatusCode::impl_unavailable,
@@ -63,7 +63,7 @@ Status encode_tensor_map(const TensorMapShape& shape, int box_rows, CUtensorMap*
   const cuuint64_t strides[3] = {dimension_stride_bytes(shape.seq, shape.stride[2]),
                                  dimension_stride_bytes(shape.heads, shape.stride[1]),
                                  dimension_stride_bytes(shape.batch, shape.stride[0])};
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), static_cast<cuuint32_t>(box_heads), 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
   const CUresult result = encode(
       map, shape.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,

@@ -1,6 +1,6 @@
 // TMA descriptors for the attention tensors: a logical [B, H, N, D] tensor with
 // element strides (b, h, n) and a contiguous last dimension, boxes of
-// [box_rows][64] elements with the 128-byte swizzle.
+// [box_heads][box_rows][64] elements with the 128-byte swizzle.
 #pragma once
 
 #include <cuda.h>
@@ -27,6 +27,6 @@ std::array<TensorMapShape, 4> attention_tensor_shapes(const AttentionProblem& pr
 bool tensor_map_addressable(const TensorMapShape& shape);
 
 // Encodes the descriptor through the driver (looked up once per process).
-Status encode_tensor_map(const TensorMapShape& shape, int box_rows, CUtensorMap* map);
+Status encode_tensor_map(const TensorMapShape& shape, int box_rows, int box_heads, CUtensorMap* map);
 
 }  // namespace ffpa::detail::sm90_wgmma
