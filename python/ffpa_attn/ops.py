@@ -193,11 +193,15 @@ class _Plan:
         o = _new_output(q)
         lse = _new_lse(q, True) if return_lse else None
         self.params = _params_template(q, k, v, o, lse, _broadcast_mask(mask, q, k), options)
-        # The workspace of the plan's calls (q's device is part of the plan's key).
+        # The workspace of the plan's calls (q's device is part of the plan's key). A call
+        # the library refuses gets its error from forward (or runs on copies: run).
         self.workspace_bytes = 0
-        if q.is_cuda and q.numel() and k.numel():
-            with torch.cuda.device(q.device):
-                self.workspace_bytes = _library.workspace_size(self.params)
+        if q.is_cuda and self.in_place and q.numel() and k.numel():
+            try:
+                with torch.cuda.device(q.device):
+                    self.workspace_bytes = _library.workspace_size(self.params)
+            except _library.FFPAError:
+                pass
         self.params.workspace_bytes = self.workspace_bytes
         self.threads = threading.local()  # each thread's _Slot
 
