@@ -24,13 +24,15 @@ compared with SDPA computed in float32 on upcast inputs (relative L2 error, on
 sampled batches and heads when the shape is large); ffpa fails a case beyond
 1e-2 (bf16) or 5e-3 (fp16).
 
-Sweeps (--cases, comma-separated, default all = every sweep but smoke):
+Sweeps (--cases, comma-separated, default all = every sweep but smoke and decode_grid):
   head_dim  bf16, B=1, H=32, N=8192, D in 64..1024, causal no and yes
   seq_len   bf16, B=1, H=32, D=512, N in 1024..16384
   gqa       bf16, Hq=32, Hkv=8, N=8192, D in {512, 1024}
   cross     bf16, H=32, Nq=1024, Nkv=8192, D in {512, 1024}
   decode    bf16, H=32, Nq=1, Nkv in {8192, 32768}, B in {1, 8}, D=512
             (not causal: SDPA's top-left causal would let one query see only key 0)
+  decode_grid  bf16, Hq=32, Nq=1, D=512, Nkv in {512 .. 131072} x B in {1, 8, 64} x GQA in
+            {1, 4, 8}, the points whose K and V fit 24 GB (split-KV decode, issue 12)
   fp16      fp16, B=1, H=32, N=8192, D=512, causal no and yes
   smoke     small shapes that run in seconds, for quick checks of the whole path
 
@@ -144,6 +146,13 @@ def define_sweeps() -> dict[str, Sweep]:
             sweep("decode", "Decode (one query)",
                   [Case("decode", D=512, B=b, Nq=1, Nkv=n) for b in (1, 8) for n in (8192, 32768)],
                   metric="kv_gb_per_s"),
+            # Issue 12's grid: Nkv x B x GQA (Hq = 32) at D = 512, the points whose K and V
+            # fit 24 GB (rotated input sets come on top).
+            sweep("decode_grid", "Decode grid (Nq = 1, D = 512, Hq = 32)",
+                  [Case("decode_grid", D=512, B=b, Hkv=32 // g, Nq=1, Nkv=n)
+                   for g in (1, 4, 8) for b in (1, 8, 64) for n in (512, 2048, 8192, 32768, 131072)
+                   if 2 * b * (32 // g) * n * 512 * 2 <= 24 * 2**30],
+                  metric="kv_gb_per_s"),
             sweep("fp16", "fp16", [Case("fp16", D=512, causal=c, dtype="f16") for c in (False, True)]),
             sweep("smoke", "Smoke (small shapes)",
                   [Case("smoke", D=d, causal=c, B=2, Hq=8, Hkv=8, Nq=1024, Nkv=1024) for d in (128, 512)
@@ -155,7 +164,7 @@ def define_sweeps() -> dict[str, Sweep]:
 
 
 SWEEPS = define_sweeps()
-DEFAULT_SWEEPS = [name for name in SWEEPS if name != "smoke"]
+DEFAULT_SWEEPS = [name for name in SWEEPS if name not in ("smoke", "decode_grid")]
 
 
 def parse_sweep_names(text: str) -> list[str]:
