@@ -144,7 +144,7 @@ Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, Kerne
   const sm90_wgmma::TilePlan tiles = sm90_wgmma::plan_tiles(problem, instance->head_dim, sm_count);
   choice->heads_per_tile = tiles.heads_per_tile;
   choice->kv_splits = tiles.splits.count;
-  choice->split_blocks = static_cast<int32_t>(tiles.splits.keys_per_split / 128);
+  choice->split_blocks = static_cast<int32_t>(tiles.splits.keys_per_split / sm90_wgmma::kTileKeys);
   return {};
 }
 

@@ -1,7 +1,7 @@
 // The dropout keep bits of a row's keys in the layout of a quad of lanes
 // (kernels/common/dropout.cuh), in host and device code: the sm90 dropout
-// warps (D > 512) and S owners (D <= 512) draw them, and the CPU tests play them against the stream
-// (tests/cpu/test_philox.cpp).
+// warps (D > 512) and S owners (D <= 512) draw them, and the CPU tests play
+// them against the stream (tests/cpu/test_philox.cpp).
 #pragma once
 
 #include <cstdint>

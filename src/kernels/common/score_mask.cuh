@@ -32,7 +32,7 @@ struct KeyLimits {
   __device__ __forceinline__ KeyLimits(const AttentionProblem& p, const TileCoordinates& tile)
       : seq_kv(static_cast<int>(p.seq_kv)),
         first_row_limit(tile.q0 + static_cast<int>(p.causal_shift())),
-        row_mask((1 << tile.row_shift) - 1),
+        row_mask(tile.row_offset_mask()),
         causal(p.causal != Causal::none) {}
 
   // Whether a block of keys [kv0, kv0 + block_n) has a key some row of the
@@ -90,9 +90,9 @@ __device__ __forceinline__ void with_mask_element(MaskKind kind, F&& f) {
   }
 }
 
-// Adds the user's mask to this thread's scores (tile rows coords.row(r):
-// query row tile.query_row() of head tile.row_head(), keys key0 + 8 * b + e): per thread row one row pointer, then column blocks
-// kBlocksInFlight at a time, all their loads issued before the first add
+// Adds the user's mask to this thread's scores (tile rows coords.row(r): query
+// row tile.query_row() of head tile.row_head(), keys key0 + 8 * b + e): per
+// thread row one row pointer, then column blocks kBlocksInFlight at a time, all their loads issued before the first add
 // (fewer than all keeps a register-starved kernel from spilling; the compiler
 // barrier stops it from batching more). Where the mask's keys are contiguous
 // and pair-aligned and all of the thread's keys are in range (every block but

@@ -29,8 +29,10 @@ struct TileCoordinates {
   // without packing, so that query_row(r) = q0 + r and row_head(r) = head.
   int row_shift;
 
+  // Tile row r's offset from q0 is r & row_offset_mask().
+  FFPA_HOST_DEVICE int row_offset_mask() const { return (1 << row_shift) - 1; }
   // Query row and query head of tile row r (rows past Nq are padding).
-  FFPA_HOST_DEVICE int query_row(int r) const { return q0 + (r & ((1 << row_shift) - 1)); }
+  FFPA_HOST_DEVICE int query_row(int r) const { return q0 + (r & row_offset_mask()); }
   FFPA_HOST_DEVICE int row_head(int r) const { return head + (r >> row_shift); }
 };
 

@@ -38,6 +38,11 @@ Status launch_instance(const AttentionProblem& problem, const TileLaunch& tiles,
 template <int kHeadDim>
 Status instance_runnable(DType dtype, int device);
 
+// The tile of every instance, for host code (which cannot include traits.cuh;
+// launch.cuh asserts that Traits agrees): query rows, and keys of a KV block.
+constexpr int kTileRows = 64;
+constexpr int kTileKeys = 128;
+
 // CTAs per tile of the instance for head_dim: one up to 512, above a cluster
 // of two, each with half of D (two warpgroups hold O of 64 x 512 at most).
 constexpr int cluster_size(int head_dim) { return head_dim > 512 ? 2 : 1; }

@@ -20,6 +20,7 @@ namespace ffpa::detail::sm90_wgmma {
 
 template <class Traits>
 Status launch(const AttentionProblem& problem, const TileLaunch& tiles, cudaStream_t stream) {
+  static_assert(Traits::kBlockM == kTileRows && Traits::kBlockN == kTileKeys, "the tile the host plans with");
   const auto kernel = forward_kernel<Traits>;
   static SharedMemoryOptIn opt_in;
   int device = 0;

@@ -30,7 +30,7 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
     *reason = "sequence lengths above " + std::to_string(kMaxSequenceLength);
     return nullptr;
   }
-  const int64_t row_blocks = (problem.seq_q + 63) / 64;
+  const int64_t row_blocks = (problem.seq_q + kTileRows - 1) / kTileRows;
   if (problem.batch * problem.heads_q * row_blocks > INT_MAX / 2) {
     *reason = "more than 2^30 tiles of 64 query rows (B x Hq x ceil(Nq / 64))";
     return nullptr;
@@ -49,19 +49,18 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
 
 bool starts_s_at_mask(const AttentionProblem& problem, int head_dim) {
   if (problem.mask_kind == MaskKind::none || !problem.mask_key_pairs || problem.has_dropout()) return false;
-  if (packed_heads(problem.group_size(), problem.seq_q, 64) > 1) return false;  // load_mask_pairs: unpacked rows
+  if (packed_heads(problem.group_size(), problem.seq_q, kTileRows) > 1) return false;  // load_mask_pairs: unpacked rows
   const float inverse_scale = 1.0f / problem.scale;
   if (!std::isfinite(inverse_scale) || inverse_scale == 0.0f) return false;
   return cluster_size(head_dim) > 1 || problem.mask_stride[2] != 0;
 }
 
 TilePlan plan_tiles(const AttentionProblem& problem, int head_dim, int sm_count) {
-  constexpr int kBlockM = 64, kBlockN = 128;  // Traits' tile (host code cannot include traits.cuh)
   TilePlan plan;
-  plan.heads_per_tile = packed_heads(problem.group_size(), problem.seq_q, kBlockM);
-  const int64_t tiles =
-      problem.batch * (problem.heads_q / plan.heads_per_tile) * head_row_blocks(problem.seq_q, kBlockM, plan.heads_per_tile);
-  plan.splits = choose_kv_splits(tiles, problem.seq_kv, sm_count / cluster_size(head_dim), kBlockN);
+  plan.heads_per_tile = packed_heads(problem.group_size(), problem.seq_q, kTileRows);
+  const int64_t tiles = problem.batch * (problem.heads_q / plan.heads_per_tile) *
+                        head_row_blocks(problem.seq_q, kTileRows, plan.heads_per_tile);
+  plan.splits = choose_kv_splits(tiles, problem.seq_kv, sm_count / cluster_size(head_dim), kTileKeys);
   return plan;
 }
 

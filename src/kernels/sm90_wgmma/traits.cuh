@@ -123,7 +123,9 @@ struct Args {
   // GQA packing (split_kv.hpp's packed_heads): a tile holds heads_per_tile
   // query heads of one KV head, 64 / heads_per_tile rows each.
   int heads_per_tile = 1;
-  int row_blocks;    // tiles along a head's Nq rows; the grid is row_blocks x kv_splits x (Hq / heads_per_tile) x B tiles (< 2^31)
+  // Tiles along a head's Nq rows; the grid is row_blocks x kv_splits x
+  // (Hq / heads_per_tile) x B tiles (< 2^31).
+  int row_blocks;
   float scale_log2;  // scale * log2(e)
   float inverse_scale;  // 1 / scale: Traits::kMaskInS starts S at mask / scale
   // Split-KV (kernels/common/split_kv.hpp; kv_splits > 1): each tile is one split
