@@ -15,7 +15,9 @@ Points: D in {64, 128, 256, 320, 512, 1024} x N in {128, 512, 2048, 8192} x {non
 {no mask, key-padding bool mask [B,1,1,N] with the last 10 % of keys masked} (causal with a mask: one
 bool [B,1,N,N] mask, key padding and j <= i together, as SDPA takes no is_causal with attn_mask; no row
 is ever fully masked), plus decode (Nq=1, Nkv in {2048, 8192}, D in {128, 256, 512}) and GQA (Hq=H,
-Hkv=H/4, N in {2048, 8192}, D in {128, 512}, enable_gqa=True). bf16, B=1, H=32 by default.
+Hkv=H/4, N in {2048, 8192}, D in {128, 512}, enable_gqa=True), and the decode rules' edges (decode_batch:
+B=8 MHA, Nq=1, Nkv in {512, ..., 8192}, D in {320, 512, 640, 1024}; B=1 D=256 MHA and GQA 4, Nkv in
+{512, ..., 32768}). bf16, B=1, H=32 by default.
 
 Timing: bench/attention_bench.py's time_calls (CUDA events around each call, the GPU held by a sleep
 kernel while the host queues the calls: the kernels' own time, not the host's), inputs rotated through
@@ -40,7 +42,7 @@ torch.cuda.current_stream().cuda_stream and an empty call.
         --json out/dropin.json --markdown out/dropin.md --charts out/dropin_charts
 
 Runtime on an H200 (estimated from the measured times of docs/perf/h200-2026-11-30-dropin/ and the
-method's fixed costs; --list prints the estimate for a selection): the full sweep (106 points, 7 columns,
+method's fixed costs; --list prints the estimate for a selection): the full sweep (134 points, 7 columns,
 5 rounds) about 4 minutes, --quick (18 points, 3 rounds) under a minute. --dry-run measures nothing:
 it fills the report with the model's guesses (no torch, no GPU) to exercise the JSON, markdown and charts.
 --render-only JSON redraws the markdown and charts of a saved report.
@@ -69,8 +71,13 @@ HEAD_DIMS = (64, 128, 256, 320, 512, 1024)
 LENGTHS = (128, 512, 2048, 8192)
 DECODE_DIMS, DECODE_LENGTHS = (128, 256, 512), (2048, 8192)
 GQA_DIMS, GQA_LENGTHS = (128, 512), (2048, 8192)
+# Decode where routing.py's decode rules draw their lines: MHA over many rows
+# (B = 8, B x Hq = 256) and few keys at D 320-1024, and B = 1 decode at D = 256
+# (MHA and GQA 4), where ffpa's split-KV kernel may beat SDPA's flash/cuDNN.
+DECODE_BATCH_DIMS, DECODE_BATCH_LENGTHS, DECODE_BATCH_B = (320, 512, 640, 1024), (512, 1024, 2048, 4096, 8192), 8
+DECODE_SMALL_D_LENGTHS = (512, 2048, 8192, 32768)
 QUICK_DIMS, QUICK_LENGTHS = (128, 512), (512, 2048)
-KINDS = ("sweep", "decode", "gqa")
+KINDS = ("sweep", "decode", "gqa", "decode_batch")
 COLUMNS = ("patched", "unpatched", "ffpa", "flash", "efficient", "cudnn", "math")
 SDPA_COLUMNS = ("unpatched", *bc.SDPA_BACKENDS)  # refusals read from SDPA's warnings
 TOLERANCE = {"bf16": 1e-2, "fp16": 5e-3}  # relative L2 against fp32, as the GPU tests
@@ -79,7 +86,7 @@ RATIO_BAR = 1.03  # issue 16: patched / unpatched <= 1.03 at every point
 
 @dataclass(frozen=True)
 class Point:
-    kind: str  # sweep, decode, gqa
+    kind: str  # sweep, decode, gqa, decode_batch
     D: int
     Nq: int
     Nkv: int
@@ -149,6 +156,14 @@ def make_points(args: argparse.Namespace) -> list[Point]:
         for d in filter(keep_d, (512,) if args.quick else DECODE_DIMS):
             for n in filter(keep_n, (2048,) if args.quick else DECODE_LENGTHS):
                 points.append(Point("decode", d, 1, n, B, H, H, False, False, dtype))
+    if "decode_batch" in args.kinds and not args.quick:
+        for d in filter(keep_d, DECODE_BATCH_DIMS):
+            for n in filter(keep_n, DECODE_BATCH_LENGTHS):
+                points.append(Point("decode_batch", d, 1, n, DECODE_BATCH_B, H, H, False, False, dtype))
+        for n in filter(keep_n, DECODE_SMALL_D_LENGTHS):
+            if keep_d(256):
+                points.append(Point("decode_batch", 256, 1, n, 1, H, H, False, False, dtype))
+                points.append(Point("decode_batch", 256, 1, n, 1, H, max(1, H // 4), False, False, dtype))
     if "gqa" in args.kinds:
         for d in filter(keep_d, (512,) if args.quick else GQA_DIMS):
             for n in filter(keep_n, (2048,) if args.quick else GQA_LENGTHS):
@@ -530,7 +545,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dims", type=csv_ints, help="head dims to run (a subset, or others), e.g. 128,512")
     parser.add_argument("--lengths", type=csv_ints, help="sequence lengths to run (N; Nkv for decode), e.g. 2048,8192")
-    parser.add_argument("--kinds", type=csv_choice(KINDS), default=KINDS, help="sweep,decode,gqa (default all)")
+    parser.add_argument("--kinds", type=csv_choice(KINDS), default=KINDS, help="sweep,decode,gqa,decode_batch (default all)")
     parser.add_argument("--columns", type=csv_choice(COLUMNS), default=COLUMNS,
                         help=f"columns to run (default all: {','.join(COLUMNS)})")
     parser.add_argument("--B", type=int, default=1, help="batch (default 1)")

@@ -30,6 +30,20 @@ from .decisions import CallSpec
 # and nothing in SDPA serves D > 256 but the memory-efficient and math kernels.
 SDPA_FASTER_MAX_HEAD_DIM = 256
 
+# MHA decode over many rows: Nq = 1, one query head per KV head, B x Hq >= 128
+# rows (ffpa's tiles then fill an H200 unsplit, each holding one real row of
+# its 64, and there is no GQA group to pack). SDPA's memory-efficient kernel
+# is faster there up to a key count that depends on D: (largest D, largest
+# Nkv SDPA wins at), in increasing D. H200, torch 2.11, bf16, B = 8, Hq = 32,
+# Nkv 512 to 8192 (docs/perf/h200-2026-12-01d/dropin_decode.md):
+#   D = 320: ffpa at every Nkv (1.04x at 512 to 1.19x at 8192)
+#   D = 512: SDPA 1.01x at 512; ffpa 1.04-1.05x from 1024
+#   D = 640 and 1024 (two-CTA clusters): SDPA at every Nkv measured, 1.17-1.45x
+#   (640) and 1.03-1.25x (1024)
+# D = 384 and 448 (one-CTA tiles, unmeasured) go with 320 and 512's edge.
+SDPA_FASTER_MHA_DECODE = ((448, 0), (512, 512), (1024, 8192))
+SDPA_FASTER_DECODE_MIN_ROWS = 128
+
 # --- where SDPA's default dispatch computes a wrong result (measured) --------------------
 #
 # cuDNN (SDPA's first choice for D <= 256 on Hopper) is not told an fp32
@@ -99,7 +113,27 @@ def route(spec: CallSpec, backend: CUDABackend, return_lse: bool) -> Route:
         return Route(
             "sdpa", f"D = {head_dim} <= {SDPA_FASTER_MAX_HEAD_DIM}: SDPA's cuDNN/flash kernels are faster (measured)"
         )
+    if (max_seq_kv := _mha_decode_sdpa_max_seq_kv(spec)) is not None:
+        return Route(
+            "sdpa",
+            f"MHA decode of B x Hq >= {SDPA_FASTER_DECODE_MIN_ROWS} rows at D = {head_dim}, Nkv <= {max_seq_kv}: "
+            "SDPA's memory-efficient kernel is faster (measured)",
+        )
     return Route("ffpa", f"D = {head_dim}: ffpa's kernels are faster than SDPA's (measured)")
+
+
+def _mha_decode_sdpa_max_seq_kv(spec: CallSpec) -> int | None:
+    """For a many-row MHA decode call SDPA serves faster: the Nkv bound of its D's entry; else None."""
+    if len(spec.q_shape) != 4 or len(spec.k_shape) != 4:
+        return None
+    batch, heads_q, seq_q, head_dim = spec.q_shape
+    heads_kv, seq_kv = spec.k_shape[1], spec.k_shape[2]
+    if seq_q != 1 or heads_q != heads_kv or batch * heads_q < SDPA_FASTER_DECODE_MIN_ROWS:
+        return None
+    for max_head_dim, max_seq_kv in SDPA_FASTER_MHA_DECODE:
+        if head_dim <= max_head_dim:
+            return max_seq_kv if seq_kv <= max_seq_kv else None
+    return None
 
 
 def sdpa_backends(spec: CallSpec) -> tuple[tuple[str, ...] | None, str | None]:

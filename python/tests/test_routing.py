@@ -9,6 +9,8 @@ from ffpa_attn.config import CUDABackend
 from ffpa_attn.decisions import CallSpec
 from ffpa_attn.routing import (
     CUDNN_FP32_MASK_MAX_HEAD_DIM,
+    SDPA_FASTER_DECODE_MIN_ROWS,
+    SDPA_FASTER_MHA_DECODE,
     SDPA_FASTER_MAX_HEAD_DIM,
     route,
     sdpa_backends,
@@ -39,6 +41,45 @@ def test_the_split_is_the_measured_one():
     assert SDPA_FASTER_MAX_HEAD_DIM == 256
     assert route(spec(SDPA_FASTER_MAX_HEAD_DIM), AUTO, False).path == "sdpa"
     assert route(spec(SDPA_FASTER_MAX_HEAD_DIM + 8), AUTO, False).path == "ffpa"
+
+
+def decode_spec(batch, heads_q, heads_kv, nkv, nq=1, d=512, **changes) -> CallSpec:
+    return served_call_spec((batch, heads_q, nq, d), (batch, heads_kv, nkv, d), (batch, heads_kv, nkv, d), **changes)
+
+
+ROWS = SDPA_FASTER_DECODE_MIN_ROWS
+
+
+@pytest.mark.parametrize("d, nkv", [(512, 512), (640, 512), (640, 8192), (1024, 2048), (1024, 8192)])
+def test_mha_decode_over_many_rows_goes_to_sdpa_where_measured_faster(d, nkv):
+    chosen = route(decode_spec(ROWS // 32, 32, 32, nkv, d=d), AUTO, False)
+    assert chosen.path == "sdpa" and "MHA decode" in chosen.reason and f"D = {d}" in chosen.reason
+
+
+def test_the_mha_decode_table_is_the_measured_one():
+    assert SDPA_FASTER_MHA_DECODE == ((448, 0), (512, 512), (1024, 8192))
+    for max_d, max_nkv in SDPA_FASTER_MHA_DECODE:
+        assert route(decode_spec(8, 32, 32, max_nkv + 8, d=max_d), AUTO, False).path == "ffpa"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        decode_spec(8, 32, 32, 512, d=320),  # ffpa faster at D = 320
+        decode_spec(8, 32, 32, 1024, d=512),  # ffpa faster from Nkv 1024 at D = 512
+        decode_spec(8, 32, 32, 16384, d=1024),  # past the measured range
+        decode_spec(ROWS // 32 - 1, 32, 32, 512),  # too few rows: ffpa splits the keys
+        decode_spec(8, 32, 8, 512),  # GQA: ffpa packs the group's heads
+        decode_spec(8, 32, 32, 512, nq=2),  # not measured beyond Nq = 1
+    ],
+    ids=["d320", "d512-nkv1024", "d1024-nkv16k", "few-rows", "gqa", "nq2"],
+)
+def test_other_decode_calls_stay_on_ffpa(call):
+    assert route(call, AUTO, False).path == "ffpa"
+
+
+def test_short_mha_decode_asking_for_lse_stays_on_ffpa():
+    assert route(decode_spec(8, 32, 32, 512), AUTO, True).path == "ffpa"
 
 
 ONLY_FFPA = {

@@ -267,6 +267,22 @@ Status device_support(int device, Impl impl) {
   return status;
 }
 
+Status with_kv_splits(const AttentionProblem& problem, int wanted, KernelChoice* choice) {
+  if (choice->impl != Impl::sm90_wgmma) {
+    return {StatusCode::invalid_option, std::string("KV splits are planned by impl sm90_wgmma only, not ") +
+                                            impl_name(choice->impl)};
+  }
+  if (wanted < 1 || wanted > kMaxKvSplits) {
+    return {StatusCode::invalid_option, std::to_string(wanted) + " KV splits: expected 1 to " +
+                                            std::to_string(kMaxKvSplits)};
+  }
+  const KvSplits splits = kv_splits_of(problem.seq_kv, wanted, sm90_wgmma::kTileKeys);
+  choice->kv_splits = splits.count;
+  choice->split_blocks = static_cast<int32_t>(splits.keys_per_split / sm90_wgmma::kTileKeys);
+  choice->kernel = kernel_name(problem, *choice);
+  return {};
+}
+
 int64_t workspace_bytes(const AttentionProblem& problem, const KernelChoice& choice) {
   return choice.kv_splits > 1 ? split_kv::partial_layout(problem, choice.kv_splits).bytes : 0;
 }
@@ -301,7 +317,8 @@ Status run_sm90_split_kv(const AttentionProblem& problem, const KernelChoice& ch
   tiles.partial_states = reinterpret_cast<RowSoftmaxState*>(base + layout.states_offset);
   Status status = sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim), tiles, stream);
   if (status.ok()) {
-    status = split_kv::launch_combine(problem, {tiles.partial_o, tiles.partial_states, tiles.splits}, stream);
+    status = split_kv::launch_combine(problem, {tiles.partial_o, tiles.partial_states, tiles.splits},
+                                      /*programmatic=*/true, stream);
   }
   if (workspace == nullptr) {
     if (const cudaError_t error = cudaFreeAsync(partials, stream); error != cudaSuccess && status.ok()) {

@@ -203,7 +203,8 @@ TEST(Sm90Routing, PlanTilesPacksGqaAndFillsTheDeviceForDecode) {
   EXPECT_EQ(d512.splits.keys_per_split, 2048);
   EXPECT_EQ(plan_tiles(decode(1, 32, 32, 1, 8192, 1024), 1024, 132).splits.count, 2);  // 64 clusters of 2
   EXPECT_EQ(plan_tiles(decode(8, 32, 32, 1, 8192, 512), 512, 132).splits.count, 1);    // 256 tiles
-  EXPECT_EQ(plan_tiles(decode(1, 32, 32, 1, 200, 512), 512, 132).splits.count, 1);     // under 256 keys a split
+  EXPECT_EQ(plan_tiles(decode(1, 32, 32, 1, 128, 512), 512, 132).splits.count, 1);     // one KV block
+  EXPECT_EQ(plan_tiles(decode(1, 32, 32, 1, 200, 512), 512, 132).splits.count, 2);     // 128 + 72 keys
   const auto gqa = plan_tiles(decode(8, 32, 8, 1, 8192, 512), 512, 132);  // decode-b8-gqa32-8
   EXPECT_EQ(gqa.heads_per_tile, 4);
   EXPECT_EQ(gqa.splits.count, 2);  // 64 tiles of 4 heads, 2 splits of 4096 keys

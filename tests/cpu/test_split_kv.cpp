@@ -21,8 +21,8 @@ using namespace ffpa::detail;
 constexpr int kH200Slots = 132;  // one decode CTA per SM
 
 TEST(SplitKv, DecodeOfOneSequenceFillsAWaveWithTheFewestSplits) {
-  // B1 H32 (MHA) Nkv 8192: 4 splits of 2048 keys are 128 CTAs, 0.97 of a wave;
-  // 8, 16 or 32 splits fill no better.
+  // B1 H32 (MHA) Nkv 8192: 4 splits of 2048 keys are 128 CTAs, one wave; 8
+  // splits take two waves of half the keys each, plus their fixed costs.
   const KvSplits s = choose_kv_splits(32, 8192, kH200Slots, 128);
   EXPECT_EQ(s.count, 4);
   EXPECT_EQ(s.keys_per_split, 2048);
@@ -34,26 +34,50 @@ TEST(SplitKv, UnitsThatFillTheSlotsAreNotSplit) {
 }
 
 TEST(SplitKv, ShortSequencesKeepTheMinimumPerSplit) {
-  EXPECT_EQ(choose_kv_splits(8, 255, kH200Slots, 128).count, 1);  // no split holds 256 keys
+  EXPECT_EQ(choose_kv_splits(8, 128, kH200Slots, 128).count, 1);  // one block: nothing to split
   const KvSplits s = choose_kv_splits(8, 1000, kH200Slots, 128);
   EXPECT_GE(s.keys_per_split, kMinKeysPerSplit);
-  EXPECT_EQ(s.count, 4);  // 256 keys each (the last 232): 32 CTAs, the best the floor allows
+  EXPECT_EQ(s.count, 8);  // 128 keys each (the last 104): 64 CTAs, the best the floor allows
 }
 
-// The split counts whole blocks of at least kMinKeysPerSplit keys can give
-// seq_kv keys (by brute force over the split lengths), one split included.
-std::vector<int> achievable_counts(int64_t seq_kv, int block_n) {
-  std::vector<int> counts{1};
-  for (int64_t keys = block_n; keys < seq_kv; keys += block_n) {
+// The splits whole blocks of at least kMinKeysPerSplit keys can make of
+// seq_kv keys (by brute force over the split lengths: for each count its
+// shortest splits), one split included.
+std::vector<KvSplits> achievable_splits(int64_t seq_kv, int block_n) {
+  std::vector<KvSplits> all{{1, seq_kv}};
+  int last_count = 0;
+  for (int64_t keys = block_n; keys < seq_kv; keys += block_n) {  // counts fall as the splits grow
     const int64_t count = (seq_kv + keys - 1) / keys;
-    if (keys >= kMinKeysPerSplit && count <= kMaxKvSplits) counts.push_back(static_cast<int>(count));
+    if (keys < kMinKeysPerSplit || count > kMaxKvSplits || count == last_count) continue;
+    all.push_back({static_cast<int>(count), keys});
+    last_count = static_cast<int>(count);
   }
-  return counts;
+  return all;
+}
+
+// The decode and prefill shapes the model was fitted on
+// (docs/kernels/split_kv_plan.md): the measured fastest count, as units on
+// the H200's 132 slots (66 for D = 1024's CTA pairs).
+TEST(SplitKv, PicksTheMeasuredFastestCounts) {
+  struct Case { int64_t units, seq_kv, slots; int fastest; };
+  const Case cases[] = {
+      {32, 512, 132, 4},    // B1 H32 Nkv 512
+      {32, 2048, 132, 4},   // B1 H32 Nkv 2048
+      {4, 131072, 132, 32}, // B1 Hq32 Hkv4 Nkv 128k, 8 heads a tile
+      {32, 8192, 132, 4},   // B4 Hq32 Hkv8 Nq4 (spec-decode), Nq64 GQA, D256 decode
+      {32, 8192, 66, 2},    // D1024 B1 H32 Nkv 8192
+      {32, 4096, 132, 4},   // B1 H2 Nq1024 Nkv 4096
+      {64, 16384, 132, 2},  // B1 H8 Nq512 Nkv 16384 (the old rule's 43 splits: 1.83x slower)
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(choose_kv_splits(c.units, c.seq_kv, c.slots, 128).count, c.fastest)
+        << c.units << " units, Nkv " << c.seq_kv;
+  }
 }
 
 // Over a grid of shapes: whole blocks, the floor and the cap, every key in
-// exactly one split, and no achievable count with fewer splits fills the
-// waves as well.
+// exactly one split, and no achievable count the model rates faster (nor as
+// fast with fewer splits).
 TEST(SplitKv, RuleInvariantsOverAGridOfShapes) {
   for (int64_t units : {1, 2, 3, 8, 31, 32, 64, 100, 131}) {
     for (int64_t seq_kv : {1, 127, 128, 129, 256, 511, 2048, 8191, 32768, 131072, 1000003}) {
@@ -71,11 +95,12 @@ TEST(SplitKv, RuleInvariantsOverAGridOfShapes) {
         EXPECT_GE(s.keys_per_split, kMinKeysPerSplit);
         EXPECT_GE(s.count * s.keys_per_split, seq_kv) << "keys past the last split";
         EXPECT_LT((s.count - 1) * s.keys_per_split, seq_kv) << "an empty last split";
-        const double chosen = wave_efficiency(units * s.count, kH200Slots);
-        EXPECT_GT(chosen, wave_efficiency(units, kH200Slots));
-        for (int other : achievable_counts(seq_kv, block_n)) {
-          if (other < s.count) EXPECT_LT(wave_efficiency(units * other, kH200Slots), chosen) << other << " splits";
-          if (other > s.count) EXPECT_LE(wave_efficiency(units * other, kH200Slots), chosen) << other << " splits";
+        const double chosen = split_cost(units, s.count, s.keys_per_split, kH200Slots);
+        EXPECT_LT(chosen, split_cost(units, 1, seq_kv, kH200Slots));
+        for (const KvSplits& other : achievable_splits(seq_kv, block_n)) {
+          const double cost = split_cost(units, other.count, other.keys_per_split, kH200Slots);
+          if (other.count < s.count) EXPECT_GT(cost, chosen) << other.count << " splits";
+          if (other.count > s.count) EXPECT_GE(cost, chosen) << other.count << " splits";
         }
       }
     }

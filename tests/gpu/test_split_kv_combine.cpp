@@ -72,7 +72,7 @@ TEST_P(SplitKvCombine, MatchesTheHostMerge) {
   partials.o = static_cast<const float*>(d_o.data());
   partials.states = static_cast<const RowSoftmaxState*>(d_states.data());
   partials.splits = c.splits;
-  const Status status = split_kv::launch_combine(p, partials, nullptr);
+  const Status status = split_kv::launch_combine(p, partials, /*programmatic=*/false, nullptr);
   ASSERT_TRUE(status.ok()) << status.message;
   FFPA_ASSERT_CUDA(cudaDeviceSynchronize());
   std::vector<uint16_t> out(static_cast<size_t>(rows * c.dim));

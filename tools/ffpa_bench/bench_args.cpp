@@ -156,6 +156,7 @@ std::map<std::string, Handler> value_options(BenchArgs* a) {
       {"--warmup", integer_option(&a->warmup, "--warmup", 0)},
       {"--iters", integer_option(&a->iters, "--iters", 1)},
       {"--check-rows", integer_option(&a->check_rows, "--check-rows", 0)},
+      {"--kv-splits", integer_option(&a->kv_splits, "--kv-splits", 1)},
   };
 }
 
@@ -167,6 +168,7 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   const std::map<std::string, Handler> options = value_options(&args);
   const std::map<std::string, bool*> flags = {
       {"--lse", &args.lse}, {"--json", &args.json}, {"--help", &args.help}, {"-h", &args.help},
+      {"--device-inputs", &args.device_inputs},
       {"--version", &args.version}};
 
   for (int i = 1; i < argc; ++i) {
@@ -195,6 +197,9 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
     }
     parsed.error = option->second(value);
     if (!parsed.error.empty()) return parsed;
+  }
+  if (args.device_inputs && args.check_rows > 0) {
+    parsed.error = "--device-inputs: the reference check needs the inputs on the host; pass --check-rows 0";
   }
   return parsed;
 }
@@ -264,12 +269,17 @@ Data and options
   --lse                  also write the log-sum-exp and check it
   --impl auto|cpu|sm80|sm90  implementation (default auto); cpu runs the CPU
                          reference on host memory, on the small default shape
+  --kv-splits N          split the keys into about N ranges (1: unsplit) instead
+                         of the library's plan (sm90 family only): measures the
+                         split rule against other counts
 
 Measurement
   --warmup N             untimed calls before timing (default 3)
   --iters N              timed calls; median, min and max reported (default 10)
   --check-rows N         query rows compared with the fp64 CPU reference, spread
                          over Nq with the first and last (default 16; 0: no check)
+  --device-inputs        draw the random inputs on the GPU (same values, no host
+                         copy: for inputs of many GB); needs --check-rows 0
   --json                 one JSON object per point on stdout, text on stderr
   --version              the library's version
   --help, -h             this text

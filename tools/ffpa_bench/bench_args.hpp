@@ -24,6 +24,10 @@ struct BenchArgs {
   std::optional<uint64_t> data_seed;  // unset: a fresh seed for every run
   Layout layout = Layout::bhnd;
   Impl impl = Impl::automatic;
+  // --kv-splits: the sm90 family's keys split into about this many ranges
+  // (1: unsplit) instead of the library's plan, to measure the split rule.
+  std::optional<int> kv_splits;
+  bool device_inputs = false;  // --device-inputs: draw the inputs on the GPU (no check)
   Accumulation accumulation = Accumulation::f32;
   std::optional<float> scale;
   bool lse = false;

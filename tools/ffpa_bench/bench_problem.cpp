@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "common/float16_bits.hpp"
+#include "random_stream.hpp"
 
 namespace ffpa::bench {
 namespace {
@@ -16,26 +17,16 @@ constexpr size_t kSetAlignment = 256;  // cudaMalloc's alignment, kept inside th
 
 size_t align_up(size_t bytes) { return (bytes + kSetAlignment - 1) / kSetAlignment * kSetAlignment; }
 
-// splitmix64: element e of stream s is mix(s + (e + 1) * golden), so any
-// element can be drawn independently and threads split a buffer freely.
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-
-uint64_t mix(uint64_t x) {
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
 void fill_range(unsigned char* data, DType dtype, uint64_t stream, int64_t begin, int64_t end) {
   const size_t size = testing::dtype_size(dtype);
   for (int64_t e = begin; e < end; ++e) {
-    const uint64_t bits = mix(stream + static_cast<uint64_t>(e + 1) * kGolden);
+    const uint64_t bits = element_bits(stream, e);
     unsigned char* element = data + static_cast<size_t>(e) * size;
     if (dtype == DType::boolean) {
-      *element = bits < 0xC000000000000000ull ? 1 : 0;  // true with probability 3/4
+      *element = bool_element(bits) ? 1 : 0;
       continue;
     }
-    const float value = static_cast<float>(static_cast<double>(bits >> 11) * 0x1.0p-52 - 1.0);
+    const float value = uniform_element(bits);
     if (dtype == DType::f32) {
       std::memcpy(element, &value, size);
     } else {
@@ -65,13 +56,6 @@ void fill_random(void* data, DType dtype, int64_t count, uint64_t stream) {
   for (std::thread& worker : workers) worker.join();
 }
 
-int64_t element_count(const Tensor& t) {
-  if (t.rank == 0) return 0;
-  int64_t n = 1;
-  for (int32_t d = 0; d < t.rank; ++d) n *= t.shape[d];
-  return n;
-}
-
 // [B, H, N, D] in the given layout (bnhd: a [B, N, H, D] buffer, permuted).
 Tensor describe_bhnd(DType dtype, int64_t b, int64_t h, int64_t n, int64_t d, Layout layout) {
   if (layout == Layout::bhnd) return make_tensor(nullptr, dtype, {b, h, n, d});
@@ -84,6 +68,13 @@ Tensor describe_bhnd(DType dtype, int64_t b, int64_t h, int64_t n, int64_t d, La
 void* at_offset(void* base, size_t offset) { return static_cast<unsigned char*>(base) + offset; }
 
 }  // namespace
+
+int64_t element_count(const Tensor& t) {
+  if (t.rank == 0) return 0;
+  int64_t n = 1;
+  for (int32_t d = 0; d < t.rank; ++d) n *= t.shape[d];
+  return n;
+}
 
 double attended_pairs(const ProblemShape& shape, Causal causal) {
   if (causal == Causal::none) return static_cast<double>(shape.seq_q) * static_cast<double>(shape.seq_kv);
@@ -152,7 +143,7 @@ void fill_inputs(void* slab, const InputSlab& layout, const PointTensors& t, uin
     void* base = at_offset(slab, static_cast<size_t>(set) * layout.set_bytes);
     uint64_t input_index = 0;
     for (const auto& [tensor, offset] : inputs) {
-      const uint64_t stream = mix(seed ^ mix(static_cast<uint64_t>(set) * 4 + input_index++));
+      const uint64_t stream = input_stream(seed, set, input_index++);
       fill_random(at_offset(base, offset), tensor->dtype, element_count(*tensor), stream);
     }
   }

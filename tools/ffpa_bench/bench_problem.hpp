@@ -54,6 +54,9 @@ struct InputSlab {
 // Enough sets that together they exceed min_total_bytes; one at least.
 InputSlab plan_input_slab(const PointTensors& tensors, size_t min_total_bytes);
 
+// Elements of a tensor (0 for an absent one, rank 0).
+int64_t element_count(const Tensor& t);
+
 // Fills every set with fresh values: q, k, v and additive masks uniform in
 // [-1, 1], boolean masks true with probability 3/4. Deterministic in `seed`.
 void fill_inputs(void* slab, const InputSlab& layout, const PointTensors& tensors, uint64_t seed);

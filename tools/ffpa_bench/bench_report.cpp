@@ -50,6 +50,7 @@ void print_text(std::FILE* out, const BenchArgs& args, const PointResult& r) {
   std::string details = std::string("impl ") + choice_name(r.kernel.impl);
   if (r.kernel.padded_head_dim > 0) details += ", padded D " + std::to_string(r.kernel.padded_head_dim);
   if (r.kernel.value_splits > 1) details += ", " + std::to_string(r.kernel.value_splits) + " value splits";
+  if (args.kv_splits) details += ", KV splits forced (--kv-splits " + std::to_string(*args.kv_splits) + ")";
   std::fprintf(out, "  kernel  %s (%s)\n", r.kernel.kernel.c_str(), details.c_str());
   std::fprintf(out, "  time    %.4f ms median, %.4f min, %.4f max (%d calls after %d warm-up, %lld input set%s)\n",
                r.timing.median_ms, r.timing.min_ms, r.timing.max_ms, args.iters, args.warmup,
@@ -90,6 +91,8 @@ std::string to_json(const BenchArgs& args, const PointResult& r) {
   json.key("impl_requested").string(choice_name(args.impl));
   json.key("impl").string(choice_name(r.kernel.impl)).key("kernel").string(r.kernel.kernel);
   json.key("padded_head_dim").integer(r.kernel.padded_head_dim).key("value_splits").integer(r.kernel.value_splits);
+  json.key("heads_per_tile").integer(r.kernel.heads_per_tile).key("kv_splits").integer(r.kernel.kv_splits);
+  json.key("kv_splits_forced").boolean(args.kv_splits.has_value());
   json.key("data_seed").unsigned_integer(r.data_seed).key("input_sets").integer(r.input_sets);
   json.key("warmup").integer(args.warmup).key("iters").integer(args.iters);
   json.key("flops").number(r.flops);

@@ -19,6 +19,8 @@
 
 #include "bench_problem.hpp"
 #include "bench_report.hpp"
+#include "device_fill.hpp"
+#include "host/dispatch.hpp"
 #include "host/validate.hpp"
 #include "reference/cpu_attention.hpp"
 #include "support/host_tensors.hpp"
@@ -240,6 +242,12 @@ struct HostInputs {
   HostBuffer buffer;
 };
 
+// The tensors and the slab's layout only, for inputs drawn on the device.
+HostInputs describe_inputs(const BenchArgs& args, const ProblemShape& shape, size_t min_total_bytes) {
+  const PointTensors tensors = describe_tensors(shape, args.dtype, args.layout, args.mask, args.lse);
+  return HostInputs{tensors, plan_input_slab(tensors, min_total_bytes), HostBuffer(0)};
+}
+
 HostInputs make_host_inputs(const BenchArgs& args, const ProblemShape& shape, size_t min_total_bytes,
                             uint64_t seed) {
   const PointTensors tensors = describe_tensors(shape, args.dtype, args.layout, args.mask, args.lse);
@@ -251,10 +259,15 @@ HostInputs make_host_inputs(const BenchArgs& args, const ProblemShape& shape, si
 
 PointResult run_on_device(const BenchArgs& args, const Device& device, cudaStream_t stream, PointResult result) {
   // Together the input sets exceed twice the L2, so rotating through them times HBM, not L2.
-  const HostInputs in = make_host_inputs(args, result.shape, 2 * device.l2_bytes, result.data_seed);
+  const HostInputs in = args.device_inputs ? describe_inputs(args, result.shape, 2 * device.l2_bytes)
+                                           : make_host_inputs(args, result.shape, 2 * device.l2_bytes, result.data_seed);
   result.input_sets = in.slab.sets;
   const DeviceMemory inputs = device_alloc(in.slab.total_bytes());
-  BENCH_CUDA(cudaMemcpyAsync(inputs.get(), in.buffer.get(), in.slab.total_bytes(), cudaMemcpyHostToDevice, stream));
+  if (args.device_inputs) {
+    BENCH_CUDA(fill_inputs_on_device(inputs.get(), in.slab, in.tensors, result.data_seed, stream));
+  } else {
+    BENCH_CUDA(cudaMemcpyAsync(inputs.get(), in.buffer.get(), in.slab.total_bytes(), cudaMemcpyHostToDevice, stream));
+  }
   const size_t o_bytes = buffer_bytes(in.tensors.o), lse_bytes = buffer_bytes(in.tensors.lse);
   const DeviceMemory o = device_alloc(o_bytes), lse = device_alloc(lse_bytes);
   // The workspace a call uses (split-KV's partial rows), allocated once as a
@@ -273,6 +286,20 @@ PointResult run_on_device(const BenchArgs& args, const Device& device, cudaStrea
   check_ffpa(select_kernel(call(0), &result.kernel), "ffpa::select_kernel");
   MemoryResult memory;
   check_ffpa(workspace_size(call(0), &memory.workspace), "ffpa::workspace_size");
+  // --kv-splits: the library's plan with another split count, run as
+  // ffpa::forward runs a plan (validate, then run_forward).
+  const auto forward = [&](const ForwardParams& params) -> Status {
+    if (!args.kv_splits) return ffpa::forward(params);
+    detail::AttentionProblem problem;
+    if (Status status = detail::validate_forward(params, &problem); !status.ok()) return status;
+    return detail::run_forward(problem, result.kernel, params.workspace, params.workspace_bytes, params.stream);
+  };
+  if (args.kv_splits) {
+    detail::AttentionProblem problem;
+    check_ffpa(detail::validate_forward(call(0), &problem), "ffpa::detail::validate_forward");
+    check_ffpa(detail::with_kv_splits(problem, *args.kv_splits, &result.kernel), "--kv-splits");
+    memory.workspace = static_cast<size_t>(detail::workspace_bytes(problem, result.kernel));
+  }
   if (memory.workspace > 0) {
     workspace = device_alloc(memory.workspace);
     workspace_bytes = memory.workspace;
@@ -325,6 +352,8 @@ PointResult run_on_device(const BenchArgs& args, const Device& device, cudaStrea
 }
 
 PointResult run_on_host(const BenchArgs& args, PointResult result) {
+  if (args.kv_splits) throw CallFailure("--kv-splits: the CPU reference has no KV splits (the sm90 family plans them)");
+  if (args.device_inputs) throw CallFailure("--device-inputs: no GPU to draw them on");
   const HostInputs in = make_host_inputs(args, result.shape, 0, result.data_seed);
   const size_t o_bytes = buffer_bytes(in.tensors.o), lse_bytes = buffer_bytes(in.tensors.lse);
   const HostBuffer o(o_bytes), lse(lse_bytes);

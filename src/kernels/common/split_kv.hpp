@@ -19,37 +19,56 @@ struct KvSplits {
   int64_t keys_per_split = 0;  // whole KV blocks; the last split holds the rest (at least one key)
 };
 
-// Below this many keys a split's fixed costs (loading Q, writing and combining
-// a partial row) outweigh its share of the K and V bytes (plan; to be checked
-// against measured times of several counts).
-constexpr int64_t kMinKeysPerSplit = 256;
+// A split holds at least one KV block, and a call has at most 128 splits.
+constexpr int64_t kMinKeysPerSplit = 128;
 constexpr int kMaxKvSplits = 128;
 
-// How full the CTA slots are over the waves `ctas` CTAs take: ctas / (waves x slots).
-FFPA_HOST_DEVICE double wave_efficiency(int64_t ctas, int64_t slots) {
-  const int64_t waves = (ctas + slots - 1) / slots;
-  return static_cast<double>(ctas) / static_cast<double>(waves * slots);
+// The rule's time model: the waves a count's CTAs take on the slots, times
+// one CTA's work, its keys plus a fixed cost per split (loading Q, filling
+// the pipeline, writing and combining partial rows) worth kSplitCostKeys
+// keys. Fitted on the H200 (bench/kv_split_sweep.py, docs/kernels/
+// split_kv_plan.md): on the 14 shapes measured (decode, spec-decode, Nq 64,
+// few-head prefill; D 256 to 1024) the pick ran within 3 % of the fastest
+// count (single runs spread 3-5 %) for any cost from 256 to 640 keys; the
+// wave-filling rule before it split B1 H8 Nq512 Nkv16384 into 43 (0.50 ms)
+// where 2 ran 0.27 ms.
+constexpr int64_t kSplitCostKeys = 384;
+
+// How many waves `ctas` CTAs take on `slots` CTA slots.
+FFPA_HOST_DEVICE int64_t waves(int64_t ctas, int64_t slots) { return (ctas + slots - 1) / slots; }
+
+// The model's cost of `units` work units whose keys come in splits of
+// keys_per_split, `count` splits each.
+FFPA_HOST_DEVICE double split_cost(int64_t units, int count, int64_t keys_per_split, int64_t slots) {
+  return static_cast<double>(waves(units * count, slots)) * static_cast<double>(keys_per_split + kSplitCostKeys);
+}
+
+// About `wanted` splits of seq_kv keys in whole blocks of block_n keys: the
+// count can come out lower (the last split holds the rest). 1 <= wanted.
+inline KvSplits kv_splits_of(int64_t seq_kv, int wanted, int block_n) {
+  const int64_t per_split = (seq_kv + wanted - 1) / wanted;
+  const int64_t keys = (per_split + block_n - 1) / block_n * block_n;
+  return {static_cast<int>((seq_kv + keys - 1) / keys), keys};
 }
 
 // The splits of seq_kv keys for `units` independent work units (batch x KV
-// head x row group) on `slots` CTA slots (SMs x CTAs per SM): among the split
+// head x row group) on `slots` CTA slots (SMs x CTAs per SM): among the
 // counts whose splits are whole blocks of block_n keys, at least
 // kMinKeysPerSplit of them (one split is always allowed) and at most
-// kMaxKvSplits, the one whose CTAs fill their waves best; the fewest splits on
-// a tie. Units that fill the slots alone are not split.
+// kMaxKvSplits, the one split_cost() rates fastest, the fewest splits on a
+// tie. Units that fill the slots alone are not split (measured there: no
+// count beat one split by more than the noise).
 inline KvSplits choose_kv_splits(int64_t units, int64_t seq_kv, int64_t slots, int block_n) {
   KvSplits best{1, seq_kv};
   if (units <= 0 || seq_kv <= 0 || slots <= 0 || units >= slots) return best;
-  double best_efficiency = wave_efficiency(units, slots);
+  double best_cost = split_cost(units, 1, seq_kv, slots);
   for (int wanted = 2; wanted <= kMaxKvSplits; ++wanted) {
-    const int64_t per_split = (seq_kv + wanted - 1) / wanted;
-    const int64_t keys = (per_split + block_n - 1) / block_n * block_n;
-    if (keys < kMinKeysPerSplit) break;  // more splits only shorten them
-    const int count = static_cast<int>((seq_kv + keys - 1) / keys);
-    const double efficiency = wave_efficiency(units * count, slots);
-    if (count > best.count && efficiency > best_efficiency) {
-      best = {count, keys};
-      best_efficiency = efficiency;
+    const KvSplits splits = kv_splits_of(seq_kv, wanted, block_n);
+    if (splits.keys_per_split < kMinKeysPerSplit) break;  // more splits only shorten them
+    const double cost = split_cost(units, splits.count, splits.keys_per_split, slots);
+    if (splits.count > best.count && cost < best_cost) {
+      best = splits;
+      best_cost = cost;
     }
   }
   return best;

@@ -29,7 +29,10 @@ struct PartialLayout {
 PartialLayout partial_layout(const AttentionProblem& problem, int splits);
 
 // O (the problem's dtype and strides, scaled for dropout) and, when asked, LSE
-// from the partials, on `stream`.
-Status launch_combine(const AttentionProblem& problem, const Partials& partials, cudaStream_t stream);
+// from the partials, on `stream`; `programmatic`: launched as the programmatic
+// dependent of the kernel before it on the stream (Hopper's PDL), which must
+// have written the partials.
+Status launch_combine(const AttentionProblem& problem, const Partials& partials, bool programmatic,
+                      cudaStream_t stream);
 
 }  // namespace ffpa::detail::split_kv
