@@ -33,7 +33,7 @@ SDPA_FASTER_MAX_HEAD_DIM = 256
 # Except where ffpa's Hopper family (sm90_wgmma) is measured faster at D <= 256.
 # H200, torch 2.11, bf16, B = 1, H = 32 (docs/perf/h200-2026-12-01d/dropin_sweep.md,
 # its ffpa column: the library's own plan), D = 256 against SDPA's own dispatch:
-#   a boolean mask: key padding [B,1,1,N] 1.65x (N 128), 1.20x (512), 0.99x (2048),
+#   a boolean mask, Nq = Nkv: key padding [B,1,1,N] 1.65x (N 128), 1.20x (512), 0.99x (2048),
 #     1.07x (8192); causal key padding [B,1,N,N] 1.81x, 1.30x, 1.29x, 1.41x
 #   decode (Nq = 1) over B x Hq <= 32 rows (split-KV): 1.12-1.55x, Nkv 512-32768,
 #     MHA and GQA 4
@@ -148,7 +148,7 @@ def _hopper_faster_reason(spec: CallSpec) -> str | None:
     batch, heads_q, seq_q, head_dim = spec.q_shape
     if head_dim not in FFPA_FASTER_HOPPER_HEAD_DIMS:
         return None
-    if spec.mask_dtype == "bool":
+    if spec.mask_dtype == "bool" and seq_q == spec.k_shape[2]:
         return f"D = {head_dim} with a boolean mask: ffpa's Hopper kernel is faster than SDPA's (measured)"
     if spec.mask_dtype is None and seq_q == 1 and batch * heads_q <= FFPA_FASTER_HOPPER_DECODE_MAX_ROWS:
         return f"decode at D = {head_dim}, B x Hq <= {FFPA_FASTER_HOPPER_DECODE_MAX_ROWS}: ffpa's split-KV kernel is faster (measured)"

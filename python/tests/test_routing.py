@@ -109,8 +109,9 @@ def test_d256_calls_measured_faster_on_the_hopper_family_stay_on_ffpa_there(call
         spec(256, dropout_p=0.1, mask_dtype="bool", mask_shape=(B, 1, 1, N)),  # nor dropout
         spec(128, mask_dtype="bool", mask_shape=(B, 1, 1, N)),  # nor D = 128
         decode_spec(2, 32, 32, 8192, d=256),  # 64 rows: beyond the measured decode
+        spec(256, nq=64, nkv=N, mask_dtype="bool", mask_shape=(B, 1, 1, N)),  # masked Nq != Nkv: not measured
     ],
-    ids=["unmasked", "additive", "dropout", "d128", "decode-b2"],
+    ids=["unmasked", "additive", "dropout", "d128", "decode-b2", "masked-cross"],
 )
 def test_other_small_head_dim_calls_go_to_sdpa_on_the_hopper_family_too(call):
     assert route(call, AUTO, False, hopper_family=True).path == "sdpa"
