@@ -39,6 +39,8 @@ def _library_limits() -> tuple[Limits | None, str | None]:
 
 # Asked once, at import, so that torch.compile never traces the library's loading.
 _LIBRARY_LIMITS, _LIBRARY_MISSING = _library_limits()
+# The head dims the library's Hopper family has its own instance for (empty without a library).
+_SM90_HEAD_DIMS = () if _LIBRARY_MISSING is not None else _library.library_info().sm90_wgmma_head_dims
 
 
 @torch.compiler.assume_constant_result
@@ -57,6 +59,18 @@ def _device_unsupported(device_index: int, impl: str) -> str | None:
     if error.status_name != "impl_unavailable":
         raise error
     return f"the ffpa library runs no kernel on cuda:{device_index}: {error.message}"
+
+
+def _hopper_family_serves(spec, device_index: int | None) -> bool:
+    """Whether the library runs its Hopper family at exactly the call's head dim on its device (routing.py's
+    FFPA_FASTER_HOPPER_* rows hold only there): the build has that instance and its kernels run on the GPU."""
+    head_dim = spec.q_shape[-1] if spec.q_shape else 0
+    if spec.device_type != "cuda" or device_index is None or head_dim not in _SM90_HEAD_DIMS:
+        return False
+    try:
+        return _device_unsupported(device_index, "sm90_wgmma") is None
+    except _library.FFPAError:
+        return False
 
 
 def ffpa_attn_func(
@@ -343,7 +357,7 @@ def _decision(
             return _Decision("sdpa", reason, refusal=refusal)
         backends, why = sdpa_backends(spec)
         return _Decision("sdpa", reason if why is None else f"{reason}; {why}", backends)
-    chosen = route(spec, backend, return_lse)
+    chosen = route(spec, backend, return_lse, _hopper_family_serves(spec, query.device.index))
     if chosen.path == "sdpa":
         backends, why = sdpa_backends(spec)
         return _Decision("sdpa", chosen.reason if why is None else f"{chosen.reason}; {why}", backends)

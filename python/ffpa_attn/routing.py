@@ -30,6 +30,19 @@ from .decisions import CallSpec
 # and nothing in SDPA serves D > 256 but the memory-efficient and math kernels.
 SDPA_FASTER_MAX_HEAD_DIM = 256
 
+# Except where ffpa's Hopper family (sm90_wgmma) is measured faster at D <= 256.
+# H200, torch 2.11, bf16, B = 1, H = 32 (docs/perf/h200-2026-12-01d/dropin_sweep.md,
+# its ffpa column: the library's own plan), D = 256 against SDPA's own dispatch:
+#   a boolean mask, Nq = Nkv: key padding [B,1,1,N] 1.65x (N 128), 1.20x (512), 0.99x (2048),
+#     1.07x (8192); causal key padding [B,1,N,N] 1.81x, 1.30x, 1.29x, 1.41x
+#   decode (Nq = 1) over B x Hq <= 32 rows (split-KV): 1.12-1.55x, Nkv 512-32768,
+#     MHA and GQA 4
+# Only where the library runs that family at exactly such a head dim (a Hopper GPU,
+# a build with the instance: padded to a larger one it was not measured), which the
+# caller asks of the library (route's hopper_family); no dropout (not measured).
+FFPA_FASTER_HOPPER_HEAD_DIMS = (256,)
+FFPA_FASTER_HOPPER_DECODE_MAX_ROWS = 32
+
 # MHA decode over many rows: Nq = 1, one query head per KV head, B x Hq >= 128
 # rows (ffpa's tiles then fill an H200 unsplit, each holding one real row of
 # its 64, and there is no GQA group to pack). SDPA's memory-efficient kernel
@@ -102,13 +115,19 @@ def sdpa_wrong_reason(spec: CallSpec) -> str | None:
     return None
 
 
-def route(spec: CallSpec, backend: CUDABackend, return_lse: bool) -> Route:
-    """The path of a call the library can serve (decisions.fallback_reason(spec) is None)."""
+def route(spec: CallSpec, backend: CUDABackend, return_lse: bool, hopper_family: bool = False) -> Route:
+    """The path of a call the library can serve (decisions.fallback_reason(spec) is None).
+
+    hopper_family: the library runs its Hopper family (sm90_wgmma) at exactly the call's
+    head dim on the call's device (asked of the library by the caller).
+    """
     if (reason := only_ffpa_reason(spec, backend, return_lse)) is not None:
         return Route("ffpa", reason)
     if (reason := sdpa_wrong_reason(spec)) is not None:
         return Route("ffpa", reason)
     head_dim = spec.q_shape[-1]
+    if hopper_family and (reason := _hopper_faster_reason(spec)) is not None:
+        return Route("ffpa", reason)
     if head_dim <= SDPA_FASTER_MAX_HEAD_DIM:
         return Route(
             "sdpa", f"D = {head_dim} <= {SDPA_FASTER_MAX_HEAD_DIM}: SDPA's cuDNN/flash kernels are faster (measured)"
@@ -120,6 +139,20 @@ def route(spec: CallSpec, backend: CUDABackend, return_lse: bool) -> Route:
             "SDPA's memory-efficient kernel is faster (measured)",
         )
     return Route("ffpa", f"D = {head_dim}: ffpa's kernels are faster than SDPA's (measured)")
+
+
+def _hopper_faster_reason(spec: CallSpec) -> str | None:
+    """Why ffpa's Hopper family is measured faster than SDPA for this D <= 256 call, or None."""
+    if len(spec.q_shape) != 4 or len(spec.k_shape) != 4 or spec.dropout_p > 0:
+        return None
+    batch, heads_q, seq_q, head_dim = spec.q_shape
+    if head_dim not in FFPA_FASTER_HOPPER_HEAD_DIMS:
+        return None
+    if spec.mask_dtype == "bool" and seq_q == spec.k_shape[2]:
+        return f"D = {head_dim} with a boolean mask: ffpa's Hopper kernel is faster than SDPA's (measured)"
+    if spec.mask_dtype is None and seq_q == 1 and batch * heads_q <= FFPA_FASTER_HOPPER_DECODE_MAX_ROWS:
+        return f"decode at D = {head_dim}, B x Hq <= {FFPA_FASTER_HOPPER_DECODE_MAX_ROWS}: ffpa's split-KV kernel is faster (measured)"
+    return None
 
 
 def _mha_decode_sdpa_max_seq_kv(spec: CallSpec) -> int | None:

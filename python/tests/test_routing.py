@@ -9,6 +9,8 @@ from ffpa_attn.config import CUDABackend
 from ffpa_attn.decisions import CallSpec
 from ffpa_attn.routing import (
     CUDNN_FP32_MASK_MAX_HEAD_DIM,
+    FFPA_FASTER_HOPPER_DECODE_MAX_ROWS,
+    FFPA_FASTER_HOPPER_HEAD_DIMS,
     SDPA_FASTER_DECODE_MIN_ROWS,
     SDPA_FASTER_MHA_DECODE,
     SDPA_FASTER_MAX_HEAD_DIM,
@@ -80,6 +82,39 @@ def test_other_decode_calls_stay_on_ffpa(call):
 
 def test_short_mha_decode_asking_for_lse_stays_on_ffpa():
     assert route(decode_spec(8, 32, 32, 512), AUTO, True).path == "ffpa"
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        spec(256, mask_dtype="bool", mask_shape=(B, 1, 1, N)),
+        spec(256, is_causal=False, mask_dtype="bool", mask_shape=(B, 1, N, N)),
+        decode_spec(1, 32, 32, 8192, d=256),
+        decode_spec(1, 32, 8, 512, d=256),
+    ],
+    ids=["key-padding", "full-bool", "decode-mha", "decode-gqa"],
+)
+def test_d256_calls_measured_faster_on_the_hopper_family_stay_on_ffpa_there(call):
+    assert FFPA_FASTER_HOPPER_HEAD_DIMS == (256,) and FFPA_FASTER_HOPPER_DECODE_MAX_ROWS == 32
+    chosen = route(call, AUTO, False, hopper_family=True)
+    assert chosen.path == "ffpa" and "measured" in chosen.reason
+    assert route(call, AUTO, False, hopper_family=False).path == "sdpa"  # another GPU, or no such instance
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        spec(256),  # no mask, not decode: cuDNN/flash are faster
+        spec(256, mask_dtype="bfloat16", mask_shape=(B, 1, 1, N)),  # additive masks were not measured
+        spec(256, dropout_p=0.1, mask_dtype="bool", mask_shape=(B, 1, 1, N)),  # nor dropout
+        spec(128, mask_dtype="bool", mask_shape=(B, 1, 1, N)),  # nor D = 128
+        decode_spec(2, 32, 32, 8192, d=256),  # 64 rows: beyond the measured decode
+        spec(256, nq=64, nkv=N, mask_dtype="bool", mask_shape=(B, 1, 1, N)),  # masked Nq != Nkv: not measured
+    ],
+    ids=["unmasked", "additive", "dropout", "d128", "decode-b2", "masked-cross"],
+)
+def test_other_small_head_dim_calls_go_to_sdpa_on_the_hopper_family_too(call):
+    assert route(call, AUTO, False, hopper_family=True).path == "sdpa"
 
 
 ONLY_FFPA = {
