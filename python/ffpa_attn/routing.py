@@ -8,8 +8,10 @@ reason (also those the library cannot serve, decisions.py) get the SDPA
 backends that compute them correctly (sdpa_backends).
 
 Torch-free and cheap (no timing at run time): a decision reads the call's
-metadata and the constant tables here. The device's architecture does not
-enter: the split below holds on every GPU the library has kernels for.
+metadata and the constant tables here. The D <= 256 split holds on every GPU
+the library has kernels for; the rows where ffpa's Hopper family beats SDPA
+below it apply only where the caller has asked the library that the family
+runs at the call's head dim (route's hopper_family).
 """
 
 from __future__ import annotations
