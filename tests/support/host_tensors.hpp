@@ -183,10 +183,10 @@ inline void fill_uniform(HostTensor& t, uint64_t seed, float lo, float hi) {
     unsigned char* element = bytes + e * static_cast<int64_t>(size);
     if (t.tensor.dtype == DType::f16) {
       const uint16_t h = detail::float_to_half_bits(value);
-      std::memcpy(element, &h, size);
+      std::memcpy(element, &h, sizeof h);
     } else if (t.tensor.dtype == DType::bf16) {
       const uint16_t h = detail::float_to_bf16_bits(value);
-      std::memcpy(element, &h, size);
+      std::memcpy(element, &h, sizeof h);
     } else {
       std::memcpy(element, &value, size);
     }

@@ -1,0 +1,31 @@
+// The CPU reference's backward pass (issue 13's oracle; docs/kernels/backward_plan.md):
+// the gradients of exact attention in double, with every semantic of the
+// forward reference (masks, causal alignments, GQA, dropout's keep mask from
+// the same stream, scale). No public entry point yet: the tests and, later,
+// the backward API's CPU implementation call it.
+#pragma once
+
+#include "common/attention_problem.hpp"
+
+namespace ffpa::detail {
+
+// Where the gradients go, contiguous fp64 arrays: d_q [B, Hq, Nq, D],
+// d_k [B, Hkv, Nkv, D], d_v [B, Hkv, Nkv, D] and, when not null, d_scores
+// [B, Hq, Nq, Nkv], the gradient with respect to each scaled score plus its
+// mask term (an additive mask's gradient, before summing over the dims the
+// mask broadcasts along; 0 for keys a row does not attend).
+struct AttentionGradients {
+  double* d_q = nullptr;
+  double* d_k = nullptr;
+  double* d_v = nullptr;
+  double* d_scores = nullptr;
+};
+
+// The gradients of sum(O * d_out) for the problem's q, k, v, mask and options
+// (its o and lse are not read), d_out contiguous [B, Hq, Nq, D] in double.
+// Overwrites every element of the gradients. num_threads <= 0: hardware
+// threads; the result does not depend on it.
+void cpu_attention_backward_f64(const AttentionProblem& problem, const double* d_out, const AttentionGradients& grads,
+                                int num_threads = 0);
+
+}  // namespace ffpa::detail

@@ -1,0 +1,243 @@
+// The CPU reference's backward pass (reference/cpu_attention_backward) against
+// central finite differences of a naive forward written straight from the
+// formula in double: the gradients of sum(O * G) for random G, with respect
+// to every element of Q, K and V and (for additive masks) every score, on odd
+// sizes with GQA, both causal alignments, boolean and additive masks with
+// fully masked rows, dropout and a custom scale. The naive forward shares only
+// the definitions of which keys a row sees and of the keep mask (score_terms,
+// philox) with the library.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/attention_problem.hpp"
+#include "common/philox.hpp"
+#include "reference/cpu_attention_backward.hpp"
+#include "reference/score_terms.hpp"
+#include "support/host_tensors.hpp"
+
+namespace ffpa {
+namespace {
+
+using detail::AttentionProblem;
+using detail::MaskKind;
+using testing::HostTensor;
+
+struct Case {
+  std::string name;
+  int64_t batch = 1, heads_q = 2, heads_kv = 2, seq_q = 5, seq_kv = 7, dim = 8;
+  Causal causal = Causal::none;
+  MaskKind mask = MaskKind::none;
+  float dropout_p = 0.0f;
+  double scale = 0.0;  // 0: 1 / sqrt(D)
+};
+
+// The inputs of a case as the library reads them (bf16), their values as
+// doubles ([B, H, N, D] contiguous), and the loss's weights G.
+struct Inputs {
+  HostTensor q, k, v, mask;
+  AttentionProblem problem;
+  std::vector<double> qd, kd, vd, g;
+};
+
+std::vector<double> as_doubles(const HostTensor& t) {
+  std::vector<double> out;
+  const auto& s = t.tensor.shape;
+  for (int64_t a = 0; a < s[0]; ++a)
+    for (int64_t b = 0; b < s[1]; ++b)
+      for (int64_t c = 0; c < s[2]; ++c)
+        for (int64_t d = 0; d < s[3]; ++d) out.push_back(testing::element_as_double(t.tensor, {a, b, c, d}));
+  return out;
+}
+
+Inputs make_inputs(const Case& c, uint64_t seed) {
+  Inputs in;
+  in.q = testing::make_host_tensor(DType::bf16, {c.batch, c.heads_q, c.seq_q, c.dim});
+  in.k = testing::make_host_tensor(DType::bf16, {c.batch, c.heads_kv, c.seq_kv, c.dim});
+  in.v = testing::make_host_tensor(DType::bf16, {c.batch, c.heads_kv, c.seq_kv, c.dim});
+  testing::fill_uniform(in.q, seed + 1, -2.0f, 2.0f);
+  testing::fill_uniform(in.k, seed + 2, -2.0f, 2.0f);
+  testing::fill_uniform(in.v, seed + 3, -1.0f, 1.0f);
+  AttentionProblem& p = in.problem;
+  p.batch = c.batch;
+  p.heads_q = c.heads_q;
+  p.heads_kv = c.heads_kv;
+  p.seq_q = c.seq_q;
+  p.seq_kv = c.seq_kv;
+  p.head_dim = c.dim;
+  p.dtype = DType::bf16;
+  testing::set_problem_qkv(p, in.q.tensor, in.k.tensor, in.v.tensor);
+  p.scale = static_cast<float>(c.scale != 0.0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.dim)));
+  p.causal = c.causal;
+  p.dropout_p = c.dropout_p;
+  p.dropout_threshold = detail::dropout_threshold(c.dropout_p);
+  p.dropout_scale = c.dropout_p > 0.0f ? static_cast<float>(1.0 / (1.0 - static_cast<double>(c.dropout_p))) : 1.0f;
+  p.dropout_seed = 0x9E3779B97F4A7C15ull * (seed + 1);
+  p.dropout_offset = 0xD1B54A32D192ED03ull * (seed + 2);
+  p.mask_kind = c.mask;
+  if (c.mask != MaskKind::none) {
+    // [B, 1, Nq, Nkv]: row 1 of every batch excluded entirely (no attended key).
+    const DType dtype = c.mask == MaskKind::boolean ? DType::boolean : DType::f32;
+    in.mask = testing::make_host_tensor(dtype, {c.batch, 1, c.seq_q, c.seq_kv});
+    if (c.mask == MaskKind::boolean) {
+      testing::fill_bool(in.mask, seed + 4, 0.7);
+    } else {
+      testing::fill_uniform(in.mask, seed + 4, -2.0f, 2.0f);
+      testing::set_element(in.mask.tensor, {0, 0, 0, 2}, -std::numeric_limits<double>::infinity());
+    }
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t j = 0; j < c.seq_kv; ++j)
+        testing::set_element(in.mask.tensor, {b, 0, 1, j},
+                             c.mask == MaskKind::boolean ? 0.0 : -std::numeric_limits<double>::infinity());
+    p.mask = in.mask.tensor.data;
+    p.mask_stride[0] = in.mask.tensor.stride[0];
+    p.mask_stride[1] = 0;
+    p.mask_stride[2] = in.mask.tensor.stride[2];
+    p.mask_stride[3] = in.mask.tensor.stride[3];
+  }
+  in.qd = as_doubles(in.q);
+  in.kd = as_doubles(in.k);
+  in.vd = as_doubles(in.v);
+  std::mt19937_64 rng(seed + 5);
+  std::uniform_real_distribution<double> uniform(-1.0, 1.0);
+  in.g.resize(in.qd.size());
+  for (double& x : in.g) x = uniform(rng);
+  return in;
+}
+
+// sum(O * G) from the formula, for the values q, k, v (doubles, [B, H, N, D])
+// and an extra term added to score (b, h, i, j) = `bumped` (for the scores' gradient).
+double naive_loss(const Inputs& in, const std::vector<double>& q, const std::vector<double>& k,
+                  const std::vector<double>& v, int64_t bumped = -1, double bump = 0.0) {
+  const AttentionProblem& p = in.problem;
+  const int64_t dim = p.head_dim, nkv = p.seq_kv;
+  double loss = 0.0;
+  std::vector<double> bias(static_cast<size_t>(nkv)), s(static_cast<size_t>(nkv));
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      const int64_t kvh = h / p.group_size();
+      for (int64_t i = 0; i < p.seq_q; ++i) {
+        const int64_t visible = detail::visible_keys(p, i);
+        detail::mask_bias(p, b, h, i, visible, bias.data());
+        double max_score = -std::numeric_limits<double>::infinity();
+        for (int64_t j = 0; j < visible; ++j) {
+          double dot = 0.0;
+          for (int64_t d = 0; d < dim; ++d)
+            dot += q[((b * p.heads_q + h) * p.seq_q + i) * dim + d] * k[((b * p.heads_kv + kvh) * nkv + j) * dim + d];
+          s[j] = p.scale * dot + bias[j];
+          if (((b * p.heads_q + h) * p.seq_q + i) * nkv + j == bumped) s[j] += bump;
+          max_score = std::max(max_score, s[j]);
+        }
+        if (max_score == -std::numeric_limits<double>::infinity()) continue;
+        double sum = 0.0;
+        for (int64_t j = 0; j < visible; ++j) sum += std::exp(s[j] - max_score);
+        for (int64_t j = 0; j < visible; ++j) {
+          double weight = std::exp(s[j] - max_score) / sum;
+          if (p.has_dropout()) {
+            const bool keep = detail::dropout_keep(p.dropout_seed, p.dropout_offset, b * p.heads_q + h, p.seq_q,
+                                                   p.seq_kv, i, j, p.dropout_threshold);
+            weight = keep ? weight * p.dropout_scale : 0.0;
+          }
+          for (int64_t d = 0; d < dim; ++d)
+            loss += weight * v[((b * p.heads_kv + kvh) * nkv + j) * dim + d] *
+                    in.g[((b * p.heads_q + h) * p.seq_q + i) * dim + d];
+        }
+      }
+    }
+  }
+  return loss;
+}
+
+constexpr double kStep = 1e-5;
+
+// The central difference of naive_loss along element e of input `which` (0 q, 1 k, 2 v).
+double finite_difference(const Inputs& in, int which, size_t e) {
+  std::vector<double> q = in.qd, k = in.kd, v = in.vd;
+  std::vector<double>& x = which == 0 ? q : which == 1 ? k : v;
+  const double x0 = x[e];
+  x[e] = x0 + kStep;
+  const double up = naive_loss(in, q, k, v);
+  x[e] = x0 - kStep;
+  const double down = naive_loss(in, q, k, v);
+  return (up - down) / (2 * kStep);
+}
+
+void expect_close(double analytic, double numeric, const std::string& what) {
+  EXPECT_NEAR(analytic, numeric, 1e-6 * std::max(1.0, std::fabs(numeric))) << what;
+}
+
+void check_case(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(c.name);
+  const Inputs in = make_inputs(c, seed);
+  const AttentionProblem& p = in.problem;
+  const double poison = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> dq(in.qd.size(), poison), dk(in.kd.size(), poison), dv(in.vd.size(), poison);
+  std::vector<double> ds(static_cast<size_t>(p.batch * p.heads_q * p.seq_q * p.seq_kv), poison);
+  detail::cpu_attention_backward_f64(p, in.g.data(), {dq.data(), dk.data(), dv.data(), ds.data()}, 3);
+  for (size_t e = 0; e < dq.size(); ++e) expect_close(dq[e], finite_difference(in, 0, e), "dQ " + std::to_string(e));
+  for (size_t e = 0; e < dk.size(); ++e) expect_close(dk[e], finite_difference(in, 1, e), "dK " + std::to_string(e));
+  for (size_t e = 0; e < dv.size(); ++e) expect_close(dv[e], finite_difference(in, 2, e), "dV " + std::to_string(e));
+  for (size_t e = 0; e < ds.size(); ++e) {
+    const double numeric = (naive_loss(in, in.qd, in.kd, in.vd, static_cast<int64_t>(e), kStep) -
+                            naive_loss(in, in.qd, in.kd, in.vd, static_cast<int64_t>(e), -kStep)) /
+                           (2 * kStep);
+    expect_close(ds[e], numeric, "dScores " + std::to_string(e));
+  }
+  if (c.mask != MaskKind::none) {  // the fully masked row 1: no gradient reaches its query
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t d = 0; d < p.head_dim; ++d) EXPECT_EQ(dq[((0 * p.heads_q + h) * p.seq_q + 1) * p.head_dim + d], 0.0);
+  }
+}
+
+TEST(CpuReferenceBackward, GradientsMatchFiniteDifferences) {
+  std::vector<Case> cases;
+  cases.push_back({"mha"});
+  Case gqa{"gqa 4:2, causal top-left, two batches"};
+  gqa.batch = 2, gqa.heads_q = 4, gqa.heads_kv = 2, gqa.seq_q = 6, gqa.seq_kv = 6, gqa.causal = Causal::top_left;
+  cases.push_back(gqa);
+  Case bottom{"causal bottom-right, Nq < Nkv, MQA"};
+  bottom.heads_q = 3, bottom.heads_kv = 1, bottom.seq_q = 3, bottom.seq_kv = 7, bottom.causal = Causal::bottom_right;
+  cases.push_back(bottom);
+  Case empty_rows{"causal bottom-right, Nq > Nkv (rows with no key)"};
+  empty_rows.seq_q = 6, empty_rows.seq_kv = 4, empty_rows.causal = Causal::bottom_right;
+  cases.push_back(empty_rows);
+  Case boolean{"boolean mask [B,1,Nq,Nkv], a row fully masked"};
+  boolean.mask = MaskKind::boolean;
+  cases.push_back(boolean);
+  Case additive{"additive f32 mask with -inf, a row fully masked, D 16"};
+  additive.mask = MaskKind::additive_f32, additive.dim = 16;
+  cases.push_back(additive);
+  Case dropout{"dropout 0.3, gqa 2:1"};
+  dropout.dropout_p = 0.3f, dropout.heads_kv = 1, dropout.seq_q = 4, dropout.seq_kv = 9;
+  cases.push_back(dropout);
+  Case scaled{"scale 0.7, causal top-left, Nq > Nkv"};
+  scaled.scale = 0.7, scaled.causal = Causal::top_left, scaled.seq_q = 7, scaled.seq_kv = 5;
+  cases.push_back(scaled);
+  uint64_t seed = 11;
+  for (const Case& c : cases) check_case(c, seed += 10);
+}
+
+TEST(CpuReferenceBackward, ThreadCountDoesNotChangeAnyBit) {
+  Case c{"gqa"};
+  c.batch = 2, c.heads_q = 4, c.heads_kv = 2, c.seq_q = 9, c.seq_kv = 11, c.dim = 24, c.dropout_p = 0.2f;
+  const Inputs in = make_inputs(c, 99);
+  const AttentionProblem& p = in.problem;
+  auto run = [&](int threads) {
+    std::vector<double> all(in.qd.size() + 2 * in.kd.size());
+    detail::cpu_attention_backward_f64(
+        p, in.g.data(), {all.data(), all.data() + in.qd.size(), all.data() + in.qd.size() + in.kd.size()}, threads);
+    return all;
+  };
+  const std::vector<double> one = run(1);
+  for (int threads : {2, 3, 8}) EXPECT_EQ(run(threads), one) << threads << " threads";
+}
+
+}  // namespace
+}  // namespace ffpa
