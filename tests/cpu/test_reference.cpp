@@ -91,13 +91,7 @@ Inputs make_inputs(const Case& c) {
   testing::fill_nan(in.lse);
 
   AttentionProblem& p = in.problem;
-  p.batch = c.batch;
-  p.heads_q = c.heads_q;
-  p.heads_kv = c.heads_kv;
-  p.seq_q = c.seq_q;
-  p.seq_kv = c.seq_kv;
-  p.head_dim = c.dim;
-  p.dtype = c.dtype;
+  testing::set_problem_shape(p, c.batch, c.heads_q, c.heads_kv, c.seq_q, c.seq_kv, c.dim, c.dtype);
   testing::set_problem_qkv(p, in.q.tensor, in.k.tensor, in.v.tensor);
   p.o = in.o.tensor.data;
   set_problem_strides(in.o.tensor, p.o_stride);

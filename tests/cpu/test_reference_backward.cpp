@@ -66,13 +66,7 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
   testing::fill_uniform(in.k, seed + 2, -2.0f, 2.0f);
   testing::fill_uniform(in.v, seed + 3, -1.0f, 1.0f);
   AttentionProblem& p = in.problem;
-  p.batch = c.batch;
-  p.heads_q = c.heads_q;
-  p.heads_kv = c.heads_kv;
-  p.seq_q = c.seq_q;
-  p.seq_kv = c.seq_kv;
-  p.head_dim = c.dim;
-  p.dtype = DType::bf16;
+  testing::set_problem_shape(p, c.batch, c.heads_q, c.heads_kv, c.seq_q, c.seq_kv, c.dim, DType::bf16);
   testing::set_problem_qkv(p, in.q.tensor, in.k.tensor, in.v.tensor);
   p.scale = static_cast<float>(c.scale != 0.0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.dim)));
   p.causal = c.causal;

@@ -75,13 +75,7 @@ inline AccuracyInputs make_accuracy_inputs(const AccuracyCase& c) {
   fill_normal(in.v, c.seed * 5 + 3, zero, one);
 
   detail::AttentionProblem& p = in.problem;
-  p.batch = c.batch;
-  p.heads_q = c.heads_q;
-  p.heads_kv = c.heads_kv;
-  p.seq_q = c.seq_q;
-  p.seq_kv = c.seq_kv;
-  p.head_dim = c.dim;
-  p.dtype = c.dtype;
+  set_problem_shape(p, c.batch, c.heads_q, c.heads_kv, c.seq_q, c.seq_kv, c.dim, c.dtype);
   set_problem_qkv(p, in.q.tensor, in.k.tensor, in.v.tensor);
   p.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.dim)));
   p.causal = c.causal;

@@ -227,6 +227,18 @@ inline void set_problem_strides(const Tensor& t, int64_t (&stride)[3]) {
   for (int d = 0; d < 3; ++d) stride[d] = t.stride[d];
 }
 
+// The sizes and the dtype of a problem.
+inline void set_problem_shape(detail::AttentionProblem& p, int64_t batch, int64_t heads_q, int64_t heads_kv,
+                              int64_t seq_q, int64_t seq_kv, int64_t head_dim, DType dtype) {
+  p.batch = batch;
+  p.heads_q = heads_q;
+  p.heads_kv = heads_kv;
+  p.seq_q = seq_q;
+  p.seq_kv = seq_kv;
+  p.head_dim = head_dim;
+  p.dtype = dtype;
+}
+
 // Q, K and V of a problem: their data and strides.
 inline void set_problem_qkv(detail::AttentionProblem& p, const Tensor& q, const Tensor& k, const Tensor& v) {
   p.q = q.data;
