@@ -6,8 +6,9 @@
 // about one memory latency, not one per split; shared memory sums the warps.
 // Each warp merges the states itself (a split per lane, up to four per lane:
 // kMaxKvSplits = 128) and broadcasts a split's weight from its lane.
-// Measured: a warp per row, one split at a time, took 58 us at B1 H32
-// Nkv32768 (37 splits); a warp per 128 columns with four splits in flight 36.
+// Measured at B1 H32 Nkv32768 with 37 splits (ncu): a warp per row, one split
+// at a time, 58 us; a warp per 128 columns, four splits in flight, 36; this
+// kernel 8.6 (docs/perf/h200-2026-12-01d/).
 #include "kernels/split_kv/combine.hpp"
 
 #include <cuda_bf16.h>
@@ -43,7 +44,8 @@ __device__ __forceinline__ float warp_sum(float x) {
 
 __device__ __forceinline__ void add_scaled(float4& acc, float4 value, float w) {
   // A split the row does not attend (weight 0) adds nothing, whatever its O
-  // holds: the loads are unconditional (every split row lies in the workspace).
+  // holds: its row is loaded anyway (every split row lies in the workspace),
+  // so that the loads never wait on the weights.
   if (w != 0.0f) {
     acc.x += value.x * w;
     acc.y += value.y * w;
