@@ -9,18 +9,16 @@
 #include "reference/cpu_attention.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <new>
-#include <system_error>
-#include <thread>
 #include <vector>
 
 #include "common/ceil_div.hpp"
 #include "common/float16_bits.hpp"
 #include "common/philox.hpp"
+#include "reference/parallel_for.hpp"
 #include "reference/score_terms.hpp"
 
 namespace ffpa::detail {
@@ -55,31 +53,6 @@ struct Scratch {
   std::vector<double> bias;    // [Nkv]: one mask row as an additive bias
   std::vector<double> out;     // [Dv][kRowGroup]: output accumulators, lane-interleaved
 };
-
-// Runs task(worker, index) for every index in [0, count) on up to `workers`
-// threads (the calling thread is worker 0), handing out indices dynamically.
-template <class Task>
-void parallel_for(int64_t count, int workers, const Task& task) {
-  std::atomic<int64_t> next{0};
-  auto drain = [&](int worker) {
-    for (int64_t index = next++; index < count; index = next++) task(worker, index);
-  };
-  const int helpers_wanted = static_cast<int>(std::min<int64_t>(workers, count)) - 1;
-  std::vector<std::thread> helpers;
-  helpers.reserve(helpers_wanted > 0 ? helpers_wanted : 0);
-  try {
-    for (int worker = 1; worker <= helpers_wanted; ++worker) helpers.emplace_back(drain, worker);
-  } catch (const std::system_error&) {
-    // The system refused another thread: the ones already running do the work.
-  }
-  drain(0);
-  for (std::thread& helper : helpers) helper.join();
-}
-
-int resolve_threads(int num_threads) {
-  if (num_threads > 0) return num_threads;
-  return std::max(1u, std::thread::hardware_concurrency());
-}
 
 template <class Element>
 const Element* offset_ptr(const void* base, int64_t elements) {

@@ -11,15 +11,13 @@
 #include "reference/cpu_attention_backward.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <limits>
-#include <system_error>
-#include <thread>
 #include <vector>
 
 #include "common/float16_bits.hpp"
 #include "common/philox.hpp"
+#include "reference/parallel_for.hpp"
 #include "reference/score_terms.hpp"
 
 namespace ffpa::detail {
@@ -38,8 +36,10 @@ void load_row(const AttentionProblem& p, int kind, int64_t b, int64_t h, int64_t
   for (int64_t d = 0; d < p.head_dim; ++d) row[d] = element(p, base, offset + d);
 }
 
+// One worker's buffers: its unit's K and V rows, a query row, a mask row, and
+// per key the softmax weight p_j, the kept factor z_j and dp_j.
 struct Unit {
-  std::vector<double> k, v, q, bias, score;
+  std::vector<double> k, v, q, bias, p, z, dp;
 };
 
 void backward_unit(const AttentionProblem& p, const double* d_out, const AttentionGradients& g, int64_t b,
@@ -55,8 +55,6 @@ void backward_unit(const AttentionProblem& p, const double* d_out, const Attenti
   std::fill(d_v, d_v + nkv * dim, 0.0);
   const double scale = p.scale;
   for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
-    const uint64_t head_word = dropout_head_word(p.dropout_offset, static_cast<uint64_t>(b * p.heads_q + h),
-                                                 static_cast<uint64_t>(p.seq_q), static_cast<uint64_t>(nkv));
     for (int64_t i = 0; i < p.seq_q; ++i) {
       const int64_t row = (b * p.heads_q + h) * p.seq_q + i;
       const double* const go = d_out + row * dim;
@@ -71,33 +69,33 @@ void backward_unit(const AttentionProblem& p, const double* d_out, const Attenti
       for (int64_t j = 0; j < visible; ++j) {
         double dot = 0.0;
         for (int64_t d = 0; d < dim; ++d) dot += u.q[d] * u.k[j * dim + d];
-        u.score[j] = scale * dot + u.bias[j];
-        max_score = std::max(max_score, u.score[j]);
+        u.p[j] = scale * dot + u.bias[j];
+        max_score = std::max(max_score, u.p[j]);
       }
       if (max_score == -std::numeric_limits<double>::infinity()) continue;  // no key attended: O = 0, no gradient
       double denominator = 0.0;
       for (int64_t j = 0; j < visible; ++j) {
-        u.score[j] = std::exp(u.score[j] - max_score);
-        denominator += u.score[j];
+        u.p[j] = std::exp(u.p[j] - max_score);
+        denominator += u.p[j];
       }
-      // u.score becomes p_j; the kept factor z_j and dp_j are recomputed where used.
-      for (int64_t j = 0; j < visible; ++j) u.score[j] /= denominator;
-      auto kept = [&](int64_t j) {
-        if (!p.has_dropout()) return 1.0;
-        const uint64_t word =
-            dropout_word(head_word, static_cast<uint32_t>(i), static_cast<uint32_t>(nkv), static_cast<uint32_t>(j));
-        return dropout_draw(p.dropout_seed, word) >= p.dropout_threshold ? static_cast<double>(p.dropout_scale) : 0.0;
-      };
-      auto dot_v = [&](int64_t j) {
+      double delta = 0.0;
+      for (int64_t j = 0; j < visible; ++j) {
+        u.p[j] /= denominator;
+        if (p.has_dropout()) {
+          const bool keep =
+              dropout_keep(p.dropout_seed, p.dropout_offset, b * p.heads_q + h, p.seq_q, nkv, i, j, p.dropout_threshold);
+          u.z[j] = keep ? static_cast<double>(p.dropout_scale) : 0.0;
+        } else {
+          u.z[j] = 1.0;
+        }
         double dot = 0.0;
         for (int64_t d = 0; d < dim; ++d) dot += go[d] * u.v[j * dim + d];
-        return dot;
-      };
-      double delta = 0.0;
-      for (int64_t j = 0; j < visible; ++j) delta += u.score[j] * kept(j) * dot_v(j);
+        u.dp[j] = dot;
+        delta += u.p[j] * u.z[j] * dot;
+      }
       for (int64_t j = 0; j < visible; ++j) {
-        const double z = kept(j), a = u.score[j] * z;
-        const double ds = u.score[j] * (z * dot_v(j) - delta);
+        const double a = u.p[j] * u.z[j];
+        const double ds = u.p[j] * (u.z[j] * u.dp[j] - delta);
         if (d_s != nullptr) d_s[j] = ds;
         for (int64_t d = 0; d < dim; ++d) {
           d_v[j * dim + d] += a * go[d];
@@ -115,29 +113,17 @@ void cpu_attention_backward_f64(const AttentionProblem& p, const double* d_out, 
                                 int num_threads) {
   const int64_t units = p.batch * p.heads_kv;
   if (units <= 0) return;
-  const int threads =
-      num_threads > 0 ? num_threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int workers = static_cast<int>(std::min<int64_t>(threads, units));
-  std::atomic<int64_t> next{0};
-  auto work = [&] {
-    Unit u;
+  const int workers = static_cast<int>(std::min<int64_t>(resolve_threads(num_threads), units));
+  std::vector<Unit> scratch(static_cast<size_t>(workers));
+  for (Unit& u : scratch) {
     u.k.resize(static_cast<size_t>(p.seq_kv * p.head_dim));
     u.v.resize(u.k.size());
     u.q.resize(static_cast<size_t>(p.head_dim));
-    u.bias.resize(static_cast<size_t>(p.seq_kv));
-    u.score.resize(static_cast<size_t>(p.seq_kv));
-    for (int64_t unit = next++; unit < units; unit = next++) {
-      backward_unit(p, d_out, grads, unit / p.heads_kv, unit % p.heads_kv, u);
-    }
-  };
-  std::vector<std::thread> helpers;
-  try {
-    for (int t = 1; t < workers; ++t) helpers.emplace_back(work);
-  } catch (const std::system_error&) {
-    // The system refused another thread: the ones already running do the work.
+    for (std::vector<double>* per_key : {&u.bias, &u.p, &u.z, &u.dp}) per_key->resize(static_cast<size_t>(p.seq_kv));
   }
-  work();
-  for (std::thread& t : helpers) t.join();
+  parallel_for(units, workers, [&](int worker, int64_t unit) {
+    backward_unit(p, d_out, grads, unit / p.heads_kv, unit % p.heads_kv, scratch[static_cast<size_t>(worker)]);
+  });
 }
 
 }  // namespace ffpa::detail
