@@ -123,6 +123,12 @@ Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
   return {};
 }
 
+// The choice's split-KV fields (its blocks of sm90_wgmma::kTileKeys keys).
+void set_kv_splits(const KvSplits& splits, KernelChoice* choice) {
+  choice->kv_splits = splits.count;
+  choice->split_blocks = static_cast<int32_t>(splits.keys_per_split / sm90_wgmma::kTileKeys);
+}
+
 Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, KernelChoice* choice) {
   DeviceInfo info;
   if (Status status = current_device(Impl::sm90_wgmma, space, &info); !status.ok()) return status;
@@ -143,8 +149,7 @@ Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, Kerne
   choice->value_splits = 1;
   const sm90_wgmma::TilePlan tiles = sm90_wgmma::plan_tiles(problem, instance->head_dim, sm_count);
   choice->heads_per_tile = tiles.heads_per_tile;
-  choice->kv_splits = tiles.splits.count;
-  choice->split_blocks = static_cast<int32_t>(tiles.splits.keys_per_split / sm90_wgmma::kTileKeys);
+  set_kv_splits(tiles.splits, choice);
   return {};
 }
 
@@ -276,9 +281,7 @@ Status with_kv_splits(const AttentionProblem& problem, int wanted, KernelChoice*
     return {StatusCode::invalid_option, std::to_string(wanted) + " KV splits: expected 1 to " +
                                             std::to_string(kMaxKvSplits)};
   }
-  const KvSplits splits = kv_splits_of(problem.seq_kv, wanted, sm90_wgmma::kTileKeys);
-  choice->kv_splits = splits.count;
-  choice->split_blocks = static_cast<int32_t>(splits.keys_per_split / sm90_wgmma::kTileKeys);
+  set_kv_splits(kv_splits_of(problem.seq_kv, wanted, sm90_wgmma::kTileKeys), choice);
   choice->kernel = kernel_name(problem, *choice);
   return {};
 }

@@ -242,7 +242,7 @@ struct HostInputs {
   HostBuffer buffer;
 };
 
-// The tensors and the slab's layout only, for inputs drawn on the device.
+// The tensors and the slab's layout; no host copy (inputs drawn on the device).
 HostInputs describe_inputs(const BenchArgs& args, const ProblemShape& shape, size_t min_total_bytes) {
   const PointTensors tensors = describe_tensors(shape, args.dtype, args.layout, args.mask, args.lse);
   return HostInputs{tensors, plan_input_slab(tensors, min_total_bytes), HostBuffer(0)};
@@ -250,10 +250,9 @@ HostInputs describe_inputs(const BenchArgs& args, const ProblemShape& shape, siz
 
 HostInputs make_host_inputs(const BenchArgs& args, const ProblemShape& shape, size_t min_total_bytes,
                             uint64_t seed) {
-  const PointTensors tensors = describe_tensors(shape, args.dtype, args.layout, args.mask, args.lse);
-  const InputSlab slab = plan_input_slab(tensors, min_total_bytes);
-  HostInputs inputs{tensors, slab, HostBuffer(slab.total_bytes())};
-  fill_inputs(inputs.buffer.get(), slab, tensors, seed);
+  HostInputs inputs = describe_inputs(args, shape, min_total_bytes);
+  inputs.buffer = HostBuffer(inputs.slab.total_bytes());
+  fill_inputs(inputs.buffer.get(), inputs.slab, inputs.tensors, seed);
   return inputs;
 }
 
