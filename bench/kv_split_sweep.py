@@ -217,13 +217,13 @@ def main():
         return
     if not a.bench or not a.jsonl:
         ap.error("--bench and --jsonl are required to measure")
+    points = GRID if a.grid else POINTS
     if a.grid:
-        POINTS.update(GRID)
         if a.opts == ap.get_default("opts"):
             a.opts = GRID_OPTS
         if not a.counts:
             a.counts = "1"
-    names = a.points.split(",") if a.points else (list(GRID) if a.grid else list(POINTS))
+    names = a.points.split(",") if a.points else list(points)
     counts_all = ["auto"] + [int(c) for c in a.counts.split(",")] if a.counts else COUNTS
     rows = []
     with open(a.jsonl, "w") as f:
@@ -233,7 +233,7 @@ def main():
                 counts = counts_all[shift:] + counts_all[:shift]
                 for count in counts:
                     r = {"round": rnd, "point": name, "count": count,
-                         "result": run_point(a.bench, POINTS[name], count, a.opts)}
+                         "result": run_point(a.bench, points[name], count, a.opts)}
                     rows.append(r)
                     f.write(json.dumps(r) + "\n")
                     f.flush()
