@@ -25,6 +25,7 @@ struct AccuracyCase {
   Causal causal = Causal::none;
   InputKind kind = InputKind::randn;
   uint64_t seed = 1;
+  Layout layout = Layout::bhnd;  // of q, k and v (the values do not depend on it)
 };
 
 // The LLM-like shape of the inputs.
@@ -59,9 +60,9 @@ inline void fill_normal(HostTensor& t, uint64_t seed, const std::vector<double>&
 
 inline AccuracyInputs make_accuracy_inputs(const AccuracyCase& c) {
   AccuracyInputs in;
-  in.q = make_host_tensor(c.dtype, {c.batch, c.heads_q, c.seq_q, c.dim});
-  in.k = make_host_tensor(c.dtype, {c.batch, c.heads_kv, c.seq_kv, c.dim});
-  in.v = make_host_tensor(c.dtype, {c.batch, c.heads_kv, c.seq_kv, c.dim});
+  in.q = make_host_tensor(c.dtype, {c.batch, c.heads_q, c.seq_q, c.dim}, c.layout);
+  in.k = make_host_tensor(c.dtype, {c.batch, c.heads_kv, c.seq_kv, c.dim}, c.layout);
+  in.v = make_host_tensor(c.dtype, {c.batch, c.heads_kv, c.seq_kv, c.dim}, c.layout);
   const std::vector<double> zero(c.dim, 0.0), one(c.dim, 1.0);
   std::vector<double> key_mean = zero, query_stddev = one;
   if (c.kind == InputKind::llm_like) {

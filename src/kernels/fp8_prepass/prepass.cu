@@ -1,0 +1,397 @@
+// The FP8 pre-pass kernels (prepass.hpp). Each step is the CPU model's
+// (reference/fp8_quantization.cpp) in the same fp32 operations, so that codes
+// and scales agree bit for bit: block sums in key order and block totals in
+// block order for the means, x - mean, fmaxf of |x| for a group's amax (a NaN
+// does not count; the max of non-negative floats is order-free, so threads
+// combine theirs with an integer atomicMax on the bits), amax / format_max and
+// x / scale as IEEE divisions (nvcc's default -prec-div=true; no multiply-add
+// anywhere to contract), then the format's rounding (common/fp8_e4m3.hpp).
+//
+// The steps, in stream order (a mean or a per-channel scale reduces over all
+// keys before any code can use it):
+//   column_partials   per (kv head, 128-key block): K block sums (smooth-K), V
+//                     block sums (smooth-V) or block amax (V per channel)
+//   finalize_columns  per kv head: the means, the per-channel V scales
+//   (smooth-V with per-channel V: column_partials and finalize_columns once
+//   more, for the amax of V - mean)
+//   quantize_kv       per (kv head, 128-key block): K codes with their block's
+//                     or thread groups' scales; V^T codes through shared memory
+//   quantize_q        per (query head, 64 quantized rows): Q codes and scales
+// Every thread reads 8 channels (16 bytes) per load.
+#include "kernels/fp8_prepass/prepass.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <climits>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "common/fp8_e4m3.hpp"
+#include "common/quantization_scales.hpp"
+#include "host/cuda_status.hpp"
+
+namespace ffpa::detail::fp8_prepass {
+namespace {
+
+constexpr int kChunk = 8;  // channels per 16-byte load
+
+// What column_partials reduces of V.
+enum class VPartial : int { none, sum, amax, centered_amax };
+
+// Eight channels of one row, as fp32 (exact for fp16 and bf16).
+template <typename Element>
+__device__ __forceinline__ void load_chunk(const Element* row, int64_t channel, float (&x)[kChunk]) {
+  const uint4 raw = __ldg(reinterpret_cast<const uint4*>(row + channel));
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+      x[2 * w] = __uint_as_float(words[w] << 16);
+      x[2 * w + 1] = __uint_as_float(words[w] & 0xFFFF0000u);
+    } else {
+      const __half2 pair = *reinterpret_cast<const __half2*>(&words[w]);
+      const float2 f = __half22float2(pair);
+      x[2 * w] = f.x;
+      x[2 * w + 1] = f.y;
+    }
+  }
+}
+
+template <typename Element>
+__device__ __forceinline__ const Element* row_of(const void* base, const int64_t (&stride)[3], int64_t b, int64_t h,
+                                                 int64_t n) {
+  return static_cast<const Element*>(base) + b * stride[0] + h * stride[1] + n * stride[2];
+}
+
+// The 8-bit code of x in a group of this scale.
+__device__ __forceinline__ uint8_t code_of(float x, float scale, bool int8_codes) {
+  return int8_codes ? static_cast<uint8_t>(quantize_int8(x, scale)) : quantize_e4m3(x, scale);
+}
+
+// fmaxf of a group's |x| into shared memory: the bits of non-negative floats
+// order as the floats do (a NaN never gets here: fmaxf dropped it).
+__device__ __forceinline__ void group_max(unsigned* group_amax, float amax) {
+  atomicMax(group_amax, __float_as_uint(amax));
+}
+
+// ---- column_partials ---------------------------------------------------------
+
+template <typename Element>
+__global__ void column_partials(AttentionProblem p, QuantizedBuffers z, bool k_sums, VPartial v_partial) {
+  const int64_t block = blockIdx.x, head = blockIdx.y;  // head: b x Hkv + kv head
+  const int64_t b = head / p.heads_kv, h = head % p.heads_kv, dim = p.head_dim;
+  const int64_t first = block * kQuantKeyBlock;
+  const int64_t last = first + kQuantKeyBlock < p.seq_kv ? first + kQuantKeyBlock : p.seq_kv;
+  const float* v_mean = z.v_mean + head * dim;
+  float* k_out = z.k_partials + (head * z.key_blocks + block) * dim;
+  float* v_out = z.v_partials + (head * z.key_blocks + block) * dim;
+  for (int64_t c = static_cast<int64_t>(threadIdx.x) * kChunk; c < dim; c += blockDim.x * kChunk) {
+    float k_sum[kChunk] = {}, v_acc[kChunk] = {}, mean[kChunk] = {};
+    if (v_partial == VPartial::centered_amax) {
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) mean[e] = v_mean[c + e];
+    }
+    for (int64_t j = first; j < last; ++j) {
+      float x[kChunk];
+      if (k_sums) {
+        load_chunk(row_of<Element>(p.k, p.k_stride, b, h, j), c, x);
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) k_sum[e] += x[e];
+      }
+      if (v_partial != VPartial::none) {
+        load_chunk(row_of<Element>(p.v, p.v_stride, b, h, j), c, x);
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) {
+          v_acc[e] = v_partial == VPartial::sum ? v_acc[e] + x[e] : fmaxf(v_acc[e], fabsf(x[e] - mean[e]));
+        }
+      }
+    }
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) {
+      if (k_sums) k_out[c + e] = k_sum[e];
+      if (v_partial != VPartial::none) v_out[c + e] = v_acc[e];
+    }
+  }
+}
+
+// ---- finalize_columns --------------------------------------------------------
+
+// The mean over n keys from the block sums, in block order (0 without keys).
+__device__ __forceinline__ float mean_of(const float* partials, int64_t blocks, int64_t dim, int64_t c, int64_t n) {
+  if (n == 0) return 0.0f;
+  float total = 0.0f;
+  for (int64_t k = 0; k < blocks; ++k) total += partials[k * dim + c];
+  return total / static_cast<float>(n);
+}
+
+// What finalize_columns writes of a mean.
+enum class MeanStep : int { keep, zero, compute };
+
+__global__ void finalize_columns(AttentionProblem p, QuantizedBuffers z, MeanStep k_step, MeanStep v_step,
+                                 bool v_scales) {
+  const int64_t head = blockIdx.x, dim = p.head_dim, blocks = z.key_blocks;
+  const float* k_partials = z.k_partials + head * blocks * dim;
+  const float* v_partials = z.v_partials + head * blocks * dim;
+  for (int64_t c = threadIdx.x; c < dim; c += blockDim.x) {
+    if (k_step != MeanStep::keep) {
+      z.k_mean[head * dim + c] = k_step == MeanStep::zero ? 0.0f : mean_of(k_partials, blocks, dim, c, p.seq_kv);
+    }
+    if (v_step != MeanStep::keep) {
+      z.v_mean[head * dim + c] = v_step == MeanStep::zero ? 0.0f : mean_of(v_partials, blocks, dim, c, p.seq_kv);
+    }
+    if (v_scales) {
+      float amax = 0.0f;
+      for (int64_t k = 0; k < blocks; ++k) amax = fmaxf(amax, v_partials[k * dim + c]);
+      z.v_scales[head * dim + c] = quantization_scale(amax, kE4m3Max);
+    }
+  }
+}
+
+// ---- quantize_kv -------------------------------------------------------------
+
+constexpr int kKvThreads = 256;
+// V^T through shared memory: 64 channels x 128 keys of codes a pass, rows of
+// 33 words (one word of padding: the 4-key words a warp writes for 8 channels
+// then fall in distinct banks but for pairs, and a row reads conflict-free).
+constexpr int kTransposeChannels = 64;
+constexpr int kTransposeRowWords = kQuantKeyBlock / 4 + 1;
+
+template <typename Element>
+__global__ void __launch_bounds__(kKvThreads) quantize_kv(AttentionProblem p, QuantizedBuffers z, QuantizationOptions o) {
+  __shared__ unsigned k_amax[kKeyGroupsPerBlock];
+  __shared__ float k_scale[kKeyGroupsPerBlock];
+  __shared__ unsigned v_amax;
+  __shared__ uint32_t transpose[kTransposeChannels][kTransposeRowWords];
+  const int64_t block = blockIdx.x, head = blockIdx.y;
+  const int64_t b = head / p.heads_kv, h = head % p.heads_kv, dim = p.head_dim, nkv = p.seq_kv;
+  const int64_t first = block * kQuantKeyBlock;
+  const int keys = static_cast<int>(first + kQuantKeyBlock < nkv ? kQuantKeyBlock : nkv - first);
+  const int chunks = static_cast<int>(dim / kChunk);  // per key
+  const int tid = static_cast<int>(threadIdx.x);
+  const float* k_mean = z.k_mean + head * dim;
+  const float* v_mean = z.v_mean + head * dim;
+  const bool int8_qk = o.qk_format == QkFormat::int8;
+  const bool k_per_block = o.qk_granularity == QkScaleGranularity::per_block;
+  const bool v_per_block = o.v_granularity == VScaleGranularity::per_block;
+  if (tid < kKeyGroupsPerBlock) k_amax[tid] = 0u;
+  if (tid == 0) v_amax = 0u;
+  __syncthreads();
+
+  // K's group amax (and V's block amax when V is scaled per block).
+  for (int item = tid; item < keys * chunks; item += kKvThreads) {
+    const int key = item / chunks;
+    const int64_t c = static_cast<int64_t>(item % chunks) * kChunk;
+    float x[kChunk];
+    load_chunk(row_of<Element>(p.k, p.k_stride, b, h, first + key), c, x);
+    float amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) amax = fmaxf(amax, fabsf(x[e] - k_mean[c + e]));
+    group_max(&k_amax[k_per_block ? 0 : static_cast<int>(k_scale_index(key, o.qk_granularity))], amax);
+    if (v_per_block) {
+      load_chunk(row_of<Element>(p.v, p.v_stride, b, h, first + key), c, x);
+      amax = 0.0f;
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) amax = fmaxf(amax, fabsf(x[e] - v_mean[c + e]));
+      group_max(&v_amax, amax);
+    }
+  }
+  __syncthreads();
+  const int k_groups = k_per_block ? 1 : static_cast<int>(kKeyGroupsPerBlock);
+  const int64_t k_scale_base = head * k_scale_count(nkv, o.qk_granularity) + block * k_groups;
+  if (tid < k_groups) {
+    const float scale = quantization_scale(__uint_as_float(k_amax[tid]), int8_qk ? kInt8Max : kE4m3Max);
+    k_scale[tid] = scale;
+    z.k_scales[k_scale_base + tid] = scale;
+  }
+  float v_block_scale = 1.0f;
+  if (v_per_block) {
+    v_block_scale = quantization_scale(__uint_as_float(v_amax), kE4m3Max);
+    if (tid == 0) z.v_scales[head * v_scale_count(nkv, dim, o.v_granularity) + block] = v_block_scale;
+  }
+  __syncthreads();
+
+  // K codes, [key][D]: 8 bytes a thread and chunk.
+  for (int item = tid; item < keys * chunks; item += kKvThreads) {
+    const int key = item / chunks;
+    const int64_t c = static_cast<int64_t>(item % chunks) * kChunk;
+    float x[kChunk];
+    load_chunk(row_of<Element>(p.k, p.k_stride, b, h, first + key), c, x);
+    const float scale = k_scale[k_per_block ? 0 : k_scale_index(key, o.qk_granularity)];
+    uint32_t packed[2] = {0u, 0u};
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) {
+      packed[e / 4] |= static_cast<uint32_t>(code_of(x[e] - k_mean[c + e], scale, int8_qk)) << (8 * (e % 4));
+    }
+    *reinterpret_cast<uint2*>(z.k_codes + ((head * nkv) + first + key) * dim + c) = make_uint2(packed[0], packed[1]);
+  }
+
+  // V^T codes, [D][v_pitch]: per 64 channels, each thread codes 4 keys x 8
+  // channels into words of 4 keys (zeros past Nkv), then rows of 128 keys
+  // leave as 32 words a warp.
+  const float* v_scales = z.v_scales + head * v_scale_count(nkv, dim, o.v_granularity);
+  constexpr int kKeyQuads = kQuantKeyBlock / 4;
+  for (int64_t c0 = 0; c0 < dim; c0 += kTransposeChannels) {
+    const int chunk = tid % (kTransposeChannels / kChunk), quad = tid / (kTransposeChannels / kChunk);
+    static_assert(kKvThreads == kKeyQuads * (kTransposeChannels / kChunk), "one thread per (4 keys, 8 channels)");
+    const int64_t c = c0 + chunk * kChunk;
+    if (c < dim) {
+      uint32_t words[kChunk] = {};
+      for (int k = 0; k < 4; ++k) {
+        const int key = quad * 4 + k;
+        if (key >= keys) break;
+        float x[kChunk];
+        load_chunk(row_of<Element>(p.v, p.v_stride, b, h, first + key), c, x);
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) {
+          const float scale = v_per_block ? v_block_scale : v_scales[c + e];
+          words[e] |= static_cast<uint32_t>(quantize_e4m3(x[e] - v_mean[c + e], scale)) << (8 * k);
+        }
+      }
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) transpose[chunk * kChunk + e][quad] = words[e];
+    }
+    __syncthreads();
+    // Row r of the pass: keys [first, first + 128) of channel c0 + r, up to
+    // the padded pitch (TMA's stride), so the padding is written with zeros.
+    const int64_t row_bytes = z.v_pitch - first < kQuantKeyBlock ? z.v_pitch - first : kQuantKeyBlock;
+    for (int item = tid; item < kTransposeChannels * kKeyQuads; item += kKvThreads) {
+      const int r = item / kKeyQuads, word = item % kKeyQuads;
+      if (c0 + r >= dim || 4 * word >= row_bytes) continue;
+      uint8_t* row = z.v_codes + (head * dim + c0 + r) * z.v_pitch + first;
+      *reinterpret_cast<uint32_t*>(row + 4 * word) = transpose[r][word];
+    }
+    __syncthreads();
+  }
+}
+
+// ---- quantize_q --------------------------------------------------------------
+
+constexpr int kQThreads = 256;
+
+template <typename Element>
+__global__ void __launch_bounds__(kQThreads) quantize_q(AttentionProblem p, QuantizedBuffers z, QuantizationOptions o) {
+  __shared__ unsigned amax_of[kQueryGroupsPerBlock];
+  __shared__ float scale_of[kQueryGroupsPerBlock];
+  const int64_t block = blockIdx.x, head = blockIdx.y;  // head: b x Hq + h
+  const int64_t b = head / p.heads_q, h = head % p.heads_q, dim = p.head_dim;
+  const int64_t first = block * kQuantQueryBlock;  // quantized row numbers (query row first_row + r)
+  const int rows = static_cast<int>(first + kQuantQueryBlock < z.rows ? kQuantQueryBlock : z.rows - first);
+  const int chunks = static_cast<int>(dim / kChunk);
+  const int tid = static_cast<int>(threadIdx.x);
+  const bool int8_qk = o.qk_format == QkFormat::int8;
+  const bool per_block = o.qk_granularity == QkScaleGranularity::per_block;
+  const int groups = per_block ? 1 : static_cast<int>(kQueryGroupsPerBlock);
+  if (tid < groups) amax_of[tid] = 0u;
+  __syncthreads();
+  for (int item = tid; item < rows * chunks; item += kQThreads) {
+    const int r = item / chunks;
+    const int64_t c = static_cast<int64_t>(item % chunks) * kChunk;
+    float x[kChunk];
+    load_chunk(row_of<Element>(p.q, p.q_stride, b, h, z.first_row + first + r), c, x);
+    float amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) amax = fmaxf(amax, fabsf(x[e]));
+    group_max(&amax_of[q_scale_index(r, o.qk_granularity)], amax);  // r < 64: the block's own group
+  }
+  __syncthreads();
+  if (tid < groups) {
+    const float scale = quantization_scale(__uint_as_float(amax_of[tid]), int8_qk ? kInt8Max : kE4m3Max);
+    scale_of[tid] = scale;
+    z.q_scales[head * q_scale_count(z.rows, o.qk_granularity) + block * groups + tid] = scale;
+  }
+  __syncthreads();
+  for (int item = tid; item < rows * chunks; item += kQThreads) {
+    const int r = item / chunks;
+    const int64_t c = static_cast<int64_t>(item % chunks) * kChunk;
+    float x[kChunk];
+    load_chunk(row_of<Element>(p.q, p.q_stride, b, h, z.first_row + first + r), c, x);
+    const float scale = scale_of[q_scale_index(r, o.qk_granularity)];
+    uint32_t packed[2] = {0u, 0u};
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) {
+      packed[e / 4] |= static_cast<uint32_t>(code_of(x[e], scale, int8_qk)) << (8 * (e % 4));
+    }
+    *reinterpret_cast<uint2*>(z.q_codes + (head * z.rows + first + r) * dim + c) = make_uint2(packed[0], packed[1]);
+  }
+}
+
+// ---- launch ------------------------------------------------------------------
+
+bool rows_aligned(const void* base, const int64_t (&stride)[3]) {
+  return reinterpret_cast<uintptr_t>(base) % 16 == 0 && stride[0] % kChunk == 0 && stride[1] % kChunk == 0 &&
+         stride[2] % kChunk == 0;
+}
+
+template <typename Element>
+Status launch_steps(const AttentionProblem& p, const QuantizationOptions& o, const QuantizedBuffers& z,
+                    cudaStream_t stream) {
+  const unsigned kv_heads = static_cast<unsigned>(p.batch * p.heads_kv);
+  const unsigned q_heads = static_cast<unsigned>(p.batch * p.heads_q);
+  const unsigned key_blocks = static_cast<unsigned>(z.key_blocks);
+  const bool v_per_channel = o.v_granularity == VScaleGranularity::per_channel;
+  const VPartial first_v = o.smooth_v ? VPartial::sum : v_per_channel ? VPartial::amax : VPartial::none;
+  if (kv_heads > 0) {
+    if (key_blocks > 0 && (o.smooth_k || first_v != VPartial::none)) {
+      column_partials<Element><<<dim3(key_blocks, kv_heads), 128, 0, stream>>>(p, z, o.smooth_k, first_v);
+      FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
+    }
+    // Means are written as zeros without smoothing (the model's), and the
+    // per-channel V scales without smooth-V come from the block amax.
+    finalize_columns<<<kv_heads, 128, 0, stream>>>(p, z, o.smooth_k ? MeanStep::compute : MeanStep::zero,
+                                                   o.smooth_v ? MeanStep::compute : MeanStep::zero,
+                                                   v_per_channel && !o.smooth_v);
+    FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
+    if (v_per_channel && o.smooth_v && key_blocks > 0) {
+      column_partials<Element><<<dim3(key_blocks, kv_heads), 128, 0, stream>>>(p, z, false, VPartial::centered_amax);
+      FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
+    }
+    if (v_per_channel && o.smooth_v) {
+      finalize_columns<<<kv_heads, 128, 0, stream>>>(p, z, MeanStep::keep, MeanStep::keep, true);
+      FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
+    }
+    if (key_blocks > 0) {
+      quantize_kv<Element><<<dim3(key_blocks, kv_heads), kKvThreads, 0, stream>>>(p, z, o);
+      FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
+    }
+  }
+  const int64_t q_blocks = ceil_div(z.rows, kQuantQueryBlock);
+  if (q_heads > 0 && q_blocks > 0) {
+    quantize_q<Element><<<dim3(static_cast<unsigned>(q_blocks), q_heads), kQThreads, 0, stream>>>(p, z, o);
+    FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
+  }
+  return {};
+}
+
+}  // namespace
+
+Status check_prepass(const AttentionProblem& p, const QuantizationOptions& o) {
+  if (o.qk_format == QkFormat::unquantized || o.pv_format == PvFormat::unquantized) {
+    return {StatusCode::invalid_option, "fp8 pre-pass: unquantized Q K or P V exists in the CPU model only"};
+  }
+  if (o.n_early < 0) return {StatusCode::invalid_option, "fp8 pre-pass: n_early is negative"};
+  if (o.smooth_v && p.has_dropout()) {
+    return {StatusCode::invalid_option,
+            "fp8 pre-pass: smooth_v with dropout (the kept weights do not sum to 1: adding V's mean back is wrong)"};
+  }
+  if (p.head_dim % kChunk != 0 || !rows_aligned(p.q, p.q_stride) || !rows_aligned(p.k, p.k_stride) ||
+      !rows_aligned(p.v, p.v_stride)) {
+    return {StatusCode::misaligned, "fp8 pre-pass: q, k and v rows must start on 16-byte boundaries"};
+  }
+  const int64_t kv_heads = p.batch * p.heads_kv, q_heads = p.batch * p.heads_q;
+  if (kv_heads > 65535 || q_heads > 65535 || ceil_div(p.seq_kv, kQuantKeyBlock) > INT_MAX ||
+      ceil_div(p.seq_q, kQuantQueryBlock) > INT_MAX) {
+    return {StatusCode::impl_unavailable, "fp8 pre-pass: more than 65535 heads x batch, or too long a sequence"};
+  }
+  return {};
+}
+
+Status launch_prepass(const AttentionProblem& p, const QuantizationOptions& o, const QuantizedBuffers& z,
+                      cudaStream_t stream) {
+  Status checked = check_prepass(p, o);
+  if (!checked.ok()) return checked;
+  return p.dtype == DType::bf16 ? launch_steps<__nv_bfloat16>(p, o, z, stream) : launch_steps<__half>(p, o, z, stream);
+}
+
+}  // namespace ffpa::detail::fp8_prepass

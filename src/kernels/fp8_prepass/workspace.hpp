@@ -1,0 +1,103 @@
+// Where the FP8 pre-pass writes in the call's workspace: the quantized
+// inputs the main loop reads (codes and scales, the smoothing means) and the
+// pre-pass's own per-block partial reductions. One layout, computed on the
+// host from the problem and the options, for the size query, the pre-pass
+// and the main loop alike. Layouts of the codes and scales are the CPU
+// model's (reference/fp8_quantization.hpp: QuantizedInputs) except V, kept
+// transposed per head ([D][v_pitch]: the K-major B operand 8-bit wgmma needs
+// for P V) with its rows padded to 16 bytes (a TMA stride) and the padding
+// zeroed.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/attention_problem.hpp"
+#include "common/ceil_div.hpp"
+#include "common/quantization_options.hpp"
+#include "common/quantization_scales.hpp"
+
+namespace ffpa::detail::fp8_prepass {
+
+// The workspace's regions, as device pointers (null: not written by this call).
+struct QuantizedBuffers {
+  uint8_t* q_codes = nullptr;   // [B][Hq][rows][D], rows = Nq - first_row
+  float* q_scales = nullptr;    // [B][Hq][q_scale_count(rows)]
+  float* k_mean = nullptr;      // [B][Hkv][D] (zeros without smooth_k)
+  uint8_t* k_codes = nullptr;   // [B][Hkv][Nkv][D]
+  float* k_scales = nullptr;    // [B][Hkv][k_scale_count(Nkv)]
+  float* v_mean = nullptr;      // [B][Hkv][D] (zeros without smooth_v)
+  uint8_t* v_codes = nullptr;   // [B][Hkv][D][v_pitch]: V^T
+  float* v_scales = nullptr;    // [B][Hkv][v_scale_count(Nkv, D)]
+  // The pre-pass's scratch: per (kv head, 128-key block, channel), K's block
+  // sums and V's block sums (smooth_v) or block amax (per-channel V scales).
+  float* k_partials = nullptr;  // [B][Hkv][key_blocks][D]
+  float* v_partials = nullptr;  // [B][Hkv][key_blocks][D]
+  int64_t first_row = 0, rows = 0, v_pitch = 0, key_blocks = 0;
+};
+
+// The region offsets of one call's workspace, in bytes from its start (each
+// 256-byte aligned), and its size.
+struct WorkspaceLayout {
+  static constexpr size_t kAlignment = 256;
+  size_t q_codes = 0, q_scales = 0, k_mean = 0, k_codes = 0, k_scales = 0, v_mean = 0, v_codes = 0, v_scales = 0,
+         k_partials = 0, v_partials = 0;
+  size_t bytes = 0;
+  int64_t first_row = 0, rows = 0, v_pitch = 0, key_blocks = 0;
+
+  static WorkspaceLayout of(const AttentionProblem& p, const QuantizationOptions& o) {
+    WorkspaceLayout w;
+    w.first_row = o.n_early < p.seq_q ? o.n_early : p.seq_q;
+    w.rows = p.seq_q - w.first_row;
+    w.v_pitch = round_up(p.seq_kv, 16);
+    w.key_blocks = ceil_div(p.seq_kv, kQuantKeyBlock);
+    const size_t q_heads = static_cast<size_t>(p.batch * p.heads_q), kv_heads = static_cast<size_t>(p.batch * p.heads_kv);
+    const size_t dim = static_cast<size_t>(p.head_dim), nkv = static_cast<size_t>(p.seq_kv);
+    size_t at = 0;
+    auto region = [&at](size_t bytes) {
+      const size_t start = at;
+      at = round_up(at + bytes, kAlignment);
+      return start;
+    };
+    w.q_codes = region(q_heads * static_cast<size_t>(w.rows) * dim);
+    w.q_scales = region(q_heads * static_cast<size_t>(q_scale_count(w.rows, o.qk_granularity)) * sizeof(float));
+    w.k_mean = region(kv_heads * dim * sizeof(float));
+    w.k_codes = region(kv_heads * nkv * dim);
+    w.k_scales = region(kv_heads * static_cast<size_t>(k_scale_count(p.seq_kv, o.qk_granularity)) * sizeof(float));
+    w.v_mean = region(kv_heads * dim * sizeof(float));
+    w.v_codes = region(kv_heads * dim * static_cast<size_t>(w.v_pitch));
+    w.v_scales = region(kv_heads * static_cast<size_t>(v_scale_count(p.seq_kv, p.head_dim, o.v_granularity)) *
+                        sizeof(float));
+    const size_t partial_bytes = kv_heads * static_cast<size_t>(w.key_blocks) * dim * sizeof(float);
+    w.k_partials = region(partial_bytes);
+    w.v_partials = region(partial_bytes);
+    w.bytes = at;
+    return w;
+  }
+
+  QuantizedBuffers bind(void* workspace) const {
+    auto* base = static_cast<unsigned char*>(workspace);
+    QuantizedBuffers b;
+    b.q_codes = base + q_codes;
+    b.q_scales = reinterpret_cast<float*>(base + q_scales);
+    b.k_mean = reinterpret_cast<float*>(base + k_mean);
+    b.k_codes = base + k_codes;
+    b.k_scales = reinterpret_cast<float*>(base + k_scales);
+    b.v_mean = reinterpret_cast<float*>(base + v_mean);
+    b.v_codes = base + v_codes;
+    b.v_scales = reinterpret_cast<float*>(base + v_scales);
+    b.k_partials = reinterpret_cast<float*>(base + k_partials);
+    b.v_partials = reinterpret_cast<float*>(base + v_partials);
+    b.first_row = first_row;
+    b.rows = rows;
+    b.v_pitch = v_pitch;
+    b.key_blocks = key_blocks;
+    return b;
+  }
+
+ private:
+  static constexpr int64_t round_up(int64_t x, int64_t m) { return ceil_div(x, m) * m; }
+  static constexpr size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
+};
+
+}  // namespace ffpa::detail::fp8_prepass
