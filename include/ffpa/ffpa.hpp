@@ -94,6 +94,35 @@ struct Tensor {
 // A contiguous row-major tensor of the given shape (rank = shape.size()).
 FFPA_API Tensor make_tensor(void* data, DType dtype, std::initializer_list<int64_t> shape);
 
+// What the tensor cores multiply (docs/spec.md, "Precision"): the inputs'
+// own fp16/bf16, or FP8: the library quantizes Q, K and V (a pre-pass into
+// the workspace) and runs Q K^T and P V on Hopper's 8-bit tensor cores,
+// output still in the inputs' dtype. FP8 runs on the sm90 family only.
+enum class Precision : int32_t {
+  input = 0,  // default
+  fp8 = 1,
+};
+
+// The FP8 knobs; the defaults are the most accurate setting measured
+// (docs/kernels/fp8_model.md).
+enum class Fp8QkFormat : int32_t {
+  int8 = 0,  // Q, K as int8 codes (exact s32 sums on the tensor cores)
+  e4m3 = 1,  // Q, K as e4m3 codes
+};
+enum class Fp8QkScales : int32_t {
+  per_thread_group = 0,  // the rows and keys one thread's scores cover (SageAttention2's)
+  per_block = 1,         // 64 query rows, 128 keys
+};
+struct Fp8Options {
+  Fp8QkFormat qk_format = Fp8QkFormat::int8;
+  Fp8QkScales qk_scales = Fp8QkScales::per_thread_group;
+  bool smooth_k = true;  // subtract K's per-channel mean over tokens first (softmax-invariant)
+  // Hybrid rows: query rows [0, early_rows) computed in the inputs' precision
+  // (a multiple of 64). Default: 256 with a causal mask (the first rows
+  // attend few keys, where 8-bit P costs the most accuracy), else 0.
+  std::optional<int64_t> early_rows;
+};
+
 struct Options {
   std::optional<float> scale;  // default 1/sqrt(D)
   Causal causal = Causal::none;
@@ -102,6 +131,8 @@ struct Options {
   uint64_t dropout_offset = 0;
   Accumulation accumulation = Accumulation::f32;
   Impl impl = Impl::automatic;
+  Precision precision = Precision::input;
+  Fp8Options fp8;  // Precision::fp8 only
 };
 
 struct ForwardParams {
@@ -134,6 +165,7 @@ struct KernelChoice {
   int32_t heads_per_tile = 1;   // GQA packing: query heads of one KV head in a tile (decode)
   int32_t kv_splits = 1;        // split-KV: CTAs sharing one row block, each a range of the keys
   int32_t split_blocks = 0;     // split-KV: KV blocks per split
+  Precision precision = Precision::input;
 };
 FFPA_API Status select_kernel(const ForwardParams& params, KernelChoice* choice);
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "common/host_device.hpp"
+#include "common/quantization_options.hpp"
 #include "ffpa/ffpa.hpp"
 
 namespace ffpa::detail {
@@ -53,6 +54,9 @@ struct AttentionProblem {
   float dropout_scale = 1.0f;      // kept values' factor: 1 / (1 - p) rounded to the inputs' dtype
   uint64_t dropout_seed = 0, dropout_offset = 0;
   Accumulation accumulation = Accumulation::f32;
+  // Precision::fp8: the quantization (n_early resolved: a multiple of 64).
+  bool fp8 = false;
+  QuantizationOptions quantization;
 
   FFPA_HOST_DEVICE int64_t group_size() const { return heads_q / heads_kv; }  // query heads per kv head
   FFPA_HOST_DEVICE bool has_dropout() const { return dropout_p > 0.0f; }

@@ -87,6 +87,19 @@ FFPA_HOST_DEVICE uint8_t float_to_e4m3_bits(float x) {
 #endif
 }
 
+// Two floats to two e4m3 codes, `lo` in the low byte (the order of a pair of
+// 8-bit elements in memory): float_to_e4m3_bits of each, one instruction on
+// the GPU.
+FFPA_HOST_DEVICE uint16_t float2_to_e4m3x2_bits(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint16_t pair;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(pair) : "f"(hi), "f"(lo));
+  return pair;
+#else
+  return static_cast<uint16_t>(float_to_e4m3_bits(lo) | (float_to_e4m3_bits(hi) << 8));
+#endif
+}
+
 // e4m3 bits -> float, exact (NaN codes give a NaN).
 FFPA_HOST_DEVICE float e4m3_bits_to_float(uint8_t bits) {
   const uint32_t sign = static_cast<uint32_t>(bits & 0x80u) << 24;

@@ -49,4 +49,8 @@ struct QuantizationOptions {
   int64_t n_early = 0;
 };
 
+// Hybrid rows by default with a causal mask (the seed's choice): the first
+// rows attend the fewest keys, where 8-bit P loses the most accuracy.
+inline constexpr int64_t kDefaultCausalEarlyRows = 256;
+
 }  // namespace ffpa::detail

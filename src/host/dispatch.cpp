@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "host/cuda_status.hpp"
+#include "host/fp8_forward.hpp"
 #include "host/memory_space.hpp"
 #include "kernels/sm80_split_d/family.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
@@ -153,6 +154,25 @@ Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, Kerne
   return {};
 }
 
+// Precision::fp8: the pre-pass and the sm90 family's FP8 kernel (either impl
+// naming it: automatic or sm90_wgmma).
+Status plan_fp8(const AttentionProblem& problem, Impl requested, MemorySpace space, KernelChoice* choice) {
+  if (requested != Impl::automatic && requested != Impl::sm90_wgmma) {
+    return {StatusCode::impl_unavailable,
+            std::string("precision fp8 runs on impl sm90_wgmma only, not ") + impl_name(requested)};
+  }
+  DeviceInfo info;
+  if (Status status = current_device(Impl::sm90_wgmma, space, &info); !status.ok()) return status;
+  if (Status status = sm90_capability(info); !status.ok()) return status;
+  if (Status status = check_fp8(problem, problem.quantization); !status.ok()) return status;
+  std::string reason;
+  const sm90_wgmma::Fp8Instance* instance = sm90_wgmma::route_fp8(problem, &reason);
+  choice->impl = Impl::sm90_wgmma;
+  choice->precision = Precision::fp8;
+  choice->padded_head_dim = instance->head_dim;
+  return {};
+}
+
 // Device pointers under Impl::automatic: the sm90 family where it serves the
 // call and is measured faster (docs/kernels/sm90_wgmma.md), else split-D.
 Status plan_automatic_device(const AttentionProblem& problem, KernelChoice* choice) {
@@ -176,6 +196,7 @@ std::string kernel_name(const AttentionProblem& problem, const KernelChoice& cho
       return sm80_split_d::kernel_name(
           problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits});
     case Impl::sm90_wgmma:
+      if (choice.precision == Precision::fp8) return sm90_wgmma::fp8_kernel_name(problem, static_cast<int>(choice.padded_head_dim));
       for (int i = 0; i < sm90_wgmma::kInstanceCount; ++i) {
         if (sm90_wgmma::kInstances[i].head_dim != choice.padded_head_dim) continue;
         std::string name = sm90_wgmma::kernel_name(problem, sm90_wgmma::kInstances[i]);
@@ -193,6 +214,7 @@ Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoic
   *choice = KernelChoice{};
   MemorySpace space = MemorySpace::host;
   if (Status status = common_memory_space(problem, &space); !status.ok()) return status;
+  if (problem.fp8) return plan_fp8(problem, requested, space, choice);
   switch (requested) {
     case Impl::cpu_reference: return plan_cpu_reference(space, choice);
     case Impl::sm80_split_d: return plan_sm80_split_d(problem, space, choice);
@@ -287,29 +309,81 @@ Status with_kv_splits(const AttentionProblem& problem, int wanted, KernelChoice*
 }
 
 int64_t workspace_bytes(const AttentionProblem& problem, const KernelChoice& choice) {
+  if (choice.precision == Precision::fp8) return static_cast<int64_t>(fp8_workspace_bytes(problem, problem.quantization));
   return choice.kv_splits > 1 ? split_kv::partial_layout(problem, choice.kv_splits).bytes : 0;
 }
 
 namespace {
+
+// The call's temporary memory: the caller's workspace, or stream-ordered
+// memory that release() frees on the stream after the work queued there.
+class Workspace {
+ public:
+  Workspace(void* given, size_t given_bytes, cudaStream_t stream)
+      : given_(given), given_bytes_(given_bytes), stream_(stream) {}
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+
+  // `bytes` of it for `what`, at *memory.
+  Status acquire(size_t bytes, const char* what, void** memory) {
+    if (given_ != nullptr) {
+      if (given_bytes_ < bytes) {
+        return {StatusCode::workspace_too_small, std::string(what) + " needs " + std::to_string(bytes) +
+                                                     " bytes of workspace, got " + std::to_string(given_bytes_)};
+      }
+      *memory = given_;
+      return {};
+    }
+    if (const cudaError_t error = cudaMallocAsync(&allocated_, bytes, stream_); error != cudaSuccess) {
+      (void)cudaGetLastError();
+      allocated_ = nullptr;
+      return error == cudaErrorMemoryAllocation
+                 ? Status{StatusCode::out_of_memory,
+                          std::string(what) + ": no device memory for its " + std::to_string(bytes) + " bytes"}
+                 : cuda_status(error, "cudaMallocAsync");
+    }
+    *memory = allocated_;
+    return {};
+  }
+
+  // Frees what acquire allocated; `status`, or the free's failure if it was ok.
+  Status release(Status status) {
+    if (allocated_ != nullptr) {
+      if (const cudaError_t error = cudaFreeAsync(allocated_, stream_); error != cudaSuccess && status.ok()) {
+        (void)cudaGetLastError();
+        status = cuda_status(error, "cudaFreeAsync");
+      }
+      allocated_ = nullptr;
+    }
+    return status;
+  }
+
+ private:
+  void* given_;
+  size_t given_bytes_;
+  cudaStream_t stream_;
+  void* allocated_ = nullptr;
+};
+
+// Precision::fp8: the pre-pass's buffers in the workspace, then the kernels.
+Status run_fp8(const AttentionProblem& problem, void* workspace, size_t workspace_size, cudaStream_t stream) {
+  const size_t bytes = fp8_workspace_bytes(problem, problem.quantization);
+  Workspace memory(workspace, workspace_size, stream);
+  void* base = nullptr;
+  if (Status status = memory.acquire(bytes, "fp8", &base); !status.ok()) return status;
+  return memory.release(fp8_forward(problem, problem.quantization, base, bytes, stream));
+}
 
 // Split-KV: the partial rows in the caller's workspace, or in stream-ordered
 // memory freed after the combine; then the kernel and the combine.
 Status run_sm90_split_kv(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
                          size_t workspace_size, cudaStream_t stream) {
   const split_kv::PartialLayout layout = split_kv::partial_layout(problem, choice.kv_splits);
-  void* partials = workspace;
-  if (partials == nullptr) {
-    if (const cudaError_t error = cudaMallocAsync(&partials, static_cast<size_t>(layout.bytes), stream);
-        error != cudaSuccess) {
-      (void)cudaGetLastError();
-      return error == cudaErrorMemoryAllocation
-                 ? Status{StatusCode::out_of_memory, "split-KV: no device memory for the " +
-                                                         std::to_string(layout.bytes) + " bytes of partial rows"}
-                 : cuda_status(error, "cudaMallocAsync");
-    }
-  } else if (workspace_size < static_cast<size_t>(layout.bytes)) {
-    return {StatusCode::workspace_too_small, "split-KV needs " + std::to_string(layout.bytes) +
-                                                 " bytes of workspace, got " + std::to_string(workspace_size)};
+  Workspace memory(workspace, workspace_size, stream);
+  void* partials = nullptr;
+  if (Status status = memory.acquire(static_cast<size_t>(layout.bytes), "split-KV's partial rows", &partials);
+      !status.ok()) {
+    return status;
   }
   unsigned char* const base = static_cast<unsigned char*>(partials);
   sm90_wgmma::TileLaunch tiles;
@@ -323,13 +397,7 @@ Status run_sm90_split_kv(const AttentionProblem& problem, const KernelChoice& ch
     status = split_kv::launch_combine(problem, {tiles.partial_o, tiles.partial_states, tiles.splits},
                                       /*programmatic=*/true, stream);
   }
-  if (workspace == nullptr) {
-    if (const cudaError_t error = cudaFreeAsync(partials, stream); error != cudaSuccess && status.ok()) {
-      (void)cudaGetLastError();
-      status = cuda_status(error, "cudaFreeAsync");
-    }
-  }
-  return status;
+  return memory.release(status);
 }
 
 }  // namespace
@@ -350,6 +418,7 @@ Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, 
           problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits},
           stream);
     case Impl::sm90_wgmma:
+      if (choice.precision == Precision::fp8) return run_fp8(problem, workspace, workspace_size, stream);
       if (choice.kv_splits > 1) return run_sm90_split_kv(problem, choice, workspace, workspace_size, stream);
       return sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim),
                              sm90_wgmma::TileLaunch{choice.heads_per_tile}, stream);

@@ -319,6 +319,26 @@ Status check_options(const ForwardParams& p) {
   if (opt.accumulation == Accumulation::f16 && p.q.dtype != DType::f16)
     return fail(StatusCode::unsupported_accumulation,
                 "options.accumulation = f16 needs f16 inputs; q.dtype = ", dtype_name(p.q.dtype));
+  const auto precision = static_cast<int32_t>(opt.precision);
+  if (precision < 0 || precision > static_cast<int32_t>(Precision::fp8))
+    return fail(StatusCode::invalid_option, "options.precision = ", precision,
+                " is not a Precision value (0 input, 1 fp8)");
+  if (opt.precision == Precision::fp8) {
+    const Fp8Options& fp8 = opt.fp8;
+    const auto qk_format = static_cast<int32_t>(fp8.qk_format), qk_scales = static_cast<int32_t>(fp8.qk_scales);
+    if (qk_format < 0 || qk_format > static_cast<int32_t>(Fp8QkFormat::e4m3))
+      return fail(StatusCode::invalid_option, "options.fp8.qk_format = ", qk_format,
+                  " is not an Fp8QkFormat value (0 int8, 1 e4m3)");
+    if (qk_scales < 0 || qk_scales > static_cast<int32_t>(Fp8QkScales::per_block))
+      return fail(StatusCode::invalid_option, "options.fp8.qk_scales = ", qk_scales,
+                  " is not an Fp8QkScales value (0 per_thread_group, 1 per_block)");
+    if (fp8.early_rows && (*fp8.early_rows < 0 || *fp8.early_rows % kQuantQueryBlock != 0))
+      return fail(StatusCode::invalid_option, "options.fp8.early_rows = ", *fp8.early_rows,
+                  " is not a non-negative multiple of ", kQuantQueryBlock);
+    if (opt.accumulation == Accumulation::f16)
+      return fail(StatusCode::unsupported_accumulation,
+                  "options.accumulation = f16 with precision fp8: the FP8 path accumulates in fp32");
+  }
   return {};
 }
 
@@ -406,6 +426,15 @@ AttentionProblem make_problem(const ForwardParams& p) {
   problem.dropout_seed = opt.dropout_seed;
   problem.dropout_offset = opt.dropout_offset;
   problem.accumulation = opt.accumulation;
+  problem.fp8 = opt.precision == Precision::fp8;
+  if (problem.fp8) {
+    QuantizationOptions& q = problem.quantization;
+    q.qk_format = opt.fp8.qk_format == Fp8QkFormat::int8 ? QkFormat::int8 : QkFormat::e4m3;
+    q.qk_granularity = opt.fp8.qk_scales == Fp8QkScales::per_block ? QkScaleGranularity::per_block
+                                                                   : QkScaleGranularity::per_thread_group;
+    q.smooth_k = opt.fp8.smooth_k;
+    q.n_early = opt.fp8.early_rows ? *opt.fp8.early_rows : opt.causal != Causal::none ? kDefaultCausalEarlyRows : 0;
+  }
   return problem;
 }
 

@@ -8,9 +8,11 @@
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/quantization_options.hpp"
@@ -142,7 +144,7 @@ std::vector<T> from_device(const unsigned char* workspace, size_t offset, size_t
   return host;
 }
 
-// Bitwise equality (NaN == NaN of the same bits), reporting the first few differences.
+// Bitwise equality (any NaN equals any NaN), reporting the first few differences.
 template <typename T>
 void expect_same_bits(const std::vector<T>& gpu, const std::vector<T>& model, const char* what) {
   ASSERT_EQ(gpu.size(), model.size()) << what;
@@ -150,12 +152,22 @@ void expect_same_bits(const std::vector<T>& gpu, const std::vector<T>& model, co
   size_t differing = 0;
   for (size_t e = 0; e < gpu.size(); ++e) {
     if (std::memcmp(&gpu[e], &model[e], sizeof(T)) == 0) continue;
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(gpu[e]) && std::isnan(model[e])) continue;  // NaN payloads differ between CPU and GPU
+    }
     ++differing;
     if (reported++ < 5) {
       ADD_FAILURE() << what << "[" << e << "]: gpu " << +gpu[e] << ", model " << +model[e];
     }
   }
   EXPECT_EQ(differing, 0u) << what << ": " << differing << " of " << gpu.size() << " differ";
+}
+
+// The model's [rows][dim] codes with each row padded with zeros to `pitch` bytes.
+std::vector<uint8_t> padded(const std::vector<uint8_t>& codes, size_t rows, size_t dim, size_t pitch) {
+  std::vector<uint8_t> out(rows * pitch, 0);
+  for (size_t r = 0; r < rows; ++r) std::copy_n(codes.data() + r * dim, dim, out.data() + r * pitch);
+  return out;
 }
 
 class Fp8Prepass : public ::testing::TestWithParam<PrepassCase> {};
@@ -187,13 +199,34 @@ TEST_P(Fp8Prepass, WritesTheModelsCodesAndScales) {
   const size_t nkv = static_cast<size_t>(p.seq_kv), pitch = static_cast<size_t>(layout.v_pitch);
   ASSERT_EQ(layout.first_row, model.first_row);
   ASSERT_EQ(layout.rows, model.rows);
-  expect_same_bits(from_device<uint8_t>(base, layout.q_codes, model.q_codes.size()), model.q_codes, "q_codes");
+  const size_t q_rows = static_cast<size_t>(p.batch * p.heads_q * model.rows), code_pitch = static_cast<size_t>(layout.code_pitch);
+  expect_same_bits(from_device<uint8_t>(base, layout.q_codes, q_rows * code_pitch), padded(model.q_codes, q_rows, dim, code_pitch),
+                   "q_codes");
   expect_same_bits(from_device<float>(base, layout.q_scales, model.q_scales.size()), model.q_scales, "q_scales");
   expect_same_bits(from_device<float>(base, layout.k_mean, model.k_mean.size()), model.k_mean, "k_mean");
-  expect_same_bits(from_device<uint8_t>(base, layout.k_codes, model.k_codes.size()), model.k_codes, "k_codes");
+  expect_same_bits(from_device<uint8_t>(base, layout.k_codes, kv_heads * nkv * code_pitch),
+                   padded(model.k_codes, kv_heads * nkv, dim, code_pitch), "k_codes");
   expect_same_bits(from_device<float>(base, layout.k_scales, model.k_scales.size()), model.k_scales, "k_scales");
   expect_same_bits(from_device<float>(base, layout.v_mean, model.v_mean.size()), model.v_mean, "v_mean");
   expect_same_bits(from_device<float>(base, layout.v_scales, model.v_scales.size()), model.v_scales, "v_scales");
+  // smooth-K's LSE term: fp32 dot products against the model's mean in double.
+  const std::vector<float> lse_shift = from_device<float>(base, layout.lse_shift, q_rows);
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t r = 0; r < model.rows; ++r) {
+        const float* mean = model.k_mean.data() + (b * p.heads_kv + h / p.group_size()) * p.head_dim;
+        double dot = 0.0, magnitude = 0.0;
+        for (int64_t d = 0; d < p.head_dim; ++d) {
+          const double q_value = ffpa::testing::element_as_double(in.q.tensor, {b, h, model.first_row + r, d});
+          dot += q_value * mean[d];
+          magnitude += std::fabs(q_value * mean[d]);
+        }
+        const double expected = c.options.smooth_k ? p.scale * dot : 0.0;
+        const float got = lse_shift[static_cast<size_t>((b * p.heads_q + h) * model.rows + r)];
+        if (std::isfinite(expected)) {
+          ASSERT_NEAR(got, expected, 1e-5 * p.scale * magnitude + 1e-30) << "lse_shift b" << b << " h" << h << " r" << r;
+        }
+      }
   // V^T: the model's [Nkv][D] codes transposed, each row padded with zeros to the pitch.
   std::vector<uint8_t> v_transposed(kv_heads * dim * pitch, 0);
   for (size_t head = 0; head < kv_heads; ++head) {

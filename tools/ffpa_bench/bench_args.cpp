@@ -62,6 +62,8 @@ constexpr Choice<Impl> kImpls[] = {
     {"auto", Impl::automatic}, {"cpu", Impl::cpu_reference}, {"sm80", Impl::sm80_split_d},
     {"sm90", Impl::sm90_wgmma}};
 constexpr Choice<Accumulation> kAccumulations[] = {{"f32", Accumulation::f32}, {"f16", Accumulation::f16}};
+constexpr Choice<Precision> kPrecisions[] = {{"input", Precision::input}, {"fp8", Precision::fp8}};
+constexpr Choice<Fp8QkFormat> kFp8QkFormats[] = {{"int8", Fp8QkFormat::int8}, {"e4m3", Fp8QkFormat::e4m3}};
 
 template <typename Enum, size_t N>
 const char* name_in(const Choice<Enum> (&choices)[N], Enum value) {
@@ -151,6 +153,12 @@ std::map<std::string, Handler> value_options(BenchArgs* a) {
       {"--layout", choice_option(&a->layout, "--layout", kLayouts)},
       {"--impl", choice_option(&a->impl, "--impl", kImpls)},
       {"--accum", choice_option(&a->accumulation, "--accum", kAccumulations)},
+      {"--precision", choice_option(&a->precision, "--precision", kPrecisions)},
+      {"--fp8-qk", choice_option(&a->fp8.qk_format, "--fp8-qk", kFp8QkFormats)},
+      {"--fp8-early-rows",
+       [a](const std::string& t) {
+         return store(parse_unsigned(t), &a->fp8.early_rows, "--fp8-early-rows", "a multiple of 64");
+       }},
       {"--scale",
        [a](const std::string& t) { return store(parse_float(t), &a->scale, "--scale", "a finite number"); }},
       {"--warmup", integer_option(&a->warmup, "--warmup", 0)},
@@ -210,6 +218,8 @@ const char* choice_name(MaskChoice value) { return name_in(kMasks, value); }
 const char* choice_name(Layout value) { return name_in(kLayouts, value); }
 const char* choice_name(Impl value) { return name_in(kImpls, value); }
 const char* choice_name(Accumulation value) { return name_in(kAccumulations, value); }
+const char* choice_name(Precision value) { return name_in(kPrecisions, value); }
+const char* choice_name(Fp8QkFormat value) { return name_in(kFp8QkFormats, value); }
 
 std::vector<ProblemShape> point_shapes(const BenchArgs& args, bool small_default) {
   const ProblemShape& fallback = small_default ? kCpuDefault : kGpuDefault;
@@ -266,6 +276,12 @@ Data and options
   --data-seed S          seed of the random inputs (default: fresh each run)
   --scale S              softmax scale (default 1/sqrt(D))
   --accum f32|f16        accumulation precision; f16 needs --dtype f16
+  --precision input|fp8  fp8: Q K^T and P V on 8-bit tensor cores, the library
+                         quantizing q, k and v (sm90 family; the pre-pass is
+                         part of the timed call)
+  --fp8-qk int8|e4m3     fp8: the Q and K codes (default int8)
+  --fp8-early-rows N     fp8: hybrid rows computed in the inputs' precision, a
+                         multiple of 64 (default 256 with --causal, else 0)
   --lse                  also write the log-sum-exp and check it
   --impl auto|cpu|sm80|sm90  implementation (default auto); cpu runs the CPU
                          reference on host memory, on the small default shape
@@ -289,7 +305,8 @@ rotated between calls. The output is poisoned with NaN before the checked call.
 
 Exit status: 0 every point ran and passed its check; 1 a check failed (NaN in
 the output, or relative L2 error above 1e-2 for bf16 or f16 accumulation,
-5e-3 for f16, or an lse error above 1e-3 relative); 2 a bad command line or a
+5e-3 for f16, 5e-2 for fp8, or an lse error above 1e-3 relative, 2e-2 for
+fp8); 2 a bad command line or a
 failing ffpa or CUDA call.
 )";
 }

@@ -29,6 +29,8 @@ struct BenchArgs {
   std::optional<int> kv_splits;
   bool device_inputs = false;  // --device-inputs: draw the inputs on the GPU (no check)
   Accumulation accumulation = Accumulation::f32;
+  Precision precision = Precision::input;  // --precision fp8: the FP8 path, pre-pass included
+  Fp8Options fp8;                          // --fp8-qk, --fp8-early-rows
   std::optional<float> scale;
   bool lse = false;
   int warmup = 3;
@@ -55,6 +57,8 @@ const char* choice_name(MaskChoice value);
 const char* choice_name(Layout value);
 const char* choice_name(Impl value);
 const char* choice_name(Accumulation value);
+const char* choice_name(Precision value);
+const char* choice_name(Fp8QkFormat value);
 
 // The shape of each point to run, in order: the given sizes, the others from
 // the GPU default shape or, for the CPU reference, a small one.

@@ -36,6 +36,10 @@ std::string describe_point(const BenchArgs& args, const ProblemShape& s) {
                      " causal=" + choice_name(args.causal) + " mask=" + choice_name(args.mask);
   if (args.dropout_p > 0) text += " dropout=" + format("%g", args.dropout_p);
   if (args.accumulation != Accumulation::f32) text += std::string(" accum=") + choice_name(args.accumulation);
+  if (args.precision == Precision::fp8) {
+    text += std::string(" precision=fp8 qk=") + choice_name(args.fp8.qk_format);
+    if (args.fp8.early_rows) text += " early_rows=" + std::to_string(*args.fp8.early_rows);
+  }
   if (args.scale) text += " scale=" + format("%g", *args.scale);
   if (args.lse) text += " lse";
   return text + " impl=" + choice_name(args.impl);
@@ -88,6 +92,7 @@ std::string to_json(const BenchArgs& args, const PointResult& r) {
   json.key("scale");
   if (args.scale) json.number(*args.scale); else json.null();
   json.key("accum").string(choice_name(args.accumulation)).key("lse").boolean(args.lse);
+  json.key("precision").string(choice_name(args.precision));
   json.key("impl_requested").string(choice_name(args.impl));
   json.key("impl").string(choice_name(r.kernel.impl)).key("kernel").string(r.kernel.kernel);
   json.key("padded_head_dim").integer(r.kernel.padded_head_dim).key("value_splits").integer(r.kernel.value_splits);

@@ -67,11 +67,14 @@ FFPA_HOST_DEVICE int64_t head_row_blocks(int64_t seq_q, int block_m, int heads_p
 // tile's heads_per_tile heads (a power of two dividing the GQA group, block_m
 // / heads_per_tile rows each: head_row_blocks() of them per head) share a KV head.
 // Index is the integer type the caller counts tiles in (int when the grid is
-// below 2^31 tiles).
+// below 2^31 tiles). A launch may cover row blocks [first_row_block,
+// first_row_block + row_blocks) of each head only (the FP8 path's hybrid rows:
+// the first blocks on the 16-bit kernel, the rest on the 8-bit one).
 template <typename Index>
 FFPA_HOST_DEVICE TileCoordinates tile_coordinates(const AttentionProblem& p, Index tile, int row_blocks,
                                                   int block_m, int block_n, int kv_splits = 1,
-                                                  int split_blocks = 0, int heads_per_tile = 1) {
+                                                  int split_blocks = 0, int heads_per_tile = 1,
+                                                  int first_row_block = 0) {
   TileCoordinates c;
   int row_block = static_cast<int>(tile % row_blocks);
   tile /= row_blocks;
@@ -84,7 +87,7 @@ FFPA_HOST_DEVICE TileCoordinates tile_coordinates(const AttentionProblem& p, Ind
   const int head_rows = rows_per_head(block_m, heads_per_tile);
   c.row_shift = log2_of_power_of_two(head_rows);
   if (p.causal != Causal::none) row_block = row_blocks - 1 - row_block;  // longest first
-  c.q0 = row_block * head_rows;
+  c.q0 = (first_row_block + row_block) * head_rows;
   const int attended_blocks = (attended_kv_end(p, c.q0, head_rows) + block_n - 1) / block_n;
   if (kv_splits == 1) {
     c.kv_first = 0;

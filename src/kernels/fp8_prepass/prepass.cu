@@ -16,8 +16,10 @@
 //   more, for the amax of V - mean)
 //   quantize_kv       per (kv head, 128-key block): K codes with their block's
 //                     or thread groups' scales; V^T codes through shared memory
-//   quantize_q        per (query head, 64 quantized rows): Q codes and scales
-// Every thread reads 8 channels (16 bytes) per load.
+//   quantize_q        per (query head, 64 quantized rows): Q codes and scales,
+//                     and each row's LSE term scale * (q . k_mean) (smooth-K)
+// Every thread reads 8 channels (16 bytes) per load. Rows of codes are padded
+// to 16 bytes (workspace.hpp), the padding written with zeros.
 #include "kernels/fp8_prepass/prepass.hpp"
 
 #include <cuda_bf16.h>
@@ -68,6 +70,14 @@ __device__ __forceinline__ const Element* row_of(const void* base, const int64_t
 // The 8-bit code of x in a group of this scale.
 __device__ __forceinline__ uint8_t code_of(float x, float scale, bool int8_codes) {
   return int8_codes ? static_cast<uint8_t>(quantize_int8(x, scale)) : quantize_e4m3(x, scale);
+}
+
+// Eight codes at channel c of a row of `pitch` bytes; the chunk that ends
+// the row's D channels also zeroes the padding (8 bytes when D % 16 == 8).
+__device__ __forceinline__ void store_codes(uint8_t* row, int64_t c, int64_t dim, int64_t pitch,
+                                            const uint32_t (&packed)[2]) {
+  *reinterpret_cast<uint2*>(row + c) = make_uint2(packed[0], packed[1]);
+  if (c + kChunk == dim && pitch > dim) *reinterpret_cast<uint2*>(row + dim) = make_uint2(0u, 0u);
 }
 
 // fmaxf of a group's |x| into shared memory: the bits of non-negative floats
@@ -224,7 +234,7 @@ __global__ void __launch_bounds__(kKvThreads) quantize_kv(AttentionProblem p, Qu
     for (int e = 0; e < kChunk; ++e) {
       packed[e / 4] |= static_cast<uint32_t>(code_of(x[e] - k_mean[c + e], scale, int8_qk)) << (8 * (e % 4));
     }
-    *reinterpret_cast<uint2*>(z.k_codes + ((head * nkv) + first + key) * dim + c) = make_uint2(packed[0], packed[1]);
+    store_codes(z.k_codes + (head * nkv + first + key) * z.code_pitch, c, dim, z.code_pitch, packed);
   }
 
   // V^T codes, [D][v_pitch]: per 64 channels, each thread codes 4 keys x 8
@@ -313,7 +323,22 @@ __global__ void __launch_bounds__(kQThreads) quantize_q(AttentionProblem p, Quan
     for (int e = 0; e < kChunk; ++e) {
       packed[e / 4] |= static_cast<uint32_t>(code_of(x[e], scale, int8_qk)) << (8 * (e % 4));
     }
-    *reinterpret_cast<uint2*>(z.q_codes + (head * z.rows + first + r) * dim + c) = make_uint2(packed[0], packed[1]);
+    store_codes(z.q_codes + (head * z.rows + first + r) * z.code_pitch, c, dim, z.code_pitch, packed);
+  }
+  // smooth-K's LSE term of each row: a warp a row, lanes over the channels,
+  // the lanes' sums combined in a fixed order (the same bits every run).
+  const int warp = tid / 32, lane = tid % 32;
+  const float* k_mean = z.k_mean + (b * p.heads_kv + h / p.group_size()) * dim;
+  for (int r = warp; r < rows; r += kQThreads / 32) {
+    const int64_t row = first + r;
+    float dot = 0.0f;
+    if (o.smooth_k) {
+      const Element* q = row_of<Element>(p.q, p.q_stride, b, h, z.first_row + row);
+      for (int64_t c = lane; c < dim; c += 32) dot += static_cast<float>(q[c]) * k_mean[c];
+#pragma unroll
+      for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, offset);
+    }
+    if (lane == 0) z.lse_shift[head * z.rows + row] = p.scale * dot;
   }
 }
 

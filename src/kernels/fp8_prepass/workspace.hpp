@@ -3,10 +3,10 @@
 // pre-pass's own per-block partial reductions. One layout, computed on the
 // host from the problem and the options, for the size query, the pre-pass
 // and the main loop alike. Layouts of the codes and scales are the CPU
-// model's (reference/fp8_quantization.hpp: QuantizedInputs) except V, kept
-// transposed per head ([D][v_pitch]: the K-major B operand 8-bit wgmma needs
-// for P V) with its rows padded to 16 bytes (a TMA stride) and the padding
-// zeroed.
+// model's (reference/fp8_quantization.hpp: QuantizedInputs) except that rows
+// of codes are padded to 16 bytes (TMA's stride unit; the padding zeroed): Q
+// and K rows to code_pitch bytes, and V kept transposed per head ([D][v_pitch]:
+// the K-major B operand 8-bit wgmma needs for P V).
 #pragma once
 
 #include <cstddef>
@@ -21,10 +21,13 @@ namespace ffpa::detail::fp8_prepass {
 
 // The workspace's regions, as device pointers (null: not written by this call).
 struct QuantizedBuffers {
-  uint8_t* q_codes = nullptr;   // [B][Hq][rows][D], rows = Nq - first_row
+  uint8_t* q_codes = nullptr;   // [B][Hq][rows][code_pitch], rows = Nq - first_row
   float* q_scales = nullptr;    // [B][Hq][q_scale_count(rows)]
+  // smooth_k: scale * (q . k_mean) of each quantized row, fp32, what the
+  // row's LSE adds back (K's mean shifts every score of a row alike).
+  float* lse_shift = nullptr;   // [B][Hq][rows]
   float* k_mean = nullptr;      // [B][Hkv][D] (zeros without smooth_k)
-  uint8_t* k_codes = nullptr;   // [B][Hkv][Nkv][D]
+  uint8_t* k_codes = nullptr;   // [B][Hkv][Nkv][code_pitch]
   float* k_scales = nullptr;    // [B][Hkv][k_scale_count(Nkv)]
   float* v_mean = nullptr;      // [B][Hkv][D] (zeros without smooth_v)
   uint8_t* v_codes = nullptr;   // [B][Hkv][D][v_pitch]: V^T
@@ -33,36 +36,39 @@ struct QuantizedBuffers {
   // sums and V's block sums (smooth_v) or block amax (per-channel V scales).
   float* k_partials = nullptr;  // [B][Hkv][key_blocks][D]
   float* v_partials = nullptr;  // [B][Hkv][key_blocks][D]
-  int64_t first_row = 0, rows = 0, v_pitch = 0, key_blocks = 0;
+  int64_t first_row = 0, rows = 0, code_pitch = 0, v_pitch = 0, key_blocks = 0;
 };
 
 // The region offsets of one call's workspace, in bytes from its start (each
 // 256-byte aligned), and its size.
 struct WorkspaceLayout {
   static constexpr size_t kAlignment = 256;
-  size_t q_codes = 0, q_scales = 0, k_mean = 0, k_codes = 0, k_scales = 0, v_mean = 0, v_codes = 0, v_scales = 0,
+  size_t q_codes = 0, q_scales = 0, lse_shift = 0, k_mean = 0, k_codes = 0, k_scales = 0, v_mean = 0, v_codes = 0, v_scales = 0,
          k_partials = 0, v_partials = 0;
   size_t bytes = 0;
-  int64_t first_row = 0, rows = 0, v_pitch = 0, key_blocks = 0;
+  int64_t first_row = 0, rows = 0, code_pitch = 0, v_pitch = 0, key_blocks = 0;
 
   static WorkspaceLayout of(const AttentionProblem& p, const QuantizationOptions& o) {
     WorkspaceLayout w;
     w.first_row = o.n_early < p.seq_q ? o.n_early : p.seq_q;
     w.rows = p.seq_q - w.first_row;
+    w.code_pitch = round_up(p.head_dim, 16);
     w.v_pitch = round_up(p.seq_kv, 16);
     w.key_blocks = ceil_div(p.seq_kv, kQuantKeyBlock);
     const size_t q_heads = static_cast<size_t>(p.batch * p.heads_q), kv_heads = static_cast<size_t>(p.batch * p.heads_kv);
     const size_t dim = static_cast<size_t>(p.head_dim), nkv = static_cast<size_t>(p.seq_kv);
+    const size_t pitch = static_cast<size_t>(w.code_pitch);
     size_t at = 0;
     auto region = [&at](size_t bytes) {
       const size_t start = at;
       at = round_up(at + bytes, kAlignment);
       return start;
     };
-    w.q_codes = region(q_heads * static_cast<size_t>(w.rows) * dim);
+    w.q_codes = region(q_heads * static_cast<size_t>(w.rows) * pitch);
     w.q_scales = region(q_heads * static_cast<size_t>(q_scale_count(w.rows, o.qk_granularity)) * sizeof(float));
+    w.lse_shift = region(q_heads * static_cast<size_t>(w.rows) * sizeof(float));
     w.k_mean = region(kv_heads * dim * sizeof(float));
-    w.k_codes = region(kv_heads * nkv * dim);
+    w.k_codes = region(kv_heads * nkv * pitch);
     w.k_scales = region(kv_heads * static_cast<size_t>(k_scale_count(p.seq_kv, o.qk_granularity)) * sizeof(float));
     w.v_mean = region(kv_heads * dim * sizeof(float));
     w.v_codes = region(kv_heads * dim * static_cast<size_t>(w.v_pitch));
@@ -80,6 +86,7 @@ struct WorkspaceLayout {
     QuantizedBuffers b;
     b.q_codes = base + q_codes;
     b.q_scales = reinterpret_cast<float*>(base + q_scales);
+    b.lse_shift = reinterpret_cast<float*>(base + lse_shift);
     b.k_mean = reinterpret_cast<float*>(base + k_mean);
     b.k_codes = base + k_codes;
     b.k_scales = reinterpret_cast<float*>(base + k_scales);
@@ -90,6 +97,7 @@ struct WorkspaceLayout {
     b.v_partials = reinterpret_cast<float*>(base + v_partials);
     b.first_row = first_row;
     b.rows = rows;
+    b.code_pitch = code_pitch;
     b.v_pitch = v_pitch;
     b.key_blocks = key_blocks;
     return b;

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "common/attention_problem.hpp"
+#include "common/quantization_scales.hpp"
 #include "kernels/common/compiler_hints.cuh"
 #include "kernels/common/dropout_quad.hpp"
 #include "kernels/common/score_mask.cuh"
@@ -35,6 +36,7 @@ struct Consumer {
   static constexpr int kHalfCols = Traits::kHalfCols, kBlockN = Traits::kBlockN;
   static constexpr int kTileBytes = Traits::kTileBytes, kStageBytes = Traits::kStageBytes;
   static constexpr int kBoxCols = Traits::kBoxCols, kElementBytes = Traits::kElementBytes;
+  static constexpr int kOperandBytes = Traits::kOperandBytes, kOutBoxCols = Traits::kOutBoxCols;
 
   const Cta<Traits>& cta;
   const int w;  // which half of O, and which KV blocks (j % 2 == w)
@@ -98,6 +100,29 @@ struct Consumer {
     return Traits::kMaskInS && mask_starts_scores(cta.p, cta.block_key(j), kBlockN);
   }
   __device__ __forceinline__ bool loads_mask(int j) const { return split_rank<Traits::kSplit>() == 0 && mask_in_s(j); }
+
+  // Traits::kFp8: tile row r's row among the quantized ones (from the first
+  // row of the FP8 launch: Args::first_row_block).
+  __device__ __forceinline__ int quantized_row(int r) const {
+    return cta.tile()->query_row(r) - cta.args.first_row_block * Traits::kBlockM;
+  }
+  // Traits::kFp8: the dequantization scales of this thread's S elements of
+  // block j (its two rows share a Q group, its keys a K group).
+  __device__ __forceinline__ float q_scale() const {
+    const TileCoordinates* tile = cta.tile();
+    const int64_t head = static_cast<int64_t>(tile->batch) * cta.p.heads_q + tile->head;
+    const QkScaleGranularity g =
+        cta.args.qk_scale_per_block ? QkScaleGranularity::per_block : QkScaleGranularity::per_thread_group;
+    return __ldg(cta.args.q_scales + head * cta.args.q_scales_per_head + q_scale_index(quantized_row(row(0)), g));
+  }
+  __device__ __forceinline__ float k_scale(int j) const {
+    const TileCoordinates* tile = cta.tile();
+    const int64_t head = static_cast<int64_t>(tile->batch) * cta.p.heads_kv + tile->kv_head;
+    const QkScaleGranularity g =
+        cta.args.qk_scale_per_block ? QkScaleGranularity::per_block : QkScaleGranularity::per_thread_group;
+    // Key 2t of the block: the thread's K group.
+    return __ldg(cta.args.k_scales + head * cta.args.k_scales_per_head + k_scale_index(cta.block_key(j) + 2 * quad_lane(), g));
+  }
 
   // mainloop.cuh
   __device__ __forceinline__ void start_keep(int j);

@@ -95,7 +95,8 @@ struct Cta {
   __device__ __forceinline__ void setup() const {
     if (threadIdx.x == 0) {
       *tile() = tile_coordinates<int>(p, static_cast<int>(blockIdx.x / kSplit), args.row_blocks, Traits::kBlockM,
-                                      Traits::kBlockN, args.kv_splits, args.split_blocks, args.heads_per_tile);
+                                      Traits::kBlockN, args.kv_splits, args.split_blocks, args.heads_per_tile,
+                                      args.first_row_block);
       mbarrier_init(q_full(), 1);
       for (int f = 0; f < kFull; ++f) mbarrier_init(full(f), 1);
       for (int s = 0; s < kStages; ++s) mbarrier_init(empty(s), 4);  // a warp of the consumer each

@@ -6,6 +6,7 @@
 #include "kernels/common/dropout.cuh"
 #include "kernels/common/element.cuh"
 #include "kernels/common/epilogue.cuh"
+#include "kernels/common/math_constants.hpp"
 #include "kernels/common/swizzle.hpp"
 #include "kernels/sm90_wgmma/consumer.cuh"
 
@@ -58,27 +59,51 @@ __device__ __forceinline__ void Consumer<Traits>::store_output(const CUtensorMap
     const float total = row_sums[row(h)] + row_sums[64 + row(h)];
     out_scale[h] = output_row_scale(total, keep_scale);
     const int r = tile->query_row(row(h));
-    if (p.lse != nullptr && split_rank<Traits::kSplit>() == 0 && w == 0 && t == 0 && r < static_cast<int>(p.seq_q))
-      store_lse(p, tile->batch, tile->row_head(row(h)), r, row_log_sum_exp(running_max(tile->kv_blocks - 1, h), total));
+    if (p.lse != nullptr && split_rank<Traits::kSplit>() == 0 && w == 0 && t == 0 && r < static_cast<int>(p.seq_q)) {
+      const int head = tile->row_head(row(h));
+      if constexpr (Traits::kFp8) {
+        // Row sums count 448 p; K's mean shifted every score of the row alike.
+        const float* shift = cta.args.lse_shift;
+        const float lse = row_log_sum_exp(running_max(tile->kv_blocks - 1, h) - kLog2PScale, total) +
+                          (shift != nullptr ? shift[(static_cast<int64_t>(tile->batch) * p.heads_q + head) *
+                                                        (p.seq_q - cta.args.first_row_block * Traits::kBlockM) +
+                                                    quantized_row(row(h))]
+                                            : 0.0f);
+        store_lse(p, tile->batch, head, r, lse);
+      } else {
+        store_lse(p, tile->batch, head, r, row_log_sum_exp(running_max(tile->kv_blocks - 1, h), total));
+      }
+    }
   }
   unsigned char* const o_tiles = cta.smem() + Traits::kQOffset;
 #pragma unroll
-  for (int i = 0; i < kHalfCols / 8; ++i)
+  for (int i = 0; i < kHalfCols / 8; ++i) {
+    const int col = w * kHalfCols + 8 * i + 2 * t;
+    // Traits::kFp8: V's per-channel scales (columns past D read as 1).
+    float2 column_scale = make_float2(1.0f, 1.0f);
+    if constexpr (Traits::kFp8) {
+      const int channel = cta.vo_col0() + col;
+      if (channel < static_cast<int>(p.head_dim)) {
+        column_scale = __ldg(reinterpret_cast<const float2*>(
+            cta.args.v_scales + (static_cast<int64_t>(tile->batch) * p.heads_kv + tile->kv_head) * p.head_dim + channel));
+      }
+    }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int col = w * kHalfCols + 8 * i + 2 * t;
-      *reinterpret_cast<uint32_t*>(o_tiles + (col / kBoxCols) * kTileBytes +
-                                   swizzle128<kElementBytes>(row(h), col % kBoxCols)) =
-          pack2<Element>(o_acc[4 * i + 2 * h] * out_scale[h], o_acc[4 * i + 2 * h + 1] * out_scale[h]);
+      *reinterpret_cast<uint32_t*>(o_tiles + (col / kOutBoxCols) * kTileBytes +
+                                   swizzle128<kElementBytes>(row(h), col % kOutBoxCols)) =
+          pack2<Element>(o_acc[4 * i + 2 * h] * out_scale[h] * column_scale.x,
+                         o_acc[4 * i + 2 * h + 1] * out_scale[h] * column_scale.y);
     }
+  }
   fence_proxy_async();
   named_barrier_sync(2 + w, 128);
   if (thread == 0) {
     const int head_dim = static_cast<int>(p.head_dim);
-    for (int box = 0; box < kHalfCols / kBoxCols; ++box) {
-      const int col = w * kHalfCols + box * kBoxCols;  // within this CTA's part of O
+    for (int box = 0; box < kHalfCols / kOutBoxCols; ++box) {
+      const int col = w * kHalfCols + box * kOutBoxCols;  // within this CTA's part of O
       if (cta.vo_col0() + col < head_dim)
-        tma_store_4d(o_map, smem_address(o_tiles + (col / kBoxCols) * kTileBytes), cta.vo_col0() + col, tile->q0,
+        tma_store_4d(o_map, smem_address(o_tiles + (col / kOutBoxCols) * kTileBytes), cta.vo_col0() + col, tile->q0,
                      tile->head, tile->batch);
     }
     tma_store_commit();

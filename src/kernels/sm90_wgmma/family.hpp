@@ -8,6 +8,8 @@
 #include <string>
 
 #include "common/attention_problem.hpp"
+#include "common/quantization_options.hpp"
+#include "kernels/fp8_prepass/workspace.hpp"
 #include "kernels/common/softmax_state.hpp"
 #include "kernels/common/split_kv.hpp"
 #include "ffpa/ffpa.hpp"
@@ -24,6 +26,10 @@ struct TileLaunch {
   int split_blocks = 0;
   float* partial_o = nullptr;
   RowSoftmaxState* partial_states = nullptr;
+  // Row blocks [first_row_block, first_row_block + row_block_count) of each
+  // head, or all of them (0): the FP8 path's hybrid rows.
+  int first_row_block = 0;
+  int row_block_count = 0;
 };
 
 using Launcher = Status (*)(const AttentionProblem&, const TileLaunch&, cudaStream_t);
@@ -85,6 +91,29 @@ struct TilePlan {
   KvSplits splits;
 };
 TilePlan plan_tiles(const AttentionProblem& problem, int head_dim, int sm_count);
+
+// The FP8 path's instances (Traits::kFp8, launch.cuh: launch_fp8), listed by
+// CMake from FFPA_SM90_FP8_HEAD_DIMS: the kernel after the pre-pass has
+// quantized the call into `buffers` (kernels/fp8_prepass/).
+using Fp8Launcher = Status (*)(const AttentionProblem&, const QuantizationOptions&,
+                               const fp8_prepass::QuantizedBuffers&, cudaStream_t);
+template <int kHeadDim>
+Status launch_fp8_instance(const AttentionProblem& problem, const QuantizationOptions& options,
+                           const fp8_prepass::QuantizedBuffers& buffers, cudaStream_t stream);
+
+struct Fp8Instance {
+  int head_dim;  // serves every D up to it
+  Fp8Launcher launch;
+};
+extern const Fp8Instance kFp8Instances[];
+extern const int kFp8InstanceCount;
+
+// The FP8 instance that serves the call, or nullptr with the reason.
+const Fp8Instance* route_fp8(const AttentionProblem& problem, std::string* reason);
+
+// Human-readable name of the FP8 path's kernel, e.g.
+// "sm90_wgmma<bf16,d512,m64,n128,s4,fp8,qk-int8,early256>".
+std::string fp8_kernel_name(const AttentionProblem& problem, int head_dim);
 
 // Human-readable name of an instance, e.g. "sm90_wgmma<bf16,d512,m64,n128,s4>".
 std::string kernel_name(const AttentionProblem& problem, const Instance& instance);

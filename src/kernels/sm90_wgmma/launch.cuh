@@ -5,21 +5,26 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <string>
 
 #include "host/cuda_status.hpp"
 #include "host/kernel_image.hpp"
 #include "kernels/common/math_constants.hpp"
+#include "common/quantization_options.hpp"
 #include "kernels/common/tile_schedule.hpp"
+#include "kernels/fp8_prepass/workspace.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
 #include "kernels/sm90_wgmma/kernel.cuh"
 #include "kernels/sm90_wgmma/tensor_map.hpp"
 
 namespace ffpa::detail::sm90_wgmma {
 
+// One CTA per tile (a cluster of kSplit consecutive CTAs per tile), maps q, k,
+// v, o in that order.
 template <class Traits>
-Status launch(const AttentionProblem& problem, const TileLaunch& tiles, cudaStream_t stream) {
+Status launch_tiles(const Args& args, const CUtensorMap (&maps)[4], int64_t tile_count, cudaStream_t stream) {
   static_assert(Traits::kBlockM == kTileRows && Traits::kBlockN == kTileKeys, "the tile the host plans with");
   const auto kernel = forward_kernel<Traits>;
   static SharedMemoryOptIn opt_in;
@@ -29,35 +34,6 @@ Status launch(const AttentionProblem& problem, const TileLaunch& tiles, cudaStre
   // launch the device cannot give its resources or cluster, below.
   FFPA_RETURN_IF_DEVICE_ERROR("sm90_wgmma", opt_in_shared_memory(reinterpret_cast<const void*>(kernel),
                                                                  Traits::kSmemBytes, device, &opt_in));
-
-  // Q and O in boxes of a tile's 64 rows (64 / heads_per_tile rows of each of
-  // its heads: TMA fills the box row by row, head after head, the order of
-  // TileCoordinates::row_head), K of 128 (a KV block), V of 64 (half a block:
-  // one ring stage per key half and consumer).
-  const std::array<TensorMapShape, 4> shapes = attention_tensor_shapes(problem);
-  const int head_rows = rows_per_head(Traits::kBlockM, tiles.heads_per_tile);
-  const int box_rows[4] = {head_rows, Traits::kBlockN, 64, head_rows};
-  const int box_heads[4] = {tiles.heads_per_tile, 1, 1, tiles.heads_per_tile};
-  CUtensorMap maps[4];
-  for (int i = 0; i < 4; ++i) {
-    if (Status status = encode_tensor_map(shapes[i], box_rows[i], box_heads[i], &maps[i]); !status.ok()) {
-      return status;
-    }
-  }
-
-  Args args{};
-  args.p = problem;
-  args.heads_per_tile = tiles.heads_per_tile;
-  args.row_blocks = static_cast<int>(head_row_blocks(problem.seq_q, Traits::kBlockM, tiles.heads_per_tile));
-  args.scale_log2 = problem.scale * kLog2e;
-  args.inverse_scale = 1.0f / problem.scale;
-  args.kv_splits = tiles.splits;
-  args.split_blocks = tiles.split_blocks;
-  args.partial_o = tiles.partial_o;
-  args.partial_states = tiles.partial_states;
-  // One CTA per tile, or a cluster of kSplit consecutive CTAs per tile; a tile per KV split.
-  const int64_t tile_count =
-      problem.batch * (problem.heads_q / tiles.heads_per_tile) * args.row_blocks * tiles.splits;  // < 2^30 (routing)
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(tile_count * Traits::kSplit));
   config.blockDim = dim3(Traits::kThreads);
@@ -82,6 +58,79 @@ Status launch(const AttentionProblem& problem, const TileLaunch& tiles, cudaStre
     return device_status(error, "sm90_wgmma", "cudaLaunchKernelEx");
   }
   return {};
+}
+
+template <class Traits>
+Status launch(const AttentionProblem& problem, const TileLaunch& tiles, cudaStream_t stream) {
+  // Q and O in boxes of a tile's 64 rows (64 / heads_per_tile rows of each of
+  // its heads: TMA fills the box row by row, head after head, the order of
+  // TileCoordinates::row_head), K of 128 (a KV block), V of 64 (half a block:
+  // one ring stage per key half and consumer).
+  const int head_rows = rows_per_head(Traits::kBlockM, tiles.heads_per_tile);
+  CUtensorMap maps[4];
+  if (Status status = encode_tensor_maps(attention_tensor_shapes(problem), {head_rows, Traits::kBlockN, 64, head_rows},
+                                         {tiles.heads_per_tile, 1, 1, tiles.heads_per_tile}, maps);
+      !status.ok()) {
+    return status;
+  }
+  Args args{};
+  args.p = problem;
+  args.heads_per_tile = tiles.heads_per_tile;
+  args.row_blocks = tiles.row_block_count > 0
+                        ? tiles.row_block_count
+                        : static_cast<int>(head_row_blocks(problem.seq_q, Traits::kBlockM, tiles.heads_per_tile));
+  args.first_row_block = tiles.first_row_block;
+  args.scale_log2 = problem.scale * kLog2e;
+  args.inverse_scale = 1.0f / problem.scale;
+  args.kv_splits = tiles.splits;
+  args.split_blocks = tiles.split_blocks;
+  args.partial_o = tiles.partial_o;
+  args.partial_states = tiles.partial_states;
+  // A tile per KV split.
+  const int64_t tile_count =
+      problem.batch * (problem.heads_q / tiles.heads_per_tile) * args.row_blocks * tiles.splits;  // < 2^30 (routing)
+  return launch_tiles<Traits>(args, maps, tile_count, stream);
+}
+
+// The FP8 path (Traits::kFp8): Q and K codes and V^T from the pre-pass's
+// workspace (`z`, kernels/fp8_prepass/workspace.hpp): query rows [z.first_row,
+// Nq), whole tiles (the hybrid rows before them run on the 16-bit kernel).
+// One tile per 64 rows of a head: no GQA packing, no KV split.
+template <class Traits>
+Status launch_fp8(const AttentionProblem& problem, const QuantizationOptions& options,
+                  const fp8_prepass::QuantizedBuffers& z, cudaStream_t stream) {
+  const int64_t pitch = z.code_pitch, dim = problem.head_dim;
+  const int64_t q_strides[3] = {problem.heads_q * z.rows * pitch, z.rows * pitch, pitch};
+  const int64_t k_strides[3] = {problem.heads_kv * problem.seq_kv * pitch, problem.seq_kv * pitch, pitch};
+  const int64_t v_strides[3] = {problem.heads_kv * dim * z.v_pitch, dim * z.v_pitch, z.v_pitch};
+  const std::array<TensorMapShape, 4> input = attention_tensor_shapes(problem);
+  const std::array<TensorMapShape, 4> shapes = {
+      TensorMapShape{z.q_codes, problem.dtype, problem.batch, problem.heads_q, z.rows, dim, q_strides, 1},
+      TensorMapShape{z.k_codes, problem.dtype, problem.batch, problem.heads_kv, problem.seq_kv, dim, k_strides, 1},
+      // V^T: rows are channels, the 128-byte boxes run along the keys.
+      TensorMapShape{z.v_codes, problem.dtype, problem.batch, problem.heads_kv, dim, problem.seq_kv, v_strides, 1},
+      input[3]};
+  CUtensorMap maps[4];
+  if (Status status = encode_tensor_maps(shapes, {Traits::kBlockM, Traits::kBlockN, Traits::kHalfCols, Traits::kBlockM},
+                                         {1, 1, 1, 1}, maps);
+      !status.ok()) {
+    return status;
+  }
+  Args args{};
+  args.p = problem;
+  args.first_row_block = static_cast<int>(z.first_row / Traits::kBlockM);  // whole tiles: check_fp8
+  args.row_blocks = static_cast<int>(head_row_blocks(problem.seq_q, Traits::kBlockM, 1)) - args.first_row_block;
+  args.scale_log2 = problem.scale * kLog2e;
+  args.inverse_scale = 1.0f / problem.scale;
+  args.q_scales = z.q_scales;
+  args.k_scales = z.k_scales;
+  args.v_scales = z.v_scales;
+  args.lse_shift = options.smooth_k ? z.lse_shift : nullptr;
+  args.q_scales_per_head = q_scale_count(z.rows, options.qk_granularity);
+  args.k_scales_per_head = k_scale_count(problem.seq_kv, options.qk_granularity);
+  args.qk_scale_per_block = options.qk_granularity == QkScaleGranularity::per_block;
+  if (args.row_blocks <= 0) return {};
+  return launch_tiles<Traits>(args, maps, problem.batch * problem.heads_q * args.row_blocks, stream);
 }
 
 template <class Traits>
@@ -120,6 +169,43 @@ template <int kHeadDim>
 Status launch_instance(const AttentionProblem& problem, const TileLaunch& tiles, cudaStream_t stream) {
   if (problem.dtype == DType::bf16) return launch_element<kHeadDim, __nv_bfloat16>(problem, tiles, stream);
   return launch_element<kHeadDim, __half>(problem, tiles, stream);
+}
+
+// The FP8 instances (Traits::kFp8) for D up to kHeadDim <= 512: Q and K in
+// 128-byte chunks, O split between the consumers as in the 16-bit instance.
+template <int kHeadDim>
+struct Fp8InstanceTraits {
+  static_assert(cluster_size(kHeadDim) == 1, "FP8 above D = 512 is not built yet");
+  static constexpr int kQKChunks = (kHeadDim + 127) / 128;
+  static constexpr int kHalfCols = InstanceTraits<kHeadDim>::kHalfCols;
+  template <class Element, Operands kOperands, bool kDropout>
+  using type = Traits<Element, kQKChunks, kHalfCols, 1, kDropout, false, kOperands>;
+};
+
+template <int kHeadDim, class Element, Operands kOperands>
+Status launch_fp8_operands(const AttentionProblem& problem, const QuantizationOptions& options,
+                           const fp8_prepass::QuantizedBuffers& z, cudaStream_t stream) {
+  using Kernels = Fp8InstanceTraits<kHeadDim>;
+  if (problem.has_dropout()) {
+    return launch_fp8<typename Kernels::template type<Element, kOperands, true>>(problem, options, z, stream);
+  }
+  return launch_fp8<typename Kernels::template type<Element, kOperands, false>>(problem, options, z, stream);
+}
+
+template <int kHeadDim, class Element>
+Status launch_fp8_element(const AttentionProblem& problem, const QuantizationOptions& options,
+                          const fp8_prepass::QuantizedBuffers& z, cudaStream_t stream) {
+  if (options.qk_format == QkFormat::int8) {
+    return launch_fp8_operands<kHeadDim, Element, Operands::int8_qk>(problem, options, z, stream);
+  }
+  return launch_fp8_operands<kHeadDim, Element, Operands::e4m3>(problem, options, z, stream);
+}
+
+template <int kHeadDim>
+Status launch_fp8_instance(const AttentionProblem& problem, const QuantizationOptions& options,
+                           const fp8_prepass::QuantizedBuffers& z, cudaStream_t stream) {
+  if (problem.dtype == DType::bf16) return launch_fp8_element<kHeadDim, __nv_bfloat16>(problem, options, z, stream);
+  return launch_fp8_element<kHeadDim, __half>(problem, options, z, stream);
 }
 
 template <int kHeadDim>

@@ -63,10 +63,23 @@ __device__ __forceinline__ void Consumer<Traits>::finish_keep() {
   }
 }
 
-// S_j (fp32, 64 x 128), streaming K_j through the ring.
+// One k32 (8-bit) or k16 (16-bit) step of S: 32 bytes of each operand row.
+// The int8 product accumulates in s32 in S's registers (the softmax converts).
+template <class Traits>
+__device__ __forceinline__ void s_wgmma(float (&s)[64], uint64_t q, uint64_t k, int accumulate) {
+  if constexpr (Traits::kQkInt8) {
+    wgmma_ss_s8<128>(reinterpret_cast<int32_t(&)[64]>(s), q, k, accumulate);
+  } else if constexpr (Traits::kFp8) {
+    wgmma_ss_e4m3<128>(s, q, k, accumulate);
+  } else {
+    wgmma_ss<typename Traits::Element, 128, false>(s, q, k, accumulate);
+  }
+}
+
+// S_j (fp32, 64 x 128; s32 for int8 Q K^T), streaming K_j through the ring.
 template <class Traits>
 __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64]) {
-  const int first = ring_k_position(j, kKStages);
+  const int first = ring_k_position(j, kKStages, Traits::kVStages);
   const bool from_mask = loads_mask(j);
   if (from_mask) mask_to_starting_scores<typename Traits::SLayout>(s, cta.p.mask_kind, cta.args.inverse_scale);
   if constexpr (kOwnerDraws) start_keep(j);
@@ -85,7 +98,7 @@ __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64
         const uint64_t a = smem_descriptor(cta.q_tiles() + (2 * ks + b) * kTileBytes + kk * 32, 16, 1024);
         const uint64_t k =
             smem_descriptor(cta.ring() + stage * kStageBytes + b * Traits::kKBoxBytes + kk * 32, 16, 1024);
-        wgmma_ss<Element, 128, false>(s, a, k, from_mask || (ks | b | kk) != 0);
+        s_wgmma<Traits>(s, a, k, from_mask || (ks | b | kk) != 0);
       }
     wgmma_commit();
     if constexpr (kOwnerDraws) draw_keep(ks * kKeepDraws / kKStages, (ks + 1) * kKeepDraws / kKStages);
@@ -115,23 +128,37 @@ __device__ __forceinline__ int Consumer<Traits>::issue_pv(int j, bool own) {
       scale_row<typename Traits::OLayout>(o_acc, h, scale);
     }
   }
-  // This consumer's part of key half h of V_j is at position first + 2 * h.
-  const int first = ring_v_part_position(j, cta.tile()->kv_blocks, kKStages, 0, w);
+  // This consumer's part of key half h of V_j is at position first + 2 * h;
+  // with 8-bit operands its V^T tile [kHalfCols][128 keys] is at first.
+  const int first = ring_v_part_position(j, cta.tile()->kv_blocks, kKStages, 0, w, Traits::kVStages);
   fence_operands(o_acc);
-#pragma unroll
-  for (int key_half = 0; key_half < 2; ++key_half) {
-    const int position = first + 2 * key_half;
-    const int stage = position % kStages;
-    mbarrier_wait(cta.full(position), cta.full_parity(position));
+  if constexpr (Traits::kFp8) {
+    const int stage = first % kStages;
+    mbarrier_wait(cta.full(first), cta.full_parity(first));
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const uint64_t a =
-          smem_descriptor(cta.p_tiles() + buffer * Traits::kPBytes + key_half * kTileBytes + kk * 32, 16, 1024);
-      const uint64_t v = smem_descriptor(cta.ring() + stage * kStageBytes + kk * 16 * 128, kTileBytes, 1024);
-      wgmma_ss<Element, kHalfCols, true>(o_acc, a, v, 1);
+    for (int kk = 0; kk < 4; ++kk) {  // k32 steps: 32 keys of P's and V^T's 128-byte rows
+      const uint64_t a = smem_descriptor(cta.p_tiles() + buffer * Traits::kPBytes + kk * 32, 16, 1024);
+      const uint64_t v = smem_descriptor(cta.ring() + stage * kStageBytes + kk * 32, 16, 1024);
+      wgmma_ss_e4m3<kHalfCols>(o_acc, a, v, 1);
     }
     wgmma_commit();
+  } else {
+#pragma unroll
+    for (int key_half = 0; key_half < 2; ++key_half) {
+      const int position = first + 2 * key_half;
+      const int stage = position % kStages;
+      mbarrier_wait(cta.full(position), cta.full_parity(position));
+      wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {
+        const uint64_t a =
+            smem_descriptor(cta.p_tiles() + buffer * Traits::kPBytes + key_half * kTileBytes + kk * 32, 16, 1024);
+        const uint64_t v = smem_descriptor(cta.ring() + stage * kStageBytes + kk * 16 * 128, kTileBytes, 1024);
+        wgmma_ss<Element, kHalfCols, true>(o_acc, a, v, 1);
+      }
+      wgmma_commit();
+    }
   }
   return first;
 }
@@ -141,7 +168,7 @@ __device__ __forceinline__ void Consumer<Traits>::finish_pv(int first, int j, bo
   wgmma_wait<0>();
   fence_operands(o_acc);
   release(first);
-  release(first + 2);
+  if constexpr (!Traits::kFp8) release(first + 2);
   if (!own && lane == 0) mbarrier_arrive(cta.p_empty(j & 1));
 }
 

@@ -1,7 +1,8 @@
 // The sm90_wgmma producer warpgroup: one thread issues every TMA load. Q once,
 // then the ring in the order of ring.hpp: K_0, then K_j and V_{j-1} for
 // j >= 1, then V_{n-1}. A K block is kKStages stages of [128 keys][2 boxes], a
-// V block 4 stages of [64 keys][kHalfCols], one per (key half, consumer).
+// V block 4 stages of [64 keys][kHalfCols], one per (key half, consumer), or
+// with 8-bit operands 2 stages of V^T [kHalfCols][128 keys], one per consumer.
 // Tile coordinates are read from shared memory where used: the producer runs
 // in 24 registers.
 #pragma once
@@ -48,14 +49,23 @@ struct Producer {
 
   __device__ __forceinline__ void load_v(const CUtensorMap* v_map, int j) {
     const TileCoordinates* tile = cta.tile();
-    for (int key_half = 0; key_half < 2; ++key_half)
+    if constexpr (Traits::kFp8) {
+      // V^T codes [D][keys]: consumer w's [kHalfCols channels][128 keys].
       for (int w = 0; w < 2; ++w) {
         const int stage = acquire(Traits::kVStageBytes);
-        for (int box = 0; box < Traits::kHalfCols / kBoxCols; ++box)
-          tma_load_4d(cta.ring() + stage * Traits::kStageBytes + box * Traits::kTileBytes, v_map,
-                      cta.full(position - 1), cta.vo_col0() + w * Traits::kHalfCols + box * kBoxCols,
-                      cta.block_key(j) + key_half * 64, tile->kv_head, tile->batch);
+        tma_load_4d(cta.ring() + stage * Traits::kStageBytes, v_map, cta.full(position - 1), cta.block_key(j),
+                    cta.vo_col0() + w * Traits::kHalfCols, tile->kv_head, tile->batch);
       }
+    } else {
+      for (int key_half = 0; key_half < 2; ++key_half)
+        for (int w = 0; w < 2; ++w) {
+          const int stage = acquire(Traits::kVStageBytes);
+          for (int box = 0; box < Traits::kHalfCols / kBoxCols; ++box)
+            tma_load_4d(cta.ring() + stage * Traits::kStageBytes + box * Traits::kTileBytes, v_map,
+                        cta.full(position - 1), cta.vo_col0() + w * Traits::kHalfCols + box * kBoxCols,
+                        cta.block_key(j) + key_half * 64, tile->kv_head, tile->batch);
+        }
+    }
   }
 
   __device__ __forceinline__ void run(const CUtensorMap* q_map, const CUtensorMap* k_map,
@@ -66,9 +76,10 @@ struct Producer {
     prefetch_tensor_map(v_map);
     mbarrier_arrive_expect_tx(cta.q_full(), Traits::kQKChunks * Traits::kTileBytes);
 #pragma unroll 1
-    for (int c = 0; c < Traits::kQKChunks; ++c)
+    for (int c = 0; c < Traits::kQKChunks; ++c)  // (kFp8: the codes' rows start at the first quantized row)
       tma_load_4d(cta.q_tiles() + c * Traits::kTileBytes, q_map, cta.q_full(), cta.qk_col0() + c * kBoxCols,
-                  tile->q0, tile->head, tile->batch);
+                  tile->q0 - (Traits::kFp8 ? cta.args.first_row_block * Traits::kBlockM : 0), tile->head,
+                  tile->batch);
     if (tile->kv_blocks > 0) {
       load_k(k_map, 0);
       for (int j = 1; j < tile->kv_blocks; ++j) {

@@ -47,6 +47,24 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
   return nullptr;  // unreachable: head_dim <= largest
 }
 
+const Fp8Instance* route_fp8(const AttentionProblem& problem, std::string* reason) {
+  if (kFp8InstanceCount == 0) {
+    *reason = "this build has no sm_90a FP8 kernels (FFPA_SM90_FP8_HEAD_DIMS is empty, or no sm_90a target)";
+    return nullptr;
+  }
+  std::string why;
+  if (route(problem, &why) == nullptr && why.rfind("head dim", 0) != 0) {  // the 16-bit family's other limits hold
+    *reason = why;
+    return nullptr;
+  }
+  for (int i = 0; i < kFp8InstanceCount; ++i) {
+    if (kFp8Instances[i].head_dim >= problem.head_dim) return &kFp8Instances[i];
+  }
+  *reason = "head dim " + std::to_string(problem.head_dim) + " is above " +
+            std::to_string(kFp8Instances[kFp8InstanceCount - 1].head_dim) + ", the largest FP8 instance of this build";
+  return nullptr;
+}
+
 bool starts_s_at_mask(const AttentionProblem& problem, int head_dim) {
   if (problem.mask_kind == MaskKind::none || !problem.mask_key_pairs || problem.has_dropout()) return false;
   if (packed_heads(problem.group_size(), problem.seq_q, kTileRows) > 1) return false;  // load_mask_pairs: unpacked rows
@@ -79,6 +97,16 @@ std::string kernel_name(const AttentionProblem& problem, const Instance& instanc
          (ctas == 1 ? "" : ",cluster" + std::to_string(ctas)) + (problem.has_dropout()                             ? ",dropout>"
           : starts_s_at_mask(problem, instance.head_dim) ? ",mask-in-s>"
                                                            : ">");
+}
+
+std::string fp8_kernel_name(const AttentionProblem& problem, int head_dim) {
+  const QuantizationOptions& q = problem.quantization;
+  const int64_t early = q.n_early < problem.seq_q ? q.n_early : problem.seq_q;
+  return std::string("sm90_wgmma<") + (problem.dtype == DType::bf16 ? "bf16" : "f16") + ",d" +
+         std::to_string(head_dim) + ",m64,n128,s" + std::to_string(ring_stages(1)) + ",fp8,qk-" +
+         (q.qk_format == QkFormat::int8 ? "int8" : "e4m3") +
+         (q.qk_granularity == QkScaleGranularity::per_block ? ",qk-per-block" : "") + (q.smooth_k ? "" : ",no-smooth-k") +
+         (problem.has_dropout() ? ",dropout" : "") + (early > 0 ? ",early" + std::to_string(early) : "") + ">";
 }
 
 }  // namespace ffpa::detail::sm90_wgmma

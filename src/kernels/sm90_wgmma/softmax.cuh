@@ -5,7 +5,9 @@
 // consumer's rescale of O.
 #pragma once
 
+#include "common/fp8_e4m3.hpp"
 #include "kernels/common/element.cuh"
+#include "kernels/common/math_constants.hpp"
 #include "kernels/common/online_softmax.cuh"
 #include "kernels/common/score_mask.cuh"
 #include "kernels/common/swizzle.hpp"
@@ -38,8 +40,18 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
   const TileCoordinates* tile = cta.tile();
   const int t = quad_lane();
   const int kv0 = cta.block_key(j);
+  if constexpr (Traits::kFp8) {
+    // Codes to scores: one factor per thread and block (the pre-pass's
+    // per-thread-group scales cover exactly this thread's rows and keys).
+    const float factor = cta.args.scale_log2 * q_scale() * k_scale(j);
 #pragma unroll
-  for (int i = 0; i < 64; ++i) s[i] *= cta.args.scale_log2;
+    for (int i = 0; i < 64; ++i) {
+      s[i] = (Traits::kQkInt8 ? static_cast<float>(__float_as_int(s[i])) : s[i]) * factor;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s[i] *= cta.args.scale_log2;
+  }
   const KeyLimits limits(p, *tile);
   const SCoordinates coords{*this};
   if (limits.block_needs_masking(kv0, kBlockN)) mask_outside_limits<Layout>(s, limits, coords, kv0 + 2 * t);
@@ -54,7 +66,9 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
     new_max[h] = rescale.new_max;
     scale[h] = rescale.scale;
     float block_sum = 0.0f;
-    exponentiate_row<Layout>(s, h, rescale.base, block_sum);
+    // 8-bit P is e4m3(448 p): the factor rides in the exponent, and the row
+    // sums count in the same units (the epilogue divides them out).
+    exponentiate_row<Layout>(s, h, Traits::kFp8 ? rescale.base - kLog2PScale : rescale.base, block_sum);
     block_sum = quad_sum(block_sum);
     if (t == 0) row_sums[w * 64 + row(h)] = row_sums[w * 64 + row(h)] * scale[h] + block_sum;
   }
@@ -63,8 +77,7 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
   if (j >= 2) mbarrier_wait(cta.p_empty(buffer), ((j >> 1) - 1) & 1);
   unsigned char* const p_tile = cta.smem() + Traits::kPOffset + buffer * Traits::kPBytes;
   auto p_pair = [&](int h, int col) {
-    return reinterpret_cast<uint32_t*>(p_tile + (col / kBoxCols) * kTileBytes +
-                                       swizzle128<kElementBytes>(row(h), col % kBoxCols));
+    return p_tile + (col / kBoxCols) * kTileBytes + swizzle128<kOperandBytes>(row(h), col % kBoxCols);
   };
   // Dropped elements become 0 as P is packed (their keep bits were read just
   // above). The row sums above are the undropped ones (dropout scales the
@@ -78,7 +91,11 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
         if (!(dropout_keep[h] >> (2 * i) & 1u)) first = 0.0f;
         if (!(dropout_keep[h] >> (2 * i + 1) & 1u)) second = 0.0f;
       }
-      *p_pair(h, 8 * i + 2 * t) = pack2<Element>(first, second);
+      if constexpr (Traits::kFp8) {
+        *reinterpret_cast<uint16_t*>(p_pair(h, 8 * i + 2 * t)) = float2_to_e4m3x2_bits(first, second);
+      } else {
+        *reinterpret_cast<uint32_t*>(p_pair(h, 8 * i + 2 * t)) = pack2<Element>(first, second);
+      }
     }
   if (t == 0) {
     float* const stats = cta.stats();

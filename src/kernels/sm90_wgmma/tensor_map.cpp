@@ -8,12 +8,10 @@
 namespace ffpa::detail::sm90_wgmma {
 namespace {
 
-constexpr int64_t kElementBytes = 2;
-
 // The stride TMA is given for a dimension: its own when it has more than one
 // index (then it is used), else any valid value (it is multiplied by zero).
-uint64_t dimension_stride_bytes(int64_t extent, int64_t stride_elements) {
-  return extent > 1 ? static_cast<uint64_t>(stride_elements * kElementBytes) : 16u;
+uint64_t dimension_stride_bytes(int64_t extent, int64_t stride_elements, int element_bytes) {
+  return extent > 1 ? static_cast<uint64_t>(stride_elements * element_bytes) : 16u;
 }
 
 // The driver's encoder, through the runtime's entry-point query (no libcuda
@@ -46,7 +44,7 @@ bool tensor_map_addressable(const TensorMapShape& shape) {
   if (reinterpret_cast<uintptr_t>(shape.base) % 16 != 0) return false;
   const int64_t extents[3] = {shape.batch, shape.heads, shape.seq};
   for (int i = 0; i < 3; ++i) {
-    const uint64_t stride = dimension_stride_bytes(extents[i], shape.stride[i]);
+    const uint64_t stride = dimension_stride_bytes(extents[i], shape.stride[i], shape.element_bytes);
     if (stride % 16 != 0 || stride >= (uint64_t{1} << 40)) return false;
   }
   return true;
@@ -60,19 +58,34 @@ Status encode_tensor_map(const TensorMapShape& shape, int box_rows, int box_head
   }
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(shape.head_dim), static_cast<cuuint64_t>(shape.seq),
                               static_cast<cuuint64_t>(shape.heads), static_cast<cuuint64_t>(shape.batch)};
-  const cuuint64_t strides[3] = {dimension_stride_bytes(shape.seq, shape.stride[2]),
-                                 dimension_stride_bytes(shape.heads, shape.stride[1]),
-                                 dimension_stride_bytes(shape.batch, shape.stride[0])};
-  const cuuint32_t box[4] = {64, static_cast<cuuint32_t>(box_rows), static_cast<cuuint32_t>(box_heads), 1};
+  const int bytes = shape.element_bytes;
+  const cuuint64_t strides[3] = {dimension_stride_bytes(shape.seq, shape.stride[2], bytes),
+                                 dimension_stride_bytes(shape.heads, shape.stride[1], bytes),
+                                 dimension_stride_bytes(shape.batch, shape.stride[0], bytes)};
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / bytes), static_cast<cuuint32_t>(box_rows),
+                             static_cast<cuuint32_t>(box_heads), 1};
   const cuuint32_t element_strides[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type = bytes == 1                 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : shape.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult result = encode(
-      map, shape.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      map, type,
       4, const_cast<void*>(shape.base), dims, strides, box, element_strides,
       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS) {
     return {StatusCode::cuda_error,
             "impl sm90_wgmma: cuTensorMapEncodeTiled failed with CUresult " + std::to_string(result)};
+  }
+  return {};
+}
+
+Status encode_tensor_maps(const std::array<TensorMapShape, 4>& shapes, const int (&box_rows)[4],
+                          const int (&box_heads)[4], CUtensorMap (&maps)[4]) {
+  for (int i = 0; i < 4; ++i) {
+    if (Status status = encode_tensor_map(shapes[i], box_rows[i], box_heads[i], &maps[i]); !status.ok()) {
+      return status;
+    }
   }
   return {};
 }

@@ -14,10 +14,20 @@
 
 namespace ffpa::detail::sm90_wgmma {
 
+// What the tensor cores multiply: the inputs themselves (bf16 or fp16), or
+// the FP8 path's 8-bit codes written by its pre-pass (kernels/fp8_prepass/):
+// Q K^T in e4m3 (fp32 accumulation) or int8 (s32), P V in e4m3 with V
+// transposed (8-bit wgmma takes only K-major B). The attention pieces
+// (masks, causal, dropout, the online softmax) are the same for all three.
+enum class Operands : int { input, e4m3, int8_qk };
+
 template <typename Element_, int kQKChunks_, int kHalfCols_, int kSplit_, bool kDropout_ = false,
-          bool kMaskInS_ = false>
+          bool kMaskInS_ = false, Operands kOperands_ = Operands::input>
 struct Traits {
-  using Element = Element_;
+  using Element = Element_;  // q, k, v and o in memory (bf16 or fp16)
+  static constexpr Operands kOperands = kOperands_;
+  static constexpr bool kFp8 = kOperands != Operands::input;
+  static constexpr bool kQkInt8 = kOperands == Operands::int8_qk;
   // Dropout is compiled in or out: with it, the S owners (D <= 512) or the
   // producer warpgroup's three idle warps (D > 512, dropout_warps.cuh) draw
   // each block's keep bits (kDropoutWarps below), and the kernel without it
@@ -33,7 +43,9 @@ struct Traits {
   static constexpr bool kMaskInS = kMaskInS_;
   static_assert(!(kDropout && kMaskInS), "dropout kernels add the mask in the softmax");
   static constexpr int kElementBytes = ElementTraits<Element>::kBytes;
-  static constexpr int kBoxCols = kSwizzleCols<kElementBytes>;  // columns of a 128-byte swizzle row
+  static constexpr int kOperandBytes = kFp8 ? 1 : kElementBytes;   // of Q, K, P and V in shared memory
+  static constexpr int kBoxCols = kSwizzleCols<kOperandBytes>;     // operand columns of a 128-byte swizzle row
+  static constexpr int kOutBoxCols = kSwizzleCols<kElementBytes>;  // O's columns of a 128-byte swizzle row
   static constexpr int kQKChunks = kQKChunks_;  // kBoxCols-column chunks of this CTA's part of S = Q K^T
   static constexpr int kHalfCols = kHalfCols_;  // columns of O per consumer warpgroup
   static constexpr int kSplit = kSplit_;        // CTAs of a cluster sharing one tile (1 or 2)
@@ -65,7 +77,9 @@ struct Traits {
                 "setmaxnreg redistributes the launch's registers: more would never be granted");
   static constexpr int kStages = ring_stages(kSplit);
   static constexpr int kKStages = (kQKChunks + 1) / 2;  // ring stages per K block
-  static constexpr int kVStages = kRingVStages;         // ring stages per V block
+  // Ring stages per V block: [64 keys][kHalfCols] per (key half, consumer),
+  // or (kFp8) one V^T tile [kHalfCols][128 keys] per consumer.
+  static constexpr int kVStages = kFp8 ? 2 : kRingVStages;
   // S of a consumer warp: one 16-row slab, kBlockN / 8 column blocks.
   using SLayout = AccumulatorLayout<1, kBlockN / 8>;
   // This consumer's half of O: one slab, kHalfCols / 8 column blocks.
@@ -77,12 +91,12 @@ struct Traits {
   static constexpr int kMaskBlocksInFlight = kSplit == 1 ? 8 : 4;
   static constexpr bool kMaskPairLoads = kSplit == 1;
 
-  static constexpr int kTileBytes = 64 * kSwizzleRowBytes;      // [64 rows][kBoxCols]: Q, P, O, V boxes
+  static constexpr int kTileBytes = 64 * kSwizzleRowBytes;      // [64 rows][128 bytes]: Q, P, O, V boxes
   static constexpr int kKBoxBytes = kBlockN * kSwizzleRowBytes;  // [128 keys][kBoxCols]
-  static constexpr int kVStageBytes = (kHalfCols / kBoxCols) * kTileBytes;
+  static constexpr int kVStageBytes = kFp8 ? kHalfCols * kSwizzleRowBytes : (kHalfCols / kBoxCols) * kTileBytes;
   static constexpr int kStageBytes = 2 * kKBoxBytes > kVStageBytes ? 2 * kKBoxBytes : kVStageBytes;
   // Q, then (after the last S) the O staging of the TMA stores.
-  static constexpr int kQTiles = kQKChunks > kOutCols / kBoxCols ? kQKChunks : kOutCols / kBoxCols;
+  static constexpr int kQTiles = kQKChunks > kOutCols / kOutBoxCols ? kQKChunks : kOutCols / kOutBoxCols;
   static constexpr int kPBytes = (kBlockN / kBoxCols) * kTileBytes;  // one P buffer
 
   static constexpr int kQOffset = 0;
@@ -110,8 +124,9 @@ struct Traits {
   static constexpr int kBarriers = kKeepBarrier + (kDropoutWarps ? 3 : 0);
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
 
-  static_assert(kElementBytes == 2, "P V reads V N-major (tnspB): 16-bit elements");
-  static_assert(kHalfCols % kBoxCols == 0 && kHalfCols >= 128 && kHalfCols <= 256,
+  static_assert(kElementBytes == 2, "q, k, v and o are bf16 or fp16");
+  static_assert(!kFp8 || (kSplit == 1 && !kMaskInS), "the FP8 operands: one CTA per tile, the mask added in the softmax");
+  static_assert(kHalfCols % kOutBoxCols == 0 && kHalfCols >= 128 && kHalfCols <= 256,
                 "O halves are whole boxes, N = 128..256");
   static_assert(kQKChunks >= 1 && kQKChunks <= 8, "a CTA's part of S covers up to 8 boxes");
   static_assert(kSplit == 1 || kSplit == 2, "one CTA per tile, or a cluster of two");
@@ -124,8 +139,10 @@ struct Args {
   // query heads of one KV head, 64 / heads_per_tile rows each.
   int heads_per_tile = 1;
   // Tiles along a head's Nq rows; the grid is row_blocks x kv_splits x
-  // (Hq / heads_per_tile) x B tiles (< 2^31).
+  // (Hq / heads_per_tile) x B tiles (< 2^31): row blocks [first_row_block,
+  // first_row_block + row_blocks) of each head (hybrid rows split a call's).
   int row_blocks;
+  int first_row_block = 0;
   float scale_log2;  // scale * log2(e)
   float inverse_scale;  // 1 / scale: Traits::kMaskInS starts S at mask / scale
   // Split-KV (kernels/common/split_kv.hpp; kv_splits > 1): each tile is one split
@@ -136,6 +153,16 @@ struct Args {
   int split_blocks = 0;
   float* partial_o = nullptr;
   RowSoftmaxState* partial_states = nullptr;
+  // Traits::kFp8: the pre-pass's scales (kernels/fp8_prepass/workspace.hpp),
+  // per (batch, head) blocks of q_scales_per_head / k_scales_per_head /
+  // head_dim (V per channel) floats, and the LSE's smooth-K term per quantized
+  // row. Quantized rows count from query row first_row_block x kBlockM.
+  const float* q_scales = nullptr;
+  const float* k_scales = nullptr;
+  const float* v_scales = nullptr;
+  const float* lse_shift = nullptr;
+  int64_t q_scales_per_head = 0, k_scales_per_head = 0;
+  bool qk_scale_per_block = false;
 };
 
 }  // namespace ffpa::detail::sm90_wgmma

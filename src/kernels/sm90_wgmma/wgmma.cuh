@@ -5,10 +5,17 @@
 // The instantiated shapes are the ones the sm90 family uses: N = 128 for S,
 // N = 128/192/256 (half the padded head dim) for O.
 //
-// Accumulators are bound "+f"; the caller fences them (fence_operands) around
-// the asynchronous section so the compiler leaves them alone while the tensor
-// cores own them. PTX needs literal operand lists: the macros below spell them
-// out once per accumulator count.
+// The 8-bit forms, D[64 x N] (+)= A[64 x 32] B[32 x N]: e4m3 into fp32
+// (wgmma_ss_e4m3) and s8 into s32 (wgmma_ss_s8). PTX allows them K-major
+// operands only, so B is stored [n][k] for both products and a quantized
+// O = P V needs V transposed in shared memory. A k32 step is 32 bytes of a
+// 128-byte swizzled row, as a k16 step is for 16-bit elements: descriptors
+// and their per-step advance are the 16-bit family's.
+//
+// Accumulators are bound "+f" (or "+r" for s32); the caller fences them
+// (fence_operands) around the asynchronous section so the compiler leaves them
+// alone while the tensor cores own them. PTX needs literal operand lists: the
+// macros below spell them out once per accumulator count.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -22,47 +29,42 @@
 namespace ffpa::detail::sm90_wgmma {
 
 // The accumulator registers of an N = 128, 192, 256 wgmma (64, 96, 128 of them):
-// asm placeholders and operands, each list extending the one before.
+// asm placeholders, and operands bound with constraint C ("+f" for fp32, "+r"
+// for s32), each list extending the one before.
 #define FFPA_WGMMA_REGS_64 \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
   "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
   "%56, %57, %58, %59, %60, %61, %62, %63"
-#define FFPA_WGMMA_OPERANDS_64(d) \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
-  "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
-  "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), \
-  "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), \
-  "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), \
-  "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), \
-  "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), \
-  "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), \
-  "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), \
-  "+f"(d[63])
+#define FFPA_WGMMA_BIND_64(C, d) \
+  C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), C(d[8]), C(d[9]), \
+  C(d[10]), C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15]), C(d[16]), C(d[17]), C(d[18]), \
+  C(d[19]), C(d[20]), C(d[21]), C(d[22]), C(d[23]), C(d[24]), C(d[25]), C(d[26]), C(d[27]), \
+  C(d[28]), C(d[29]), C(d[30]), C(d[31]), C(d[32]), C(d[33]), C(d[34]), C(d[35]), C(d[36]), \
+  C(d[37]), C(d[38]), C(d[39]), C(d[40]), C(d[41]), C(d[42]), C(d[43]), C(d[44]), C(d[45]), \
+  C(d[46]), C(d[47]), C(d[48]), C(d[49]), C(d[50]), C(d[51]), C(d[52]), C(d[53]), C(d[54]), \
+  C(d[55]), C(d[56]), C(d[57]), C(d[58]), C(d[59]), C(d[60]), C(d[61]), C(d[62]), C(d[63])
 #define FFPA_WGMMA_REGS_96 \
   FFPA_WGMMA_REGS_64 ", " \
   "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, " \
   "%82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
-#define FFPA_WGMMA_OPERANDS_96(d) \
-  FFPA_WGMMA_OPERANDS_64(d), \
-  "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), \
-  "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), \
-  "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), \
-  "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), \
-  "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+#define FFPA_WGMMA_BIND_96(C, d) \
+  FFPA_WGMMA_BIND_64(C, d), \
+  C(d[64]), C(d[65]), C(d[66]), C(d[67]), C(d[68]), C(d[69]), C(d[70]), C(d[71]), C(d[72]), \
+  C(d[73]), C(d[74]), C(d[75]), C(d[76]), C(d[77]), C(d[78]), C(d[79]), C(d[80]), C(d[81]), \
+  C(d[82]), C(d[83]), C(d[84]), C(d[85]), C(d[86]), C(d[87]), C(d[88]), C(d[89]), C(d[90]), \
+  C(d[91]), C(d[92]), C(d[93]), C(d[94]), C(d[95])
 #define FFPA_WGMMA_REGS_128 \
   FFPA_WGMMA_REGS_96 ", " \
   "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
   "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, " \
   "%127"
-#define FFPA_WGMMA_OPERANDS_128(d) \
-  FFPA_WGMMA_OPERANDS_96(d), \
-  "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), \
-  "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), \
-  "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), \
-  "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), \
-  "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), \
-  "+f"(d[126]), "+f"(d[127])
+#define FFPA_WGMMA_BIND_128(C, d) \
+  FFPA_WGMMA_BIND_96(C, d), \
+  C(d[96]), C(d[97]), C(d[98]), C(d[99]), C(d[100]), C(d[101]), C(d[102]), C(d[103]), \
+  C(d[104]), C(d[105]), C(d[106]), C(d[107]), C(d[108]), C(d[109]), C(d[110]), C(d[111]), \
+  C(d[112]), C(d[113]), C(d[114]), C(d[115]), C(d[116]), C(d[117]), C(d[118]), C(d[119]), \
+  C(d[120]), C(d[121]), C(d[122]), C(d[123]), C(d[124]), C(d[125]), C(d[126]), C(d[127])
 
 // One SS wgmma: SHAPE "m64nNk16", TYPE "bf16" or "f16", TRANSPOSE_B "0" or "1",
 // REGS accumulators (a multiple of 32 so that the operand numbers follow).
@@ -71,7 +73,7 @@ namespace ffpa::detail::sm90_wgmma {
                "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE "\n"                    \
                "{" FFPA_WGMMA_REGS_##REGS "},\n%" A_INDEX ", %" B_INDEX ", p, 1, 1, 0, " TRANSPOSE_B \
                ";\n}\n"                                                                        \
-               : FFPA_WGMMA_OPERANDS_##REGS(d)                                                   \
+               : FFPA_WGMMA_BIND_##REGS("+f", d)                                                  \
                : "l"(desc_a), "l"(desc_b), "r"(accumulate))
 
 // accumulate == 0 overwrites D (the first k step of a product).
@@ -79,8 +81,8 @@ template <typename Element, int N, bool kTransposeB>
 __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
                                          int accumulate) {
   // The operand kind is the element's trait: a 16-bit element is k16 per
-  // instruction (32 bytes of a 128-byte row, as for an 8-bit one at k32); an
-  // e4m3 operand adds its kind here, K-major B only.
+  // instruction (32 bytes of a 128-byte row). 8-bit operands have their own
+  // wrappers below (no transpose, other accumulator types).
   static_assert(ElementTraits<Element>::kBytes == 2, "16-bit operands: bf16 or fp16");
   constexpr bool kBf16 = ElementTraits<Element>::kIsBf16;
   static_assert(kTransposeB ? (N == 128 || N == 192 || N == 256) : N == 128,
@@ -112,12 +114,52 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
   }
 }
 
+// One SS 8-bit wgmma (k32, both operands K-major): TYPES "f32.e4m3.e4m3" or
+// "s32.s8.s8", SCALES the immediates after scale-d (", 1, 1" for imm-scale-a and
+// imm-scale-b of e4m3; "" for s8, which has none), CONSTRAINT the accumulator
+// binding. Neither form takes transpose immediates.
+#define FFPA_WGMMA_SS_K32(SHAPE, TYPES, SCALES, CONSTRAINT, REGS, A_INDEX, B_INDEX, ACC_INDEX) \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ACC_INDEX ", 0;\n"                        \
+               "wgmma.mma_async.sync.aligned." SHAPE "." TYPES "\n"                           \
+               "{" FFPA_WGMMA_REGS_##REGS "},\n%" A_INDEX ", %" B_INDEX ", p" SCALES ";\n}\n"   \
+               : FFPA_WGMMA_BIND_##REGS(CONSTRAINT, d)                                       \
+               : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+
+// D f32 (+)= A e4m3 [64 x 32] B e4m3 [32 x N], B stored [n][k]: O = P V with
+// N = 128/192/256 (half the padded head dim), or S = Q K^T with N = 128. Not
+// an fp32 sum: the tensor core keeps about 13 bits below the largest product
+// of a k32 step, truncating the rest (under 1e-3 of sum |a_k b_k| measured on
+// an H200; tests/gpu_kernels/test_wgmma_8bit.cu measures it).
+template <int N>
+__device__ __forceinline__ void wgmma_ss_e4m3(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
+                                              int accumulate) {
+  static_assert(N == 128 || N == 192 || N == 256, "instantiated shapes: N = 128, 192, 256");
+  if constexpr (N == 128) {
+    FFPA_WGMMA_SS_K32("m64n128k32", "f32.e4m3.e4m3", ", 1, 1", "+f", 64, "64", "65", "66");
+  } else if constexpr (N == 192) {
+    FFPA_WGMMA_SS_K32("m64n192k32", "f32.e4m3.e4m3", ", 1, 1", "+f", 96, "96", "97", "98");
+  } else {
+    FFPA_WGMMA_SS_K32("m64n256k32", "f32.e4m3.e4m3", ", 1, 1", "+f", 128, "128", "129", "130");
+  }
+}
+
+// D s32 (+)= A s8 [64 x 32] B s8 [32 x N], B stored [n][k]: S = Q K^T of the
+// int8 QK option, N = 128. Exact: |code| <= 127 keeps a k32 step within 2^19,
+// so s32 holds any head dim this library serves (no .satfinite needed).
+template <int N>
+__device__ __forceinline__ void wgmma_ss_s8(int32_t (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
+                                            int accumulate) {
+  static_assert(N == 128, "instantiated shape: N = 128");
+  FFPA_WGMMA_SS_K32("m64n128k32", "s32.s8.s8", "", "+r", 64, "64", "65", "66");
+}
+
+#undef FFPA_WGMMA_SS_K32
 #undef FFPA_WGMMA_SS
 #undef FFPA_WGMMA_REGS_64
 #undef FFPA_WGMMA_REGS_96
 #undef FFPA_WGMMA_REGS_128
-#undef FFPA_WGMMA_OPERANDS_64
-#undef FFPA_WGMMA_OPERANDS_96
-#undef FFPA_WGMMA_OPERANDS_128
+#undef FFPA_WGMMA_BIND_64
+#undef FFPA_WGMMA_BIND_96
+#undef FFPA_WGMMA_BIND_128
 
 }  // namespace ffpa::detail::sm90_wgmma

@@ -1,0 +1,63 @@
+#include "host/fp8_forward.hpp"
+
+#include <cstdint>
+#include <string>
+
+#include "common/quantization_scales.hpp"
+#include "kernels/fp8_prepass/prepass.hpp"
+#include "kernels/fp8_prepass/workspace.hpp"
+#include "kernels/sm90_wgmma/family.hpp"
+
+namespace ffpa::detail {
+
+size_t fp8_workspace_bytes(const AttentionProblem& problem, const QuantizationOptions& options) {
+  return fp8_prepass::WorkspaceLayout::of(problem, options).bytes;
+}
+
+Status check_fp8(const AttentionProblem& problem, const QuantizationOptions& options) {
+  std::string reason;
+  if (sm90_wgmma::route_fp8(problem, &reason) == nullptr) {
+    return {StatusCode::impl_unavailable, "fp8: " + reason};
+  }
+  if (options.n_early < 0 || options.n_early % kQuantQueryBlock != 0) {
+    return {StatusCode::invalid_option, "fp8: n_early (" + std::to_string(options.n_early) +
+                                            " hybrid rows) must be a non-negative multiple of " +
+                                            std::to_string(kQuantQueryBlock) + ", the tile's rows"};
+  }
+  if (options.v_granularity != VScaleGranularity::per_channel) {
+    return {StatusCode::impl_unavailable, "fp8: V scales per block are not built into the main loop yet"};
+  }
+  if (options.smooth_v) return {StatusCode::impl_unavailable, "fp8: smooth-V is not built into the main loop yet"};
+  return fp8_prepass::check_prepass(problem, options);
+}
+
+Status fp8_forward(const AttentionProblem& problem, const QuantizationOptions& options, void* workspace,
+                   size_t workspace_bytes, cudaStream_t stream) {
+  if (Status status = check_fp8(problem, options); !status.ok()) return status;
+  const fp8_prepass::WorkspaceLayout layout = fp8_prepass::WorkspaceLayout::of(problem, options);
+  if (workspace_bytes < layout.bytes) {
+    return {StatusCode::workspace_too_small, "fp8: the call needs " + std::to_string(layout.bytes) +
+                                                 " bytes of workspace, " + std::to_string(workspace_bytes) + " given"};
+  }
+  if (layout.bytes > 0 && workspace == nullptr) return {StatusCode::null_pointer, "fp8: no workspace"};
+  if (reinterpret_cast<uintptr_t>(workspace) % fp8_prepass::WorkspaceLayout::kAlignment != 0) {
+    return {StatusCode::misaligned, "fp8: the workspace must start on a 256-byte boundary"};
+  }
+  const fp8_prepass::QuantizedBuffers buffers = layout.bind(workspace);
+  if (Status status = fp8_prepass::launch_prepass(problem, options, buffers, stream); !status.ok()) return status;
+  if (problem.batch * problem.heads_q * problem.seq_q == 0) return {};
+  std::string reason;
+  if (buffers.first_row > 0) {
+    // Hybrid rows: the 16-bit kernel's own tiles, exactly what the call
+    // would compute without FP8 for those rows.
+    const sm90_wgmma::Instance* instance = sm90_wgmma::route(problem, &reason);
+    if (instance == nullptr) return {StatusCode::impl_unavailable, "fp8: hybrid rows: " + reason};
+    sm90_wgmma::TileLaunch tiles;
+    tiles.row_block_count = static_cast<int>(ceil_div(buffers.first_row, sm90_wgmma::kTileRows));  // Nq's last too
+    if (Status status = instance->launch(problem, tiles, stream); !status.ok()) return status;
+  }
+  if (buffers.rows == 0) return {};
+  return sm90_wgmma::route_fp8(problem, &reason)->launch(problem, options, buffers, stream);
+}
+
+}  // namespace ffpa::detail

@@ -1,0 +1,28 @@
+// The FP8 path of a validated call (issue 11): the pre-pass quantizes Q, K and
+// V into the workspace (kernels/fp8_prepass/), then the sm90 family's FP8
+// kernel attends from the codes. Host side, stream-ordered, no allocation:
+// the caller gives a workspace of fp8_workspace_bytes.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "common/attention_problem.hpp"
+#include "common/quantization_options.hpp"
+#include "ffpa/ffpa.hpp"
+
+namespace ffpa::detail {
+
+// The workspace the call needs: the pre-pass's codes, scales and partial sums.
+size_t fp8_workspace_bytes(const AttentionProblem& problem, const QuantizationOptions& options);
+
+// Why the FP8 path cannot serve this call (impl_unavailable, invalid_option,
+// misaligned), or ok.
+Status check_fp8(const AttentionProblem& problem, const QuantizationOptions& options);
+
+// O (and LSE) of the call through the FP8 path, on `stream`.
+Status fp8_forward(const AttentionProblem& problem, const QuantizationOptions& options, void* workspace,
+                   size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace ffpa::detail
