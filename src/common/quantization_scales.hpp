@@ -87,9 +87,17 @@ FFPA_HOST_DEVICE float quantization_scale(float amax, float format_max) {
   return scale >= kSmallestNormal ? scale : 1.0f;
 }
 
-// The code of x in a group of the given scale: x / scale in fp32 (IEEE
-// division, no reciprocal), then the format's rounding.
-FFPA_HOST_DEVICE uint8_t quantize_e4m3(float x, float scale) { return float_to_e4m3_bits(x / scale); }
-FFPA_HOST_DEVICE int8_t quantize_int8(float x, float scale) { return float_to_int8_symmetric(x / scale); }
+// What a group's elements are multiplied by before rounding: 1 / scale in
+// fp32 (IEEE division, once per group). One multiply per element, on the GPU
+// as here (a division per element made the pre-pass compute-bound: ncu, H200,
+// 2026-12-01); the largest element lands within an ulp of the largest code,
+// which rounding or saturation takes exactly to it.
+FFPA_HOST_DEVICE float quantization_inverse(float scale) { return 1.0f / scale; }
+
+// The code of x in a group whose quantization_inverse is `inverse`: x *
+// inverse in fp32 (a lone multiply: nothing to contract), then the format's
+// rounding.
+FFPA_HOST_DEVICE uint8_t quantize_e4m3(float x, float inverse) { return float_to_e4m3_bits(x * inverse); }
+FFPA_HOST_DEVICE int8_t quantize_int8(float x, float inverse) { return float_to_int8_symmetric(x * inverse); }
 
 }  // namespace ffpa::detail

@@ -1,8 +1,8 @@
 // The CPU model of the FP8 path (fp8_quantization.hpp). The quantization
 // repeats the GPU pre-pass's fp32 arithmetic step by step, so that codes and
 // scales match bit for bit: the K / V means summed in a fixed order, the
-// subtraction, each group's amax, amax / format_max, x / scale and the
-// format's rounding (no step is a multiply-add, so no contraction can change
+// subtraction, each group's amax, amax / format_max, 1 / scale, x times it and
+// the format's rounding (no step is a multiply-add, so no contraction can change
 // a bit on either side). The attention is computed in double from the
 // dequantized values, with P quantized per KV block against the running row
 // maximum as the main loop does; the kernel then differs from it only by its
@@ -96,8 +96,9 @@ void quantize_groups(const std::vector<float>& x, int64_t n, int64_t dim, int64_
   for (int64_t g = 0; g < groups; ++g) scales[g] = quantization_scale(amax[count(g)], format_max);
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t c = 0; c < dim; ++c) {
-      const float value = x[count(r * dim + c)], scale = scales[group_of(r, c)];
-      codes[r * dim + c] = int8_codes ? static_cast<uint8_t>(quantize_int8(value, scale)) : quantize_e4m3(value, scale);
+      const float value = x[count(r * dim + c)], inverse = quantization_inverse(scales[group_of(r, c)]);
+      codes[r * dim + c] =
+          int8_codes ? static_cast<uint8_t>(quantize_int8(value, inverse)) : quantize_e4m3(value, inverse);
     }
   }
 }

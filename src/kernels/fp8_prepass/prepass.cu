@@ -4,8 +4,9 @@
 // block order for the means, x - mean, fmaxf of |x| for a group's amax (a NaN
 // does not count; the max of non-negative floats is order-free, so threads
 // combine theirs with an integer atomicMax on the bits), amax / format_max and
-// x / scale as IEEE divisions (nvcc's default -prec-div=true; no multiply-add
-// anywhere to contract), then the format's rounding (common/fp8_e4m3.hpp).
+// 1 / scale as IEEE divisions (nvcc's default -prec-div=true), x times that
+// (no multiply-add anywhere to contract), then the format's rounding
+// (common/fp8_e4m3.hpp; e4m3 two values per instruction).
 //
 // The steps, in stream order (a mean or a per-channel scale reduces over all
 // keys before any code can use it):
@@ -67,9 +68,29 @@ __device__ __forceinline__ const Element* row_of(const void* base, const int64_t
   return static_cast<const Element*>(base) + b * stride[0] + h * stride[1] + n * stride[2];
 }
 
-// The 8-bit code of x in a group of this scale.
-__device__ __forceinline__ uint8_t code_of(float x, float scale, bool int8_codes) {
-  return int8_codes ? static_cast<uint8_t>(quantize_int8(x, scale)) : quantize_e4m3(x, scale);
+// float_to_int8_symmetric in four instructions: NaN to 0, saturate to
+// [-127, 127], round half to even (exact: the same code).
+__device__ __forceinline__ uint32_t int8_code(float x) {
+  const float clamped = fminf(fmaxf(x == x ? x : 0.0f, -kInt8Max), kInt8Max);
+  return static_cast<uint32_t>(__float2int_rn(clamped)) & 0xFFu;
+}
+
+// Eight codes of x - mean in a group whose quantization_inverse is `inverse`,
+// byte e of the pair of words holding element e.
+__device__ __forceinline__ void codes_of(const float (&x)[kChunk], const float (&mean)[kChunk], float inverse,
+                                         bool int8_codes, uint32_t (&packed)[2]) {
+#pragma unroll
+  for (int e = 0; e < kChunk; e += 2) {
+    const float lo = (x[e] - mean[e]) * inverse, hi = (x[e + 1] - mean[e + 1]) * inverse;
+    const uint32_t pair = int8_codes ? int8_code(lo) | int8_code(hi) << 8 : float2_to_e4m3x2_bits(lo, hi);
+    packed[e / 4] |= pair << (8 * (e % 4));
+  }
+}
+
+// The per-channel means of a chunk (zeros where not smoothing: x - 0 = x).
+__device__ __forceinline__ void load_mean(const float* mean, int64_t c, float (&m)[kChunk]) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(mean + c)), b = __ldg(reinterpret_cast<const float4*>(mean + c + 4));
+  m[0] = a.x, m[1] = a.y, m[2] = a.z, m[3] = a.w, m[4] = b.x, m[5] = b.y, m[6] = b.z, m[7] = b.w;
 }
 
 // Eight codes at channel c of a row of `pitch` bytes; the chunk that ends
@@ -85,6 +106,19 @@ __device__ __forceinline__ void store_codes(uint8_t* row, int64_t c, int64_t dim
 __device__ __forceinline__ void group_max(unsigned* group_amax, float amax) {
   atomicMax(group_amax, __float_as_uint(amax));
 }
+
+// The warp's fmaxf, in every lane.
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) x = fmaxf(x, __shfl_xor_sync(0xFFFFFFFFu, x, offset));
+  return x;
+}
+
+// The row-parallel kernels (quantize_kv's K, quantize_q): a warp per row,
+// its lanes over the row's 8-channel chunks, so that a row's group is the
+// warp's (one shared-memory atomic a warp and row) and no thread divides by
+// the chunk count.
+constexpr int kRowWarps = 8;
 
 // ---- column_partials ---------------------------------------------------------
 
@@ -103,7 +137,8 @@ __global__ void column_partials(AttentionProblem p, QuantizedBuffers z, bool k_s
 #pragma unroll
       for (int e = 0; e < kChunk; ++e) mean[e] = v_mean[c + e];
     }
-    for (int64_t j = first; j < last; ++j) {
+#pragma unroll 8
+    for (int64_t j = first; j < last; ++j) {  // unrolled: 8 keys' loads in flight
       float x[kChunk];
       if (k_sums) {
         load_chunk(row_of<Element>(p.k, p.k_stride, b, h, j), c, x);
@@ -171,14 +206,13 @@ constexpr int kTransposeRowWords = kQuantKeyBlock / 4 + 1;
 template <typename Element>
 __global__ void __launch_bounds__(kKvThreads) quantize_kv(AttentionProblem p, QuantizedBuffers z, QuantizationOptions o) {
   __shared__ unsigned k_amax[kKeyGroupsPerBlock];
-  __shared__ float k_scale[kKeyGroupsPerBlock];
+  __shared__ float k_inverse[kKeyGroupsPerBlock];
   __shared__ unsigned v_amax;
   __shared__ uint32_t transpose[kTransposeChannels][kTransposeRowWords];
   const int64_t block = blockIdx.x, head = blockIdx.y;
   const int64_t b = head / p.heads_kv, h = head % p.heads_kv, dim = p.head_dim, nkv = p.seq_kv;
   const int64_t first = block * kQuantKeyBlock;
   const int keys = static_cast<int>(first + kQuantKeyBlock < nkv ? kQuantKeyBlock : nkv - first);
-  const int chunks = static_cast<int>(dim / kChunk);  // per key
   const int tid = static_cast<int>(threadIdx.x);
   const float* k_mean = z.k_mean + head * dim;
   const float* v_mean = z.v_mean + head * dim;
@@ -189,22 +223,30 @@ __global__ void __launch_bounds__(kKvThreads) quantize_kv(AttentionProblem p, Qu
   if (tid == 0) v_amax = 0u;
   __syncthreads();
 
-  // K's group amax (and V's block amax when V is scaled per block).
-  for (int item = tid; item < keys * chunks; item += kKvThreads) {
-    const int key = item / chunks;
-    const int64_t c = static_cast<int64_t>(item % chunks) * kChunk;
-    float x[kChunk];
-    load_chunk(row_of<Element>(p.k, p.k_stride, b, h, first + key), c, x);
-    float amax = 0.0f;
+  // K's group amax (and V's block amax when V is scaled per block): a warp per key.
+  const int warp = tid / 32, lane = tid % 32;
+  for (int key = warp; key < keys; key += kRowWarps) {
+    const Element* k_row = row_of<Element>(p.k, p.k_stride, b, h, first + key);
+    const Element* v_row = row_of<Element>(p.v, p.v_stride, b, h, first + key);
+    float k_max = 0.0f, v_max = 0.0f;
+    for (int64_t c = static_cast<int64_t>(lane) * kChunk; c < dim; c += 32 * kChunk) {
+      float x[kChunk], mean[kChunk];
+      load_chunk(k_row, c, x);
+      load_mean(k_mean, c, mean);
 #pragma unroll
-    for (int e = 0; e < kChunk; ++e) amax = fmaxf(amax, fabsf(x[e] - k_mean[c + e]));
-    group_max(&k_amax[k_per_block ? 0 : static_cast<int>(k_scale_index(key, o.qk_granularity))], amax);
+      for (int e = 0; e < kChunk; ++e) k_max = fmaxf(k_max, fabsf(x[e] - mean[e]));
+      if (v_per_block) {
+        load_chunk(v_row, c, x);
+        load_mean(v_mean, c, mean);
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) v_max = fmaxf(v_max, fabsf(x[e] - mean[e]));
+      }
+    }
+    k_max = warp_max(k_max);
+    if (lane == 0) group_max(&k_amax[k_per_block ? 0 : static_cast<int>(k_scale_index(key, o.qk_granularity))], k_max);
     if (v_per_block) {
-      load_chunk(row_of<Element>(p.v, p.v_stride, b, h, first + key), c, x);
-      amax = 0.0f;
-#pragma unroll
-      for (int e = 0; e < kChunk; ++e) amax = fmaxf(amax, fabsf(x[e] - v_mean[c + e]));
-      group_max(&v_amax, amax);
+      v_max = warp_max(v_max);
+      if (lane == 0) group_max(&v_amax, v_max);
     }
   }
   __syncthreads();
@@ -212,29 +254,30 @@ __global__ void __launch_bounds__(kKvThreads) quantize_kv(AttentionProblem p, Qu
   const int64_t k_scale_base = head * k_scale_count(nkv, o.qk_granularity) + block * k_groups;
   if (tid < k_groups) {
     const float scale = quantization_scale(__uint_as_float(k_amax[tid]), int8_qk ? kInt8Max : kE4m3Max);
-    k_scale[tid] = scale;
+    k_inverse[tid] = quantization_inverse(scale);
     z.k_scales[k_scale_base + tid] = scale;
   }
-  float v_block_scale = 1.0f;
+  float v_block_inverse = 1.0f;
   if (v_per_block) {
-    v_block_scale = quantization_scale(__uint_as_float(v_amax), kE4m3Max);
-    if (tid == 0) z.v_scales[head * v_scale_count(nkv, dim, o.v_granularity) + block] = v_block_scale;
+    const float scale = quantization_scale(__uint_as_float(v_amax), kE4m3Max);
+    v_block_inverse = quantization_inverse(scale);
+    if (tid == 0) z.v_scales[head * v_scale_count(nkv, dim, o.v_granularity) + block] = scale;
   }
   __syncthreads();
 
-  // K codes, [key][D]: 8 bytes a thread and chunk.
-  for (int item = tid; item < keys * chunks; item += kKvThreads) {
-    const int key = item / chunks;
-    const int64_t c = static_cast<int64_t>(item % chunks) * kChunk;
-    float x[kChunk];
-    load_chunk(row_of<Element>(p.k, p.k_stride, b, h, first + key), c, x);
-    const float scale = k_scale[k_per_block ? 0 : k_scale_index(key, o.qk_granularity)];
-    uint32_t packed[2] = {0u, 0u};
-#pragma unroll
-    for (int e = 0; e < kChunk; ++e) {
-      packed[e / 4] |= static_cast<uint32_t>(code_of(x[e] - k_mean[c + e], scale, int8_qk)) << (8 * (e % 4));
+  // K codes, [key][code_pitch]: a warp per key, 8 bytes a lane and chunk.
+  for (int key = warp; key < keys; key += kRowWarps) {
+    const Element* k_row = row_of<Element>(p.k, p.k_stride, b, h, first + key);
+    uint8_t* codes = z.k_codes + (head * nkv + first + key) * z.code_pitch;
+    const float inverse = k_inverse[k_per_block ? 0 : k_scale_index(key, o.qk_granularity)];
+    for (int64_t c = static_cast<int64_t>(lane) * kChunk; c < dim; c += 32 * kChunk) {
+      float x[kChunk], mean[kChunk];
+      load_chunk(k_row, c, x);
+      load_mean(k_mean, c, mean);
+      uint32_t packed[2] = {0u, 0u};
+      codes_of(x, mean, inverse, int8_qk, packed);
+      store_codes(codes, c, dim, z.code_pitch, packed);
     }
-    store_codes(z.k_codes + (head * nkv + first + key) * z.code_pitch, c, dim, z.code_pitch, packed);
   }
 
   // V^T codes, [D][v_pitch]: per 64 channels, each thread codes 4 keys x 8
@@ -248,15 +291,20 @@ __global__ void __launch_bounds__(kKvThreads) quantize_kv(AttentionProblem p, Qu
     const int64_t c = c0 + chunk * kChunk;
     if (c < dim) {
       uint32_t words[kChunk] = {};
+      float mean[kChunk], inverse[kChunk];
+      load_mean(v_mean, c, mean);
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) inverse[e] = v_per_block ? v_block_inverse : quantization_inverse(v_scales[c + e]);
       for (int k = 0; k < 4; ++k) {
         const int key = quad * 4 + k;
         if (key >= keys) break;
         float x[kChunk];
         load_chunk(row_of<Element>(p.v, p.v_stride, b, h, first + key), c, x);
 #pragma unroll
-        for (int e = 0; e < kChunk; ++e) {
-          const float scale = v_per_block ? v_block_scale : v_scales[c + e];
-          words[e] |= static_cast<uint32_t>(quantize_e4m3(x[e] - v_mean[c + e], scale)) << (8 * k);
+        for (int e = 0; e < kChunk; e += 2) {
+          const uint32_t pair = float2_to_e4m3x2_bits((x[e] - mean[e]) * inverse[e], (x[e + 1] - mean[e + 1]) * inverse[e + 1]);
+          words[e] |= (pair & 0xFFu) << (8 * k);
+          words[e + 1] |= (pair >> 8) << (8 * k);
         }
       }
 #pragma unroll
@@ -279,66 +327,67 @@ __global__ void __launch_bounds__(kKvThreads) quantize_kv(AttentionProblem p, Qu
 // ---- quantize_q --------------------------------------------------------------
 
 constexpr int kQThreads = 256;
+static_assert(kQThreads == 32 * kRowWarps && kKvThreads == 32 * kRowWarps, "a warp per row, kRowWarps rows at once");
 
 template <typename Element>
 __global__ void __launch_bounds__(kQThreads) quantize_q(AttentionProblem p, QuantizedBuffers z, QuantizationOptions o) {
   __shared__ unsigned amax_of[kQueryGroupsPerBlock];
-  __shared__ float scale_of[kQueryGroupsPerBlock];
+  __shared__ float inverse_of[kQueryGroupsPerBlock];
   const int64_t block = blockIdx.x, head = blockIdx.y;  // head: b x Hq + h
   const int64_t b = head / p.heads_q, h = head % p.heads_q, dim = p.head_dim;
   const int64_t first = block * kQuantQueryBlock;  // quantized row numbers (query row first_row + r)
   const int rows = static_cast<int>(first + kQuantQueryBlock < z.rows ? kQuantQueryBlock : z.rows - first);
-  const int chunks = static_cast<int>(dim / kChunk);
-  const int tid = static_cast<int>(threadIdx.x);
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32;
   const bool int8_qk = o.qk_format == QkFormat::int8;
   const bool per_block = o.qk_granularity == QkScaleGranularity::per_block;
   const int groups = per_block ? 1 : static_cast<int>(kQueryGroupsPerBlock);
+  const float* k_mean = z.k_mean + (b * p.heads_kv + h / p.group_size()) * dim;
   if (tid < groups) amax_of[tid] = 0u;
   __syncthreads();
-  for (int item = tid; item < rows * chunks; item += kQThreads) {
-    const int r = item / chunks;
-    const int64_t c = static_cast<int64_t>(item % chunks) * kChunk;
-    float x[kChunk];
-    load_chunk(row_of<Element>(p.q, p.q_stride, b, h, z.first_row + first + r), c, x);
-    float amax = 0.0f;
+  // A warp per row: its group's amax and, with smooth-K, the row's LSE term
+  // scale * (q . k_mean), the lanes' sums combined in a fixed order (the
+  // same bits every run).
+  for (int r = warp; r < rows; r += kRowWarps) {
+    const Element* q = row_of<Element>(p.q, p.q_stride, b, h, z.first_row + first + r);
+    float amax = 0.0f, dot = 0.0f;
+    for (int64_t c = static_cast<int64_t>(lane) * kChunk; c < dim; c += 32 * kChunk) {
+      float x[kChunk], mean[kChunk];
+      load_chunk(q, c, x);
 #pragma unroll
-    for (int e = 0; e < kChunk; ++e) amax = fmaxf(amax, fabsf(x[e]));
-    group_max(&amax_of[q_scale_index(r, o.qk_granularity)], amax);  // r < 64: the block's own group
+      for (int e = 0; e < kChunk; ++e) amax = fmaxf(amax, fabsf(x[e]));
+      if (o.smooth_k) {
+        load_mean(k_mean, c, mean);
+#pragma unroll
+        for (int e = 0; e < kChunk; ++e) dot = fmaf(x[e], mean[e], dot);
+      }
+    }
+    amax = warp_max(amax);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, offset);
+    if (lane == 0) {
+      group_max(&amax_of[q_scale_index(r, o.qk_granularity)], amax);  // r < 64: the block's own group
+      z.lse_shift[head * z.rows + first + r] = p.scale * dot;
+    }
   }
   __syncthreads();
   if (tid < groups) {
     const float scale = quantization_scale(__uint_as_float(amax_of[tid]), int8_qk ? kInt8Max : kE4m3Max);
-    scale_of[tid] = scale;
+    inverse_of[tid] = quantization_inverse(scale);
     z.q_scales[head * q_scale_count(z.rows, o.qk_granularity) + block * groups + tid] = scale;
   }
   __syncthreads();
-  for (int item = tid; item < rows * chunks; item += kQThreads) {
-    const int r = item / chunks;
-    const int64_t c = static_cast<int64_t>(item % chunks) * kChunk;
-    float x[kChunk];
-    load_chunk(row_of<Element>(p.q, p.q_stride, b, h, z.first_row + first + r), c, x);
-    const float scale = scale_of[q_scale_index(r, o.qk_granularity)];
-    uint32_t packed[2] = {0u, 0u};
-#pragma unroll
-    for (int e = 0; e < kChunk; ++e) {
-      packed[e / 4] |= static_cast<uint32_t>(code_of(x[e], scale, int8_qk)) << (8 * (e % 4));
+  constexpr float kNoMean[kChunk] = {};
+  for (int r = warp; r < rows; r += kRowWarps) {
+    const Element* q = row_of<Element>(p.q, p.q_stride, b, h, z.first_row + first + r);
+    uint8_t* codes = z.q_codes + (head * z.rows + first + r) * z.code_pitch;
+    const float inverse = inverse_of[q_scale_index(r, o.qk_granularity)];
+    for (int64_t c = static_cast<int64_t>(lane) * kChunk; c < dim; c += 32 * kChunk) {
+      float x[kChunk];
+      load_chunk(q, c, x);
+      uint32_t packed[2] = {0u, 0u};
+      codes_of(x, kNoMean, inverse, int8_qk, packed);
+      store_codes(codes, c, dim, z.code_pitch, packed);
     }
-    store_codes(z.q_codes + (head * z.rows + first + r) * z.code_pitch, c, dim, z.code_pitch, packed);
-  }
-  // smooth-K's LSE term of each row: a warp a row, lanes over the channels,
-  // the lanes' sums combined in a fixed order (the same bits every run).
-  const int warp = tid / 32, lane = tid % 32;
-  const float* k_mean = z.k_mean + (b * p.heads_kv + h / p.group_size()) * dim;
-  for (int r = warp; r < rows; r += kQThreads / 32) {
-    const int64_t row = first + r;
-    float dot = 0.0f;
-    if (o.smooth_k) {
-      const Element* q = row_of<Element>(p.q, p.q_stride, b, h, z.first_row + row);
-      for (int64_t c = lane; c < dim; c += 32) dot += static_cast<float>(q[c]) * k_mean[c];
-#pragma unroll
-      for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, offset);
-    }
-    if (lane == 0) z.lse_shift[head * z.rows + row] = p.scale * dot;
   }
 }
 
@@ -358,8 +407,10 @@ Status launch_steps(const AttentionProblem& p, const QuantizationOptions& o, con
   const bool v_per_channel = o.v_granularity == VScaleGranularity::per_channel;
   const VPartial first_v = o.smooth_v ? VPartial::sum : v_per_channel ? VPartial::amax : VPartial::none;
   if (kv_heads > 0) {
+    // A thread per 8 channels (at most 128 a CTA: D up to 1024).
+    const unsigned column_threads = static_cast<unsigned>(ceil_div(p.head_dim / kChunk, 32) * 32);
     if (key_blocks > 0 && (o.smooth_k || first_v != VPartial::none)) {
-      column_partials<Element><<<dim3(key_blocks, kv_heads), 128, 0, stream>>>(p, z, o.smooth_k, first_v);
+      column_partials<Element><<<dim3(key_blocks, kv_heads), column_threads, 0, stream>>>(p, z, o.smooth_k, first_v);
       FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
     }
     // Means are written as zeros without smoothing (the model's), and the
@@ -369,7 +420,8 @@ Status launch_steps(const AttentionProblem& p, const QuantizationOptions& o, con
                                                    v_per_channel && !o.smooth_v);
     FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
     if (v_per_channel && o.smooth_v && key_blocks > 0) {
-      column_partials<Element><<<dim3(key_blocks, kv_heads), 128, 0, stream>>>(p, z, false, VPartial::centered_amax);
+      column_partials<Element><<<dim3(key_blocks, kv_heads), column_threads, 0, stream>>>(p, z, false,
+                                                                                         VPartial::centered_amax);
       FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
     }
     if (v_per_channel && o.smooth_v) {

@@ -121,11 +121,15 @@ __device__ __forceinline__ int Consumer<Traits>::issue_pv(int j, bool own) {
   mbarrier_wait(cta.p_full(buffer), (j >> 1) & 1);
   if (!own) {
     const int t = quad_lane();
+    float scale[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float scale = cta.stats()[buffer * 128 + 64 + row(h)];
-      if (t == 0) cta.row_sums()[w * 64 + row(h)] *= scale;
-      scale_row<typename Traits::OLayout>(o_acc, h, scale);
+      scale[h] = cta.stats()[buffer * 128 + 64 + row(h)];
+      if (t == 0) cta.row_sums()[w * 64 + row(h)] *= scale[h];
+    }
+    if (warp_rescales(scale[0], scale[1])) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) scale_row<typename Traits::OLayout>(o_acc, h, scale[h]);
     }
   }
   // This consumer's part of key half h of V_j is at position first + 2 * h;

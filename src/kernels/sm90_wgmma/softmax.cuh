@@ -40,35 +40,42 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
   const TileCoordinates* tile = cta.tile();
   const int t = quad_lane();
   const int kv0 = cta.block_key(j);
+  // The factor S still carries: 1 when scaled here, else (Traits::kFp8
+  // without a mask, a positive scale) this thread's code-to-score factor,
+  // which the maximum and the exponentials' FFMA take instead of a multiply
+  // per element (the pre-pass's per-thread-group scales cover exactly this
+  // thread's rows and keys: one factor per thread and block).
+  float factor = 1.0f;
   if constexpr (Traits::kFp8) {
-    // Codes to scores: one factor per thread and block (the pre-pass's
-    // per-thread-group scales cover exactly this thread's rows and keys).
-    const float factor = cta.args.scale_log2 * q_scale() * k_scale(j);
+    const float code_factor = cta.args.scale_log2 * q_scale() * k_scale(j);
+    const bool fold = p.mask_kind == MaskKind::none && cta.args.scale_log2 > 0.0f;
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
-      s[i] = (Traits::kQkInt8 ? static_cast<float>(__float_as_int(s[i])) : s[i]) * factor;
+      const float code_score = Traits::kQkInt8 ? static_cast<float>(__float_as_int(s[i])) : s[i];
+      s[i] = fold ? code_score : code_score * code_factor;
     }
+    if (fold) factor = code_factor;
   } else {
 #pragma unroll
     for (int i = 0; i < 64; ++i) s[i] *= cta.args.scale_log2;
   }
   const KeyLimits limits(p, *tile);
   const SCoordinates coords{*this};
-  if (limits.block_needs_masking(kv0, kBlockN)) mask_outside_limits<Layout>(s, limits, coords, kv0 + 2 * t);
+  if (limits.block_needs_masking(kv0, kBlockN)) mask_outside_limits<Layout>(s, limits, coords, kv0 + 2 * t);  // -inf
   if (p.mask_kind != MaskKind::none && !mask_in_s(j)) add_mask<Layout, Traits::kMaskBlocksInFlight, Traits::kMaskPairLoads>(s, p, *tile, coords, kv0 + 2 * t);
 
   float scale[2], new_max[2];
   float* const row_sums = cta.row_sums();
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float block_max = quad_max(thread_row_max<Layout>(s, h));
+    const float block_max = quad_max(thread_row_max<Layout>(s, h) * factor);  // factor > 0: max commutes
     const RowRescale rescale = rescale_row(running_max(j - 1, h), block_max);
     new_max[h] = rescale.new_max;
     scale[h] = rescale.scale;
     float block_sum = 0.0f;
     // 8-bit P is e4m3(448 p): the factor rides in the exponent, and the row
     // sums count in the same units (the epilogue divides them out).
-    exponentiate_row<Layout>(s, h, Traits::kFp8 ? rescale.base - kLog2PScale : rescale.base, block_sum);
+    exponentiate_row<Layout>(s, h, factor, Traits::kFp8 ? rescale.base - kLog2PScale : rescale.base, block_sum);
     block_sum = quad_sum(block_sum);
     if (t == 0) row_sums[w * 64 + row(h)] = row_sums[w * 64 + row(h)] * scale[h] + block_sum;
   }
@@ -107,8 +114,10 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
   }
   fence_proxy_async();
   mbarrier_arrive(cta.p_full(buffer));
+  if (warp_rescales(scale[0], scale[1])) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) scale_row<typename Traits::OLayout>(o_acc, h, scale[h]);
+    for (int h = 0; h < 2; ++h) scale_row<typename Traits::OLayout>(o_acc, h, scale[h]);
+  }
 }
 
 }  // namespace ffpa::detail::sm90_wgmma
