@@ -643,6 +643,8 @@ class GpuSession:
             "q": q, "k": k, "v": v, "mask": None, "dropout_p": 0.0, "causal": int(Causal.NONE),
             "scale": 1.0 / math.sqrt(q.shape[-1]), "accumulation": int(Accumulation.F32), "impl": int(Impl.AUTO),
             "dropout_seed": 0, "dropout_offset": 0, "return_lse": False,
+            # the inputs' precision (the op's defaults; the fp8_* arguments are then not read)
+            "precision": 0, "fp8_qk_format": 0, "fp8_qk_scales": 0, "fp8_smooth_k": True, "fp8_early_rows": -1,
         }  # fmt: skip
         names = [argument.name for argument in schema.arguments]
         unknown = [n for n in names if n not in known]

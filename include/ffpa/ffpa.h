@@ -3,7 +3,8 @@
  * A plain-struct mirror of <ffpa/ffpa.hpp>: same semantics, same status codes.
  * A zero-initialised ffpa_forward_params means: no mask, no lse, default scale,
  * no causal mask, no dropout, fp32 accumulation, automatic implementation,
- * default stream, no workspace. Functions never throw and never abort; a
+ * the inputs' precision (FP8's knobs at their defaults), default stream, no
+ * workspace. Functions never throw and never abort; a
  * failing call returns its status and writes a NUL-terminated message into
  * `message` (truncated to `message_size` bytes) when `message` is not NULL. */
 #ifndef FFPA_FFPA_H
@@ -42,6 +43,22 @@ typedef enum ffpa_impl {
   FFPA_IMPL_SM80_SPLIT_D = 2,
   FFPA_IMPL_SM90_WGMMA = 3
 } ffpa_impl;
+
+/* What the tensor cores multiply: the inputs' own fp16/bf16, or FP8 (the
+ * library quantizes Q, K and V into the workspace and runs Q K^T and P V on
+ * Hopper's 8-bit tensor cores; the output keeps the inputs' dtype). FP8 runs
+ * on the sm90 family only (FFPA_IMPL_AUTO or FFPA_IMPL_SM90_WGMMA). */
+typedef enum ffpa_precision { FFPA_PRECISION_INPUT = 0, FFPA_PRECISION_FP8 = 1 } ffpa_precision;
+
+typedef enum ffpa_fp8_qk_format {
+  FFPA_FP8_QK_INT8 = 0, /* Q, K as int8 codes (exact s32 sums) */
+  FFPA_FP8_QK_E4M3 = 1  /* Q, K as e4m3 codes */
+} ffpa_fp8_qk_format;
+
+typedef enum ffpa_fp8_qk_scales {
+  FFPA_FP8_QK_SCALES_PER_THREAD_GROUP = 0, /* the rows and keys one thread's scores cover */
+  FFPA_FP8_QK_SCALES_PER_BLOCK = 1         /* 64 query rows, 128 keys */
+} ffpa_fp8_qk_scales;
 
 /* Under C++ the status has a fixed 32-bit underlying type, so that any
  * integer a C caller passes (ffpa_status_name(100), (ffpa_status)-1) is a
@@ -86,6 +103,16 @@ typedef struct ffpa_tensor {
   int64_t stride[4]; /* in elements */
 } ffpa_tensor;
 
+/* FFPA_PRECISION_FP8's knobs (ignored otherwise); zero means each one's
+ * default, the most accurate setting measured (docs/kernels/fp8_model.md). */
+typedef struct ffpa_fp8_options {
+  int32_t qk_format;      /* ffpa_fp8_qk_format: 0 int8, 1 e4m3 */
+  int32_t qk_scales;      /* ffpa_fp8_qk_scales: 0 per_thread_group, 1 per_block */
+  int32_t no_smooth_k;    /* nonzero: do not subtract K's per-channel mean over tokens first */
+  int32_t has_early_rows; /* 0: early_rows = 256 with a causal mask, else 0 */
+  int64_t early_rows;     /* query rows [0, early_rows) in the inputs' precision; a multiple of 64 */
+} ffpa_fp8_options;
+
 typedef struct ffpa_options {
   int32_t has_scale; /* 0: scale = 1/sqrt(D) */
   float scale;
@@ -95,6 +122,8 @@ typedef struct ffpa_options {
   uint64_t dropout_offset; /* in 32-bit words; a call uses ceil4(B * Hq * Nq * Nkv) of them */
   int32_t accumulation; /* ffpa_accumulation */
   int32_t impl;         /* ffpa_impl */
+  int32_t precision;    /* ffpa_precision */
+  ffpa_fp8_options fp8; /* FFPA_PRECISION_FP8 only */
 } ffpa_options;
 
 typedef struct ffpa_forward_params {

@@ -54,6 +54,21 @@ class Impl(enum.IntEnum):
     SM90_WGMMA = 3
 
 
+class Precision(enum.IntEnum):
+    INPUT = 0  # the inputs' fp16/bf16
+    FP8 = 1  # Hopper's 8-bit tensor cores (the sm90 family only)
+
+
+class Fp8QkFormat(enum.IntEnum):  # CUDABackend.fp8_qk
+    INT8 = 0
+    E4M3 = 1
+
+
+class Fp8QkScales(enum.IntEnum):  # CUDABackend.fp8_qk_scales
+    PER_THREAD_GROUP = 0
+    PER_BLOCK = 1
+
+
 # --- the C ABI's structs, field by field ---
 
 
@@ -69,6 +84,18 @@ class FfpaTensor(ctypes.Structure):
     ]
 
 
+class FfpaFp8Options(ctypes.Structure):
+    """ffpa_fp8_options: read with precision FP8 only; zero means each knob's default."""
+
+    _fields_ = [
+        ("qk_format", ctypes.c_int32),  # Fp8QkFormat
+        ("qk_scales", ctypes.c_int32),  # Fp8QkScales
+        ("no_smooth_k", ctypes.c_int32),  # nonzero: do not subtract K's mean
+        ("has_early_rows", ctypes.c_int32),  # 0: early_rows = 256 with a causal mask, else 0
+        ("early_rows", ctypes.c_int64),  # a multiple of 64
+    ]
+
+
 class FfpaOptions(ctypes.Structure):
     _fields_ = [
         ("has_scale", ctypes.c_int32),  # 0: scale = 1/sqrt(D)
@@ -79,6 +106,8 @@ class FfpaOptions(ctypes.Structure):
         ("dropout_offset", ctypes.c_uint64),
         ("accumulation", ctypes.c_int32),
         ("impl", ctypes.c_int32),
+        ("precision", ctypes.c_int32),  # Precision
+        ("fp8", FfpaFp8Options),
     ]
 
 
@@ -124,10 +153,13 @@ class FfpaLibraryInfo(ctypes.Structure):
 
 
 # The sizes the C compiler gives these structs on x86-64 and aarch64: a field
-# added on one side only would shift every later field silently.
+# added on one side only would shift every later field silently
+# (tests/cpu/test_c_api.cpp static_asserts the same numbers on the C side).
 assert ctypes.sizeof(FfpaTensor) == 80
-assert ctypes.sizeof(FfpaOptions) == 40
-assert ctypes.sizeof(FfpaForwardParams) == 544
+assert ctypes.sizeof(FfpaFp8Options) == 24
+assert ctypes.sizeof(FfpaOptions) == 72
+assert FfpaOptions.precision.offset == 40 and FfpaOptions.fp8.offset == 48
+assert ctypes.sizeof(FfpaForwardParams) == 576
 assert ctypes.sizeof(FfpaLibraryInfo) == 224
 
 

@@ -62,6 +62,14 @@ def fallback_reason(spec: CallSpec, limits: Limits | None) -> str | None:
     return _tensor_kind_reason(spec) or _shape_reason(spec, limits) or _mask_reason(spec) or _option_reason(spec)
 
 
+def precision_fallback_reason(reason: str, precision: str) -> str:
+    """The reason a call goes to SDPA (or an explicit impl refuses it), saying that
+    precision="fp8" is not applied there: SDPA computes in the inputs' precision."""
+    if precision != "fp8":
+        return reason
+    return f"precision='fp8' is not served (SDPA computes in the inputs' precision): {reason}"
+
+
 def _tensor_kind_reason(spec: CallSpec) -> str | None:
     if spec.nested:
         return "nested tensors are not served"

@@ -15,9 +15,9 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import _library, ops  # noqa: F401  (ops registers torch.ops.ffpa_attn.forward)
-from ._library import Accumulation, Causal, FFPAError, Impl
+from ._library import Accumulation, Causal, FFPAError, Fp8QkFormat, Fp8QkScales, Impl, Precision
 from .config import CUDABackend
-from .decisions import CallSpec, Limits, fallback_reason
+from .decisions import CallSpec, Limits, fallback_reason, precision_fallback_reason
 from .routing import route, sdpa_backends
 
 logger = logging.getLogger("ffpa_attn")
@@ -92,7 +92,8 @@ def ffpa_attn_func(
     i, top-left aligned even when Nq != Nkv; bool mask True = attend; float mask
     added to the scores). Extras:
       backend: a CUDABackend (implementation, accumulation, causal alignment,
-          dropout seed and offset); None means CUDABackend().
+          dropout seed and offset, precision "input" or "fp8" and FP8's
+          knobs); None means CUDABackend().
       return_lse: also return the log-sum-exp of the scaled, masked scores,
           fp32 [B, Hq, Nq] (-inf for a row with no attended key): (out, lse).
     With backend.impl "auto" a call runs where it is fastest and correct
@@ -104,7 +105,10 @@ def ffpa_attn_func(
     fails on the device (status impl_unavailable); the reason is logged at
     DEBUG on the "ffpa_attn" logger, and explain(...) tells it without
     running. Another impl never hands the call to SDPA: it raises
-    NotImplementedError with the reason where it cannot serve it.
+    NotImplementedError with the reason where it cannot serve it. A call with
+    backend.precision "fp8" under "auto" goes to SDPA (computing in the
+    inputs' precision, the reason saying so) only where the library cannot
+    serve it: never for speed.
     """
     if backend is None:
         backend = _DEFAULT_BACKEND
@@ -174,6 +178,11 @@ def ffpa_attn_func(
                 _as_int64(dropout_seed),
                 _as_int64(dropout_offset),
                 return_lse,
+                decision.precision,
+                decision.fp8_qk_format,
+                decision.fp8_qk_scales,
+                decision.fp8_smooth_k,
+                decision.fp8_early_rows,
             )
         out, lse = result
     except FFPAError as error:
@@ -183,9 +192,7 @@ def ffpa_attn_func(
         # kernel image, a driver too old, a launch without the resources it needs):
         # an explicit impl refuses, as documented; impl="auto" never breaks a model.
         if backend.impl != "auto":
-            raise NotImplementedError(
-                f"ffpa_attn: backend.impl = {backend.impl!r} cannot serve this call: {error.message}"
-            ) from error
+            raise NotImplementedError(_refusal(backend, error.message)) from error
         return _sdpa_after_failure(
             error, query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, backend, return_lse
         )
@@ -211,7 +218,7 @@ def _sdpa_after_failure(
     the library runs no kernel on already went to SDPA), and such a failure inside
     a compiled graph raises. A dropout seed drawn for the failed call stays drawn.
     """
-    reason = f"the ffpa library could not run the call: {error.message}"
+    reason = precision_fallback_reason(f"the ffpa library could not run the call: {error.message}", backend.precision)
     backends, why = sdpa_backends(_call_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa))
     logger.debug("ffpa_attn: SDPA serves this call: %s", reason if why is None else f"{reason}; {why}")
     return _sdpa_fallback(
@@ -256,7 +263,8 @@ def explain(
     if decision.path == "sdpa":
         backends = "its own choice" if decision.sdpa_backends is None else ", ".join(decision.sdpa_backends)
         return f"PyTorch SDPA ({backends}): {decision.reason}"
-    return f"ffpa (impl {backend.impl}): {decision.reason}"
+    precision = ", precision fp8" if backend.precision == "fp8" else ""
+    return f"ffpa (impl {backend.impl}{precision}): {decision.reason}"
 
 
 @dataclass(frozen=True)
@@ -273,6 +281,28 @@ class _Decision:
     impl: int = 0
     scale: float = 0.0
     dropout_p: float = 0.0
+    # The op's precision arguments (ops.INPUT_PRECISION's order): the C ABI's enums, smooth-K, early rows (-1: default).
+    precision: int = 0
+    fp8_qk_format: int = 0
+    fp8_qk_scales: int = 0
+    fp8_smooth_k: bool = True
+    fp8_early_rows: int = -1
+
+    @property
+    def op_options(self) -> tuple:
+        """The op's options as ops.plan_for takes them."""
+        return (
+            self.dropout_p,
+            self.causal,
+            self.scale,
+            self.accumulation,
+            self.impl,
+            self.precision,
+            self.fp8_qk_format,
+            self.fp8_qk_scales,
+            self.fp8_smooth_k,
+            self.fp8_early_rows,
+        )
 
 
 # Decisions of recent calls by their metadata: a pure function's values, so
@@ -316,14 +346,7 @@ def _cached_decision(
         decision = _decision(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, backend, return_lse)
         plan = None
         if decision.path == "ffpa" and decision.error is None:
-            options = (
-                decision.dropout_p,
-                decision.causal,
-                decision.scale,
-                decision.accumulation,
-                decision.impl,
-            )
-            plan = ops.plan_for(query, key, value, attn_mask, return_lse, options)
+            plan = ops.plan_for(query, key, value, attn_mask, return_lse, decision.op_options)
         entry = (decision, plan)
         if len(_DECISIONS) >= _MAX_DECISIONS:
             _DECISIONS.clear()
@@ -353,8 +376,8 @@ def _decision(
     reason = fallback_reason(spec, _LIBRARY_LIMITS)
     if reason is not None:
         if backend.impl != "auto":
-            refusal = f"ffpa_attn: backend.impl = {backend.impl!r} cannot serve this call: {reason}"
-            return _Decision("sdpa", reason, refusal=refusal)
+            return _Decision("sdpa", reason, refusal=_refusal(backend, reason))
+        reason = precision_fallback_reason(reason, backend.precision)
         backends, why = sdpa_backends(spec)
         return _Decision("sdpa", reason if why is None else f"{reason}; {why}", backends)
     chosen = route(spec, backend, return_lse, _hopper_family_serves(spec, query.device.index))
@@ -362,14 +385,16 @@ def _decision(
         backends, why = sdpa_backends(spec)
         return _Decision("sdpa", chosen.reason if why is None else f"{chosen.reason}; {why}", backends)
     # The library can serve the call: whether it runs at all here (loads; has a kernel for the GPU).
+    fp8 = backend.precision == "fp8"
     if _LIBRARY_MISSING is not None:
         unusable = f"no ffpa library loads: {_LIBRARY_MISSING}"
     else:
-        unusable = _device_unsupported(query.device.index, backend.impl)
+        # FP8 runs on the sm90 family only, whichever impl names it.
+        unusable = _device_unsupported(query.device.index, "sm90_wgmma" if fp8 else backend.impl)
     if unusable is not None:
         if backend.impl != "auto":
-            refusal = f"ffpa_attn: backend.impl = {backend.impl!r} cannot serve this call: {unusable}"
-            return _Decision("sdpa", unusable, refusal=refusal)
+            return _Decision("sdpa", unusable, refusal=_refusal(backend, unusable))
+        unusable = precision_fallback_reason(unusable, backend.precision)
         backends, why = sdpa_backends(spec)
         return _Decision("sdpa", unusable if why is None else f"{unusable}; {why}", backends)
     return _Decision(
@@ -380,7 +405,25 @@ def _decision(
         impl=_LIBRARY_IMPLS[backend.impl],
         scale=1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale),
         dropout_p=float(dropout_p),
+        **(_fp8_arguments(backend) if fp8 else {}),  # else the defaults: the library reads them with FP8 only
     )
+
+
+def _fp8_arguments(backend: CUDABackend) -> dict:
+    """_Decision's precision fields of a backend with precision "fp8" (the C ABI's values)."""
+    return dict(
+        precision=Precision.FP8,
+        fp8_qk_format=Fp8QkFormat[backend.fp8_qk.upper()],
+        fp8_qk_scales=Fp8QkScales[backend.fp8_qk_scales.upper()],
+        fp8_smooth_k=backend.fp8_smooth_k,
+        fp8_early_rows=-1 if backend.fp8_early_rows is None else backend.fp8_early_rows,
+    )
+
+
+def _refusal(backend: CUDABackend, reason: str) -> str:
+    """The NotImplementedError message of an explicit impl that cannot serve a call."""
+    precision = " with precision='fp8'" if backend.precision == "fp8" else ""
+    return f"ffpa_attn: backend.impl = {backend.impl!r}{precision} cannot serve this call: {reason}"
 
 
 # The number of active TorchDispatchModes and whether the profiler records (C

@@ -42,15 +42,27 @@ def forward(
     dropout_seed: int,
     dropout_offset: int,
     return_lse: bool,
+    precision: int = 0,
+    fp8_qk_format: int = 0,
+    fp8_qk_scales: int = 0,
+    fp8_smooth_k: bool = True,
+    fp8_early_rows: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """o [B, Hq, Nq, D] and lse [B, Hq, Nq] fp32 (empty unless return_lse) of the attention.
 
     q [B, Hq, Nq, D], k and v [B, Hkv, Nkv, D] (any strides), mask broadcastable
-    to [B, Hq, Nq, Nkv] or None; causal, accumulation and impl are the C ABI's
-    enum values (_library.Causal, Accumulation, Impl). Raises FFPAError when
-    the library rejects the call.
+    to [B, Hq, Nq, Nkv] or None; causal, accumulation, impl, precision,
+    fp8_qk_format and fp8_qk_scales are the C ABI's enum values
+    (_library.Causal, Accumulation, Impl, Precision, Fp8QkFormat,
+    Fp8QkScales); the fp8_* arguments are read with precision FP8 only
+    (fp8_early_rows -1: the library's default). Raises FFPAError when the
+    library rejects the call.
     """
-    o, lse = run(q, k, v, mask, dropout_p, causal, scale, accumulation, impl, dropout_seed, dropout_offset, return_lse)
+    options = (
+        dropout_p, causal, scale, accumulation, impl,
+        precision, fp8_qk_format, fp8_qk_scales, fp8_smooth_k, fp8_early_rows,
+    )  # fmt: skip
+    o, lse = run(q, k, v, mask, return_lse, options, dropout_seed, dropout_offset)
     return o, _new_lse(q, False) if lse is None else lse
 
 
@@ -68,8 +80,18 @@ def _forward_fake(
     dropout_seed: int,
     dropout_offset: int,
     return_lse: bool,
+    precision: int = 0,
+    fp8_qk_format: int = 0,
+    fp8_qk_scales: int = 0,
+    fp8_smooth_k: bool = True,
+    fp8_early_rows: int = -1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return _new_output(q), _new_lse(q, return_lse)
+
+
+# The op's precision arguments for the inputs' own precision (precision, fp8_qk_format,
+# fp8_qk_scales, fp8_smooth_k, fp8_early_rows): the tail of an options tuple.
+INPUT_PRECISION = (0, 0, 0, True, -1)
 
 
 def run(
@@ -77,34 +99,30 @@ def run(
     k: torch.Tensor,
     v: torch.Tensor,
     mask: Optional[torch.Tensor],
-    dropout_p: float,
-    causal: int,
-    scale: float,
-    accumulation: int,
-    impl: int,
+    return_lse: bool,
+    options: tuple,
     dropout_seed: int,
     dropout_offset: int,
-    return_lse: bool,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """The body of the op (same arguments; lse is None unless return_lse), also
-    called directly by ffpa_attn_func's eager path.
+    """The body of the op (options: its dropout_p, causal, scale, accumulation,
+    impl, precision, fp8_qk_format, fp8_qk_scales, fp8_smooth_k, fp8_early_rows;
+    lse is None unless return_lse).
 
     Host time matters here (a decoder calls this once per layer and token): what
     depends only on shapes, strides, dtypes and options (the C structs, whether
     an input needs a copy, o's layout) is worked out once per combination
     (_Plan) and a call writes in its data pointers and stream.
     """
-    plan = plan_for(q, k, v, mask, return_lse, (dropout_p, causal, scale, accumulation, impl))
+    plan = plan_for(q, k, v, mask, return_lse, options)
     result = launch(plan, q, k, v, mask, return_lse, dropout_seed, dropout_offset)
     if result is None:
-        options = (dropout_p, causal, scale, accumulation, impl, dropout_seed, dropout_offset)
-        return _run_on_copies(q, k, v, mask, return_lse, options)
+        return _run_on_copies(q, k, v, mask, return_lse, options, dropout_seed, dropout_offset)
     return result
 
 
 def plan_for(q, k, v, mask, return_lse: bool, options: tuple) -> "_Plan":
-    """The plan of a call (options: dropout_p, causal, scale, accumulation, impl;
-    the dropout seed and offset are written per call), cached by the call's layout."""
+    """The plan of a call (options: as run's, ten values; the dropout seed and
+    offset are written per call), cached by the call's layout."""
     key = (
         q.dtype, k.dtype, v.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
         None if mask is None else (mask.dtype, mask.shape, mask.stride()), return_lse, options, q.get_device(),
@@ -185,16 +203,17 @@ class _Plan:
     __slots__ = ("in_place", "o_like_q", "params", "threads", "workspace_bytes")
 
     def __init__(self, q, k, v, mask, return_lse, options) -> None:
-        options = (*options, 0, 0)  # the dropout seed and offset: written per call
         # Inputs the library reads where they are (their addresses are checked per call).
         self.in_place = all(t.numel() == 0 or _strides_readable(t) for t in (q, k, v))
         # o in q's layout when the library can write it (_new_output's rule, decided once).
         self.o_like_q = _strides_readable(torch.empty_like(q))
         o = _new_output(q)
         lse = _new_lse(q, True) if return_lse else None
-        self.params = _params_template(q, k, v, o, lse, _broadcast_mask(mask, q, k), options)
-        # The workspace of the plan's calls (q's device is part of the plan's key). A call
-        # the library refuses gets its error from forward (or runs on copies: run).
+        # The dropout seed and offset: written per call.
+        self.params = _params_template(q, k, v, o, lse, _broadcast_mask(mask, q, k), options, 0, 0)
+        # The workspace of the plan's calls (split-KV's partial rows, FP8's quantized
+        # operands; q's device is part of the plan's key). A call the library refuses
+        # gets its error from forward (or runs on copies: run).
         self.workspace_bytes = 0
         if q.is_cuda and self.in_place and q.numel() and k.numel():
             try:
@@ -206,12 +225,14 @@ class _Plan:
         self.threads = threading.local()  # each thread's _Slot
 
 
-def _run_on_copies(q, k, v, mask, return_lse, options) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+def _run_on_copies(
+    q, k, v, mask, return_lse, options, dropout_seed, dropout_offset
+) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """run for inputs the library cannot read in place: copies of them, structs built for the call."""
     q, k, v = _readable_by_library(q), _readable_by_library(k), _readable_by_library(v)
     o = _new_output(q)
     lse = _new_lse(q, True) if return_lse else None
-    params = _params_template(q, k, v, o, lse, _broadcast_mask(mask, q, k), options)
+    params = _params_template(q, k, v, o, lse, _broadcast_mask(mask, q, k), options, dropout_seed, dropout_offset)
     if q.is_cuda:
         with torch.cuda.device(q.device):
             params.stream = _RAW_STREAM(q.get_device())
@@ -253,8 +274,8 @@ if any(offset % 8 for offset in _PER_CALL_OFFSETS):
 ) = (offset // 8 for offset in _PER_CALL_OFFSETS)  # fmt: skip
 
 
-def _params_template(q, k, v, o, lse, mask, options) -> _library.FfpaForwardParams:
-    dropout_p, causal, scale, accumulation, impl, dropout_seed, dropout_offset = options
+def _params_template(q, k, v, o, lse, mask, options, dropout_seed, dropout_offset) -> _library.FfpaForwardParams:
+    dropout_p, causal, scale, accumulation, impl, precision, qk_format, qk_scales, smooth_k, early_rows = options
     return _library.FfpaForwardParams(
         q=_describe("q", q),
         k=_describe("k", k),
@@ -271,6 +292,15 @@ def _params_template(q, k, v, o, lse, mask, options) -> _library.FfpaForwardPara
             dropout_offset=dropout_offset,
             accumulation=accumulation,
             impl=impl,
+            precision=precision,
+            fp8=_library.FfpaFp8Options(
+                qk_format=qk_format,
+                qk_scales=qk_scales,
+                no_smooth_k=0 if smooth_k else 1,
+                # -1: the library's default; any other value reaches its validation.
+                has_early_rows=0 if early_rows == -1 else 1,
+                early_rows=0 if early_rows == -1 else early_rows,
+            ),
         ),
     )
 

@@ -86,6 +86,8 @@ class Route:
 
 def only_ffpa_reason(spec: CallSpec, backend: CUDABackend, return_lse: bool) -> str | None:
     """What the call asks for that only ffpa gives, or None."""
+    if backend.precision == "fp8":
+        return "precision='fp8' (SDPA has no FP8 attention)"
     if backend.impl != "auto":
         return f"backend.impl = {backend.impl!r} asks for ffpa"
     if return_lse:

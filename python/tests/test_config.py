@@ -11,6 +11,9 @@ ALLOWED = {
     "impl": ("auto", "ffpa", "sm80_split_d", "sm90_wgmma"),
     "accumulation": ("f32", "f16"),
     "causal_alignment": ("top_left", "bottom_right"),
+    "precision": ("input", "fp8"),
+    "fp8_qk": ("int8", "e4m3"),
+    "fp8_qk_scales": ("per_thread_group", "per_block"),
 }
 # Seeds and offsets travel through the custom op as int64.
 MAX_DROPOUT_COUNTER = 2**63 - 1
@@ -21,6 +24,10 @@ def test_defaults():
     assert (backend.impl, backend.accumulation, backend.causal_alignment) == ("auto", "f32", "top_left")
     assert backend.dropout_seed is None
     assert backend.dropout_offset == 0
+    assert backend.precision == "input"
+    # FP8's knobs default to the library's (its most accurate setting measured).
+    assert (backend.fp8_qk, backend.fp8_qk_scales, backend.fp8_smooth_k) == ("int8", "per_thread_group", True)
+    assert backend.fp8_early_rows is None
 
 
 @pytest.mark.parametrize(("field", "value"), [(f, v) for f, values in ALLOWED.items() for v in values])
@@ -84,3 +91,63 @@ def test_is_frozen_and_hashable():
     with pytest.raises(dataclasses.FrozenInstanceError):
         backend.impl = "auto"
     assert hash(backend) == hash(CUDABackend(impl="sm80_split_d", dropout_seed=3))
+
+
+# --- precision="fp8" and its knobs ---
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_accepts_fp8_smooth_k(value):
+    assert CUDABackend(precision="fp8", fp8_smooth_k=value).fp8_smooth_k is value
+
+
+@pytest.mark.parametrize("value", [1, 0, None, "yes"])
+def test_rejects_non_bool_fp8_smooth_k(value):
+    with pytest.raises(TypeError, match="fp8_smooth_k"):
+        CUDABackend(fp8_smooth_k=value)
+
+
+@pytest.mark.parametrize("rows", [None, 0, 64, 256, 64 * 2**20])
+def test_accepts_fp8_early_rows(rows):
+    assert CUDABackend(precision="fp8", fp8_early_rows=rows).fp8_early_rows == rows
+
+
+@pytest.mark.parametrize("rows", [-64, 1, 65, 100, 2**63])
+def test_rejects_fp8_early_rows_that_are_not_whole_tiles(rows):
+    with pytest.raises(ValueError, match="fp8_early_rows") as error:
+        CUDABackend(fp8_early_rows=rows)
+    assert "multiple of 64" in str(error.value)
+
+
+@pytest.mark.parametrize("rows", [64.0, "64", True])
+def test_rejects_non_integer_fp8_early_rows(rows):
+    with pytest.raises(TypeError, match="fp8_early_rows"):
+        CUDABackend(fp8_early_rows=rows)
+
+
+@pytest.mark.parametrize("impl", ["auto", "ffpa", "sm90_wgmma"])
+def test_fp8_takes_the_impls_that_run_the_sm90_family(impl):
+    assert CUDABackend(impl=impl, precision="fp8").precision == "fp8"
+
+
+def test_fp8_with_the_portable_family_is_rejected_naming_both():
+    with pytest.raises(ValueError, match="precision") as error:
+        CUDABackend(impl="sm80_split_d", precision="fp8")
+    assert "sm80_split_d" in str(error.value) and "sm90" in str(error.value)
+
+
+def test_fp8_with_f16_accumulation_is_rejected():
+    with pytest.raises(ValueError, match="accumulation"):
+        CUDABackend(accumulation="f16", precision="fp8")
+
+
+def test_fp8_knobs_without_fp8_are_accepted_and_unread():
+    # As the library: the fp8_* fields matter with precision "fp8" only.
+    backend = CUDABackend(impl="sm80_split_d", accumulation="f16", fp8_qk="e4m3", fp8_early_rows=128)
+    assert backend.precision == "input"
+
+
+def test_fp8_backends_are_hashable_by_value():
+    fields = dict(precision="fp8", fp8_qk="e4m3", fp8_qk_scales="per_block", fp8_smooth_k=False, fp8_early_rows=0)
+    assert hash(CUDABackend(**fields)) == hash(CUDABackend(**fields))
+    assert CUDABackend(**fields) != CUDABackend(**(fields | dict(fp8_early_rows=64)))

@@ -7,7 +7,7 @@ import pytest
 
 from ffpa_attn import _library
 from call_specs import served_call_spec
-from ffpa_attn.decisions import CallSpec, Limits, fallback_reason
+from ffpa_attn.decisions import CallSpec, Limits, fallback_reason, precision_fallback_reason
 
 
 def limits_under_test() -> Limits:
@@ -158,3 +158,11 @@ def test_without_limits_the_head_dim_is_not_judged():
     # No library loads: the call then fails where the op loads it, with the loader's error.
     assert fallback_reason(spec(**head_dim(2 * D_MAX)), None) is None
     assert fallback_reason(spec(device_type="cpu", **head_dim(2 * D_MAX)), None) is not None
+
+
+@pytest.mark.parametrize("changes", [dict(needs_grad=True), dict(device_type="cpu"), dict(dtype="float32")])
+def test_an_fp8_call_going_to_sdpa_says_fp8_is_not_applied(changes):
+    reason = fallback_reason(spec(**changes), LIMITS)
+    fp8_reason = precision_fallback_reason(reason, "fp8")
+    assert "fp8" in fp8_reason and "inputs' precision" in fp8_reason and fp8_reason.endswith(reason)
+    assert precision_fallback_reason(reason, "input") == reason

@@ -22,7 +22,7 @@ from dispatch_probe import (  # noqa: E402
     capture_fallback_reasons,
     fallback_reasons,
 )
-from ffpa_attn import CUDABackend, ffpa_attn_func  # noqa: E402
+from ffpa_attn import CUDABackend, explain, ffpa_attn_func  # noqa: E402
 
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
@@ -187,3 +187,42 @@ def test_compiles_fullgraph_on_fallback(rng, caplog, return_lse):
         assert torch.equal(got[0], eager[0]) and torch.equal(got[1], eager[1])
     else:
         assert torch.equal(got, eager)
+
+
+FP8 = CUDABackend(precision="fp8")
+
+
+def test_fp8_on_cpu_is_sdpa_and_the_reason_says_fp8(rng, caplog):
+    (q, k, v), _ = small_call(rng, torch.bfloat16)
+    capture_fallback_reasons(caplog)
+    out = ffpa_attn_func(q, k, v, is_causal=True, backend=FP8)
+    assert torch.equal(out, ORIGINAL_SDPA(q, k, v, is_causal=True))
+    reasons = fallback_reasons(caplog)
+    assert any("fp8" in reason and "cpu" in reason for reason in reasons), reasons
+    said = explain(q, k, v, is_causal=True, backend=FP8)
+    assert said.startswith("PyTorch SDPA") and "fp8" in said, said
+
+
+def test_fp8_with_grad_keeps_sdpas_gradients_and_says_why(rng, caplog):
+    # No backward in the library: a grad call goes to SDPA as without FP8, the reason saying FP8 is not applied.
+    (q, k, v), _ = small_call(rng, torch.float32)
+    inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+    reference_inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+    capture_fallback_reasons(caplog)
+    out = ffpa_attn_func(*inputs, backend=FP8)
+    expected = ORIGINAL_SDPA(*reference_inputs)
+    assert torch.equal(out, expected)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    expected.backward(grad)
+    for name, got, want in zip("qkv", inputs, reference_inputs):
+        assert torch.equal(got.grad, want.grad), f"d{name}"
+    reasons = fallback_reasons(caplog)
+    assert any("fp8" in reason and "requires grad" in reason for reason in reasons), reasons
+
+
+def test_fp8_with_an_explicit_impl_on_cpu_raises_saying_fp8(rng):
+    (q, k, v), _ = small_call(rng, torch.bfloat16)
+    with pytest.raises(NotImplementedError) as error:
+        ffpa_attn_func(q, k, v, backend=CUDABackend(impl="sm90_wgmma", precision="fp8"))
+    assert "fp8" in str(error.value) and "cpu" in str(error.value).lower(), str(error.value)

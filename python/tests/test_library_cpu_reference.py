@@ -126,7 +126,10 @@ def test_a_call_reentering_its_thread_takes_a_fresh_params(rng):
     handler's) runs on params of its own and leaves the outer call's words alone."""
     q, k, v = random_qkv(1, 2, 2, 9, 17, 32, torch.float16, CPU)
     reference_op(q, k, v, scale=0.25)  # the layout's plan and this thread's slot
-    options = (0.0, _library.Causal.NONE, 0.25, _library.Accumulation.F32, _library.Impl.CPU_REFERENCE)
+    options = (
+        0.0, _library.Causal.NONE, 0.25, _library.Accumulation.F32, _library.Impl.CPU_REFERENCE,
+        *ffpa_attn.ops.INPUT_PRECISION,
+    )  # fmt: skip
     plan = ffpa_attn.ops.plan_for(q, k, v, None, True, options)
     slot = plan.threads.slot
     slot.busy = True  # as inside the outer call
@@ -139,3 +142,42 @@ def test_a_call_reentering_its_thread_takes_a_fresh_params(rng):
     finally:
         slot.busy = False
     assert_output_close(o, sdpa_float32(q2, k2, v2, scale=0.25), torch.float16)
+
+
+# The op's precision arguments reach the library's options (the C ABI's ffpa_fp8_options):
+# its validation names the values it read; on host pointers FP8 itself is unavailable.
+FP8_OP_CASES = {
+    "precision-out-of-range": (dict(precision=7), "invalid_option", "options.precision = 7"),
+    "qk-format-out-of-range": (dict(precision=1, fp8_qk_format=7), "invalid_option", "options.fp8.qk_format = 7"),
+    "qk-scales-out-of-range": (dict(precision=1, fp8_qk_scales=5), "invalid_option", "options.fp8.qk_scales = 5"),
+    "early-rows-not-whole-tiles": (
+        dict(precision=1, fp8_early_rows=65),
+        "invalid_option",
+        "options.fp8.early_rows = 65",
+    ),
+    "fp8-on-the-cpu-reference": (dict(precision=1), "impl_unavailable", "precision fp8 runs on impl sm90_wgmma only"),
+}
+
+
+@pytest.mark.parametrize("case", FP8_OP_CASES.values(), ids=FP8_OP_CASES.keys())
+def test_fp8_arguments_reach_the_library(case):
+    arguments, status, words = case
+    q, k, v = random_qkv(1, 2, 2, 9, 17, 64, torch.bfloat16, CPU)
+    with pytest.raises(_library.FFPAError) as error:
+        torch.ops.ffpa_attn.forward(
+            q, k, v, None, 0.0, _library.Causal.NONE, 0.125, _library.Accumulation.F32, _library.Impl.CPU_REFERENCE,
+            0, 0, False, **arguments,
+        )  # fmt: skip
+    assert error.value.status_name == status, error.value
+    assert words in error.value.message, error.value.message
+
+
+def test_fp8_knobs_without_precision_fp8_change_nothing():
+    q, k, v = random_qkv(1, 2, 2, 9, 17, 64, torch.float16, CPU)
+    plain, _ = reference_op(q, k, v)
+    knobs = dict(fp8_qk_format=1, fp8_qk_scales=1, fp8_smooth_k=False, fp8_early_rows=64)
+    o, _ = torch.ops.ffpa_attn.forward(
+        q, k, v, None, 0.0, _library.Causal.NONE, 0.125, _library.Accumulation.F32, _library.Impl.CPU_REFERENCE,
+        0, 0, True, **knobs,
+    )  # fmt: skip
+    assert torch.equal(o, plain)

@@ -212,3 +212,51 @@ def test_compiled_call_whose_launch_fails_raises(simulated_gpu):
     with pytest.raises(FFPAError, match="cudaErrorLaunchOutOfResources"):
         compiled(q, k, v)
     torch._dynamo.reset()
+
+
+# precision="fp8" runs on the sm90 family only: the device is asked about that family.
+NO_SM90 = FFPAError("impl_unavailable", "impl sm90_wgmma needs compute capability 9.0; device 0 has 8.0")
+
+
+def test_fp8_on_a_device_without_the_sm90_family_is_sdpa_saying_fp8(simulated_gpu, caplog):
+    simulated_gpu.device_error = NO_SM90
+    capture_fallback_reasons(caplog)
+    q, k, v = large_head_dim_call()
+    backend = CUDABackend(precision="fp8")
+    out = ffpa_attn_func(q, k, v, is_causal=True, enable_gqa=True, backend=backend)
+    assert_sdpa_served(out, q, k, v, is_causal=True, enable_gqa=True)
+    assert simulated_gpu.forward_calls == 0
+    assert [impl for _, impl in simulated_gpu.device_questions] == [Impl.SM90_WGMMA]
+    reasons = fallback_reasons(caplog)
+    assert any("fp8" in reason and NO_SM90.message in reason for reason in reasons), reasons
+    said = explain(q, k, v, is_causal=True, enable_gqa=True, backend=backend)
+    assert said.startswith("PyTorch SDPA") and "fp8" in said, said
+
+
+@pytest.mark.parametrize("impl", ["ffpa", "sm90_wgmma"])
+def test_fp8_with_an_explicit_impl_on_such_a_device_raises_saying_fp8(simulated_gpu, impl):
+    simulated_gpu.device_error = NO_SM90
+    q, k, v = large_head_dim_call()
+    with pytest.raises(NotImplementedError, match="compute capability 9.0") as error:
+        ffpa_attn_func(q, k, v, enable_gqa=True, backend=CUDABackend(impl=impl, precision="fp8"))
+    assert "precision='fp8'" in str(error.value)
+    assert simulated_gpu.device_questions[-1][1] == Impl.SM90_WGMMA
+
+
+def test_fp8_after_a_launch_the_library_declines_is_sdpa_saying_fp8(simulated_gpu, caplog):
+    # E.g. a head dim above the build's largest FP8 instance: impl_unavailable from ffpa_forward.
+    simulated_gpu.forward_error = FFPAError(
+        "impl_unavailable", "fp8: head dim 1024 is above 512, the largest FP8 instance of this build"
+    )
+    capture_fallback_reasons(caplog)
+    q, k, v = large_head_dim_call()
+    out = ffpa_attn_func(q, k, v, enable_gqa=True, backend=CUDABackend(precision="fp8"))
+    assert_sdpa_served(out, q, k, v, enable_gqa=True)
+    reasons = fallback_reasons(caplog)
+    assert any("precision='fp8'" in reason and "largest FP8 instance" in reason for reason in reasons), reasons
+
+
+def test_fp8_where_the_library_runs_it_is_ffpa_with_fp8_in_the_explanation(simulated_gpu):
+    q, k, v = large_head_dim_call()
+    said = explain(q, k, v, enable_gqa=True, backend=CUDABackend(precision="fp8"))
+    assert said.startswith("ffpa (impl auto, precision fp8)"), said

@@ -129,6 +129,8 @@ ONLY_FFPA = {
         "bottom-right",
     ),
     "explicit dropout seed": (spec(128, dropout_p=0.1), CUDABackend(dropout_seed=7), False, "dropout seed"),
+    "fp8": (spec(128), CUDABackend(precision="fp8"), False, "fp8"),
+    "fp8 with impl ffpa": (spec(128), CUDABackend(impl="ffpa", precision="fp8"), False, "fp8"),
 }
 
 
@@ -183,3 +185,25 @@ def test_sdpa_backends_leave_unaffected_calls_to_sdpa():
     assert sdpa_backends(spec(128, device_type="cpu", mask_dtype="float32", mask_shape=(1, 1, N, N))) == (None, None)
     # Without grad, no backward: cuDNN's forward is right for these lengths.
     assert sdpa_backends(spec(128, nq=192, nkv=192, mask_dtype="bool", mask_shape=(B, 1, 1, 192))) == (None, None)
+
+
+FP8 = CUDABackend(precision="fp8")
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        spec(64),
+        spec(256),
+        spec(256, is_causal=True),
+        spec(128, mask_dtype="bool", mask_shape=(B, 1, 1, N)),
+        decode_spec(ROWS // 32, 32, 32, 512, d=512),  # MHA decode SDPA is measured faster at
+        decode_spec(8, 32, 32, 8192, d=1024),
+    ],
+    ids=["d64", "d256", "d256-causal", "d128-bool-mask", "mha-decode-d512", "mha-decode-d1024"],
+)
+@pytest.mark.parametrize("hopper_family", [False, True])
+def test_fp8_calls_are_never_routed_to_sdpa_for_speed(call, hopper_family):
+    assert route(call, AUTO, False, hopper_family).path == "sdpa"  # the same call without FP8
+    chosen = route(call, FP8, False, hopper_family)
+    assert chosen.path == "ffpa" and "fp8" in chosen.reason

@@ -37,6 +37,12 @@ FFPA_SAME_VALUE(FFPA_IMPL_AUTO, ffpa::Impl::automatic);
 FFPA_SAME_VALUE(FFPA_IMPL_CPU_REFERENCE, ffpa::Impl::cpu_reference);
 FFPA_SAME_VALUE(FFPA_IMPL_SM80_SPLIT_D, ffpa::Impl::sm80_split_d);
 FFPA_SAME_VALUE(FFPA_IMPL_SM90_WGMMA, ffpa::Impl::sm90_wgmma);
+FFPA_SAME_VALUE(FFPA_PRECISION_INPUT, ffpa::Precision::input);
+FFPA_SAME_VALUE(FFPA_PRECISION_FP8, ffpa::Precision::fp8);
+FFPA_SAME_VALUE(FFPA_FP8_QK_INT8, ffpa::Fp8QkFormat::int8);
+FFPA_SAME_VALUE(FFPA_FP8_QK_E4M3, ffpa::Fp8QkFormat::e4m3);
+FFPA_SAME_VALUE(FFPA_FP8_QK_SCALES_PER_THREAD_GROUP, ffpa::Fp8QkScales::per_thread_group);
+FFPA_SAME_VALUE(FFPA_FP8_QK_SCALES_PER_BLOCK, ffpa::Fp8QkScales::per_block);
 FFPA_SAME_VALUE(FFPA_OK, StatusCode::ok);
 FFPA_SAME_VALUE(FFPA_NULL_POINTER, StatusCode::null_pointer);
 FFPA_SAME_VALUE(FFPA_INVALID_RANK, StatusCode::invalid_rank);
@@ -110,6 +116,12 @@ ffpa::ForwardParams to_cpp(const ffpa_forward_params& c) {
   p.options.dropout_offset = opt.dropout_offset;
   p.options.accumulation = static_cast<ffpa::Accumulation>(opt.accumulation);
   p.options.impl = static_cast<ffpa::Impl>(opt.impl);
+  p.options.precision = static_cast<ffpa::Precision>(opt.precision);
+  // Zero means each FP8 knob's default (ffpa::Fp8Options' initializers).
+  p.options.fp8.qk_format = static_cast<ffpa::Fp8QkFormat>(opt.fp8.qk_format);
+  p.options.fp8.qk_scales = static_cast<ffpa::Fp8QkScales>(opt.fp8.qk_scales);
+  p.options.fp8.smooth_k = opt.fp8.no_smooth_k == 0;
+  if (opt.fp8.has_early_rows) p.options.fp8.early_rows = opt.fp8.early_rows;
   p.stream = static_cast<cudaStream_t>(c.stream);
   p.workspace = c.workspace;
   p.workspace_bytes = c.workspace_bytes;

@@ -1,10 +1,13 @@
 // The C ABI of <ffpa/ffpa.h>: codes and messages (truncated, NUL-terminated,
-// optional), NULL arguments, out-of-range enum values, status names. The
+// optional), NULL arguments, out-of-range enum values, status names, the
+// structs' layout, the FP8 options (zero means the defaults). The
 // CApiForward group computes through the C ABI with the CPU reference and
 // compares with the C++ API bit for bit (it needs the full library).
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -62,6 +65,32 @@ struct CCall {
 };
 
 const Sizes kSmall{2, 4, 2, 5, 7, 64};
+
+// The structs' layout as the Python binding's ctypes mirror asserts it
+// (python/ffpa_attn/_library.py, x86-64 and aarch64): a field added on one side
+// only would shift every later field silently.
+static_assert(sizeof(ffpa_tensor) == 80, "ffpa_tensor: FfpaTensor's size");
+static_assert(offsetof(ffpa_options, dropout_seed) == 16 && offsetof(ffpa_options, impl) == 36,
+              "ffpa_options: FfpaOptions' offsets");
+static_assert(offsetof(ffpa_options, precision) == 40 && offsetof(ffpa_options, fp8) == 48,
+              "ffpa_options: precision and fp8 where FfpaOptions has them");
+static_assert(offsetof(ffpa_fp8_options, qk_scales) == 4 && offsetof(ffpa_fp8_options, no_smooth_k) == 8 &&
+                  offsetof(ffpa_fp8_options, has_early_rows) == 12 && offsetof(ffpa_fp8_options, early_rows) == 16,
+              "ffpa_fp8_options: FfpaFp8Options' offsets");
+static_assert(sizeof(ffpa_fp8_options) == 24, "ffpa_fp8_options: FfpaFp8Options' size");
+static_assert(sizeof(ffpa_options) == 72, "ffpa_options: FfpaOptions' size");
+static_assert(offsetof(ffpa_forward_params, options) == 480 && offsetof(ffpa_forward_params, stream) == 552,
+              "ffpa_forward_params: FfpaForwardParams' offsets");
+static_assert(sizeof(ffpa_forward_params) == 576, "ffpa_forward_params: FfpaForwardParams' size");
+
+bool contains(const std::string& text, const char* part) { return text.find(part) != std::string::npos; }
+
+bool has_cuda_device() {
+  int count = 0;
+  const bool ok = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  (void)cudaGetLastError();
+  return ok;
+}
 
 // --- no computation ----------------------------------------------------------------
 
@@ -220,6 +249,111 @@ TEST(CApi, OutOfRangeEnumValuesAreRejected) {
   EXPECT_TRUE(call.o_untouched());
 }
 
+// Zero-initialised options are the C++ API's defaults, FP8's knobs included.
+TEST(CApi, ZeroedOptionsAreTheCppDefaults) {
+  ffpa_options c;
+  std::memset(&c, 0, sizeof c);
+  const ffpa::Options cpp;
+  EXPECT_EQ(c.precision, static_cast<int32_t>(cpp.precision));
+  EXPECT_EQ(c.precision, FFPA_PRECISION_INPUT);
+  EXPECT_EQ(c.fp8.qk_format, static_cast<int32_t>(cpp.fp8.qk_format));
+  EXPECT_EQ(c.fp8.qk_format, FFPA_FP8_QK_INT8);
+  EXPECT_EQ(c.fp8.qk_scales, static_cast<int32_t>(cpp.fp8.qk_scales));
+  EXPECT_EQ(c.fp8.qk_scales, FFPA_FP8_QK_SCALES_PER_THREAD_GROUP);
+  EXPECT_EQ(c.fp8.no_smooth_k == 0, cpp.fp8.smooth_k);
+  EXPECT_EQ(c.fp8.has_early_rows != 0, cpp.fp8.early_rows.has_value());
+}
+
+// Bad FP8 options come back as their codes from both entry points, before any
+// implementation is asked (impl auto, host pointers), and write nothing.
+TEST(CApi, Fp8OptionErrorsComeBackAsCodesWithMessages) {
+  CCall call(kSmall, DType::f16);
+  char message[256];
+  const struct {
+    void (*spoil)(ffpa_forward_params&);
+    ffpa_status code;
+    const char* names;
+  } cases[] = {
+      {[](ffpa_forward_params& p) { p.options.precision = 7; }, FFPA_INVALID_OPTION,
+       "options.precision = 7"},
+      {[](ffpa_forward_params& p) { p.options.precision = -1; }, FFPA_INVALID_OPTION,
+       "options.precision = -1"},
+      {[](ffpa_forward_params& p) {
+         p.options.precision = FFPA_PRECISION_FP8;
+         p.options.fp8.qk_format = 7;
+       },
+       FFPA_INVALID_OPTION, "options.fp8.qk_format = 7"},
+      {[](ffpa_forward_params& p) {
+         p.options.precision = FFPA_PRECISION_FP8;
+         p.options.fp8.qk_scales = 2;
+       },
+       FFPA_INVALID_OPTION, "options.fp8.qk_scales = 2"},
+      {[](ffpa_forward_params& p) {
+         p.options.precision = FFPA_PRECISION_FP8;
+         p.options.fp8.has_early_rows = 1;
+         p.options.fp8.early_rows = 65;
+       },
+       FFPA_INVALID_OPTION, "options.fp8.early_rows = 65"},
+      {[](ffpa_forward_params& p) {
+         p.options.precision = FFPA_PRECISION_FP8;
+         p.options.fp8.has_early_rows = 1;
+         p.options.fp8.early_rows = -64;
+       },
+       FFPA_INVALID_OPTION, "options.fp8.early_rows = -64"},
+      {[](ffpa_forward_params& p) {
+         p.options.precision = FFPA_PRECISION_FP8;
+         p.options.accumulation = FFPA_ACCUM_F16;  // f16 inputs: fine without FP8
+       },
+       FFPA_UNSUPPORTED_ACCUMULATION, "precision fp8"},
+  };
+  for (const auto& c : cases) {
+    ffpa_forward_params p = call.params();
+    c.spoil(p);
+    SCOPED_TRACE(c.names);
+    EXPECT_EQ(ffpa_forward(&p, message, sizeof message), c.code) << message;
+    EXPECT_TRUE(contains(message, c.names)) << message;
+    size_t bytes = 12345;
+    EXPECT_EQ(ffpa_workspace_size(&p, &bytes, message, sizeof message), c.code) << message;
+    EXPECT_TRUE(contains(message, c.names)) << message;
+  }
+  EXPECT_TRUE(call.o_untouched());
+}
+
+// FP8 runs on the sm90 family only: on host pointers, impl auto and sm90_wgmma
+// meet the sm90 family's own answer (no device here: impl_unavailable; with one:
+// host pointers are the wrong memory space); cpu_reference and sm80_split_d are
+// refused as implementations without FP8. Nothing runs.
+TEST(CApi, Fp8OnHostPointersIsRefused) {
+  CCall call(kSmall);
+  char message[256];
+  const ffpa_status sm90_answer = has_cuda_device() ? FFPA_WRONG_MEMORY_SPACE : FFPA_IMPL_UNAVAILABLE;
+  const struct {
+    int32_t impl;
+    ffpa_status code;
+    const char* names;
+  } cases[] = {
+      {FFPA_IMPL_AUTO, sm90_answer, "sm90_wgmma"},
+      {FFPA_IMPL_SM90_WGMMA, sm90_answer, "sm90_wgmma"},
+      {FFPA_IMPL_CPU_REFERENCE, FFPA_IMPL_UNAVAILABLE, "precision fp8 runs on impl sm90_wgmma only, not cpu_reference"},
+      {FFPA_IMPL_SM80_SPLIT_D, FFPA_IMPL_UNAVAILABLE, "precision fp8 runs on impl sm90_wgmma only, not sm80_split_d"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.names);
+    ffpa_forward_params p = call.params();
+    p.options.impl = c.impl;
+    p.options.precision = FFPA_PRECISION_FP8;
+    EXPECT_EQ(ffpa_forward(&p, message, sizeof message), c.code) << message;
+    EXPECT_TRUE(contains(message, c.names)) << message;
+    size_t bytes = 12345;
+    EXPECT_EQ(ffpa_workspace_size(&p, &bytes, message, sizeof message), c.code) << message;
+    EXPECT_TRUE(contains(message, c.names)) << message;
+    // early_rows is read only with has_early_rows: 65 alone is no option error.
+    p.options.fp8.early_rows = 65;
+    EXPECT_EQ(ffpa_forward(&p, message, sizeof message), c.code) << message;
+  }
+  EXPECT_TRUE(call.o_untouched());
+}
+
 TEST(CApi, MessagesAreTruncatedAndNulTerminated) {
   CCall call(kSmall);
   ffpa_forward_params p = call.params();
@@ -331,6 +465,28 @@ TEST(CApiForward, HasScaleZeroMeansTheDefaultScale) {
   p.options.scale = 5.0f;
   ASSERT_EQ(ffpa_forward(&p, nullptr, 0), FFPA_OK);
   EXPECT_NE(std::memcmp(call.o.tensor.data, by_default.tensor.data, by_default.bytes()), 0);
+}
+
+// FP8's knobs are read only with precision fp8: with the inputs' precision,
+// values that would be rejected there change nothing, bit for bit.
+TEST(CApiForward, Fp8OptionsAreIgnoredWithoutPrecisionFp8) {
+  const Sizes s{1, 2, 2, 9, 11, 64};
+  CCall call(s);
+  ffpa_forward_params p = call.params();
+  p.options.impl = FFPA_IMPL_CPU_REFERENCE;
+  ASSERT_EQ(ffpa_forward(&p, nullptr, 0), FFPA_OK);
+  const HostTensor zeroed = call.o;
+
+  ffpa::testing::fill_nan(call.o);
+  p.options.precision = FFPA_PRECISION_INPUT;
+  p.options.fp8.qk_format = 7;
+  p.options.fp8.qk_scales = -3;
+  p.options.fp8.no_smooth_k = 1;
+  p.options.fp8.has_early_rows = 1;
+  p.options.fp8.early_rows = 65;
+  char message[256] = "";
+  ASSERT_EQ(ffpa_forward(&p, message, sizeof message), FFPA_OK) << message;
+  expect_same_finite(call.o, zeroed);
 }
 
 TEST(CApiForward, WorkspaceSizeOfTheCpuReferenceIsZero) {
