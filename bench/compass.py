@@ -13,9 +13,11 @@ Per case, on the same inputs:
                  to Hq heads outside the timing ("<backend> (K/V expanded)", what many models do). The
                  fastest is sdpa_best_ms / sdpa_best_backend ("default" where no backend alone ran it).
                  SDPA has no bottom-right is_causal: for specdec it gets the equivalent bool [Nq, Nkv] mask.
-Cases the library cannot run today have "ffpa_ms": null and a "reason": fp8-* (no FP8 path; SDPA is
-timed on the bf16 inputs, the bar an FP8 path must beat), bwd-* (no backward; SDPA's backward alone is
-timed: dq, dk, dv from a saved forward), a head dim outside ffpa_attn.library_info()'s limits.
+fp8-* rows: ffpa_ms is ffpa_attn_func with CUDABackend(precision="fp8") (the pre-pass included; bf16 in
+and out), ffpa_impl_ms the library's bf16 path on the same inputs, fp8_speedup_vs_bf16 their ratio; SDPA is
+timed on the bf16 inputs. Cases the library cannot run today have "ffpa_ms": null and a "reason": bwd-*
+(no backward; SDPA's backward alone is timed: dq, dk, dv from a saved forward), a head dim outside
+ffpa_attn.library_info()'s limits.
 
 Timing: bench/attention_bench.py's time_calls (CUDA events around each call, the calls queued behind
 a sleep kernel: the kernels' own time), inputs rotated beyond twice the L2, columns interleaved over
@@ -132,7 +134,6 @@ QUICK_CASES = ("d128", "d512", "d512-causal", "d512-mask-bool-keypad", "decode-b
                "fp8-d512", "bwd-d512")
 
 NOT_YET = {
-    "fp8": "no FP8 path in the library yet (SDPA timed on the bf16 inputs: the bar an FP8 path must beat)",
     "bwd": "no backward in the library yet: ffpa_attn_func hands calls that need grad to SDPA "
            "(SDPA's backward alone timed)",
 }
@@ -168,7 +169,7 @@ def column_skip(column: str, case: Case) -> str | None:
 def estimate_seconds(case: Case, args: argparse.Namespace) -> float:
     masked = case.mask != "none" or case.causal == BOTTOM_RIGHT
     causal = case.causal != "none"
-    columns = [*bc.SDPA_BACKENDS, "sdpa_default"] + (["ffpa", "ffpa_impl"] if case.mode == "fwd" else [])
+    columns = [*bc.SDPA_BACKENDS, "sdpa_default"] + (["ffpa", "ffpa_impl"] if case.mode in ("fwd", "fp8") else [])
     total = 0.3
     for column in columns:
         model = {"sdpa_default": "unpatched", "ffpa_impl": "ffpa"}.get(column, column)
@@ -221,7 +222,10 @@ def measure_forward(gpu: bc.GpuSession, case: Case, args: argparse.Namespace, ro
     sets, mask, count = case_inputs(gpu, case, args)
     fa = gpu.ffpa_attn
     alignment = BOTTOM_RIGHT if case.causal == BOTTOM_RIGHT else TOP_LEFT
-    default = fa.CUDABackend(causal_alignment=alignment)
+    # fp8 rows: "ffpa" is the FP8 path (CUDABackend(precision="fp8"), the pre-pass included), "ffpa_impl"
+    # the library's bf16 path on the same inputs, for the FP8 / bf16 ratio of issue 11.
+    fp8 = {"precision": "fp8"} if case.mode == "fp8" else {}
+    default = fa.CUDABackend(causal_alignment=alignment, **fp8)
     only_ffpa = fa.CUDABackend(impl="ffpa", causal_alignment=alignment)
     ffpa_kwargs = {"attn_mask": mask, "dropout_p": case.dropout, "is_causal": case.causal != "none",
                    "enable_gqa": case.gqa}
@@ -358,6 +362,8 @@ def finish_row(row: dict[str, Any], results: dict[str, dict[str, Any]]) -> None:
         row["speedup_vs_sdpa_best"] = row["sdpa_best_ms"] / row["ffpa_ms"]
     if row["ffpa_ms"] and row["sdpa_default_ms"]:
         row["speedup_vs_sdpa_default"] = row["sdpa_default_ms"] / row["ffpa_ms"]
+    if row.get("mode") == "fp8" and row["ffpa_ms"] and row["ffpa_impl_ms"]:
+        row["fp8_speedup_vs_bf16"] = row["ffpa_impl_ms"] / row["ffpa_ms"]  # ffpa_impl: the bf16 path, same run
     for key, result in (("ffpa", ffpa), ("ffpa_impl", impl)):
         if result.get("reason"):
             row[f"{key}_reason" if key != "ffpa" else "reason"] = result["reason"]
@@ -423,13 +429,13 @@ def synthetic_row(case: Case, args: argparse.Namespace, rng: random.Random) -> d
 
     results = {column: result(column, column) for column in bc.SDPA_BACKENDS}
     results["sdpa_default"] = result("unpatched", "sdpa_default")
-    if case.mode == "fwd":
+    if case.mode in ("fwd", "fp8"):
         results["ffpa"] = result("patched", "ffpa")
         results["ffpa_impl"] = result("ffpa", "ffpa_impl")
         routed = "ffpa (impl auto)" if case.D > 256 else "PyTorch SDPA (its own choice)"
         row.update(route=f"{routed}: dry run", kernel="sdpa" if case.D <= 256 else "ffpa sm90_wgmma (inferred)")
     finish_row(row, results)
-    if case.mode != "fwd":
+    if case.mode in NOT_YET:
         row.update(ffpa_ms=None, ffpa_tflops=None, reason=NOT_YET[case.mode])
     return row
 

@@ -162,9 +162,13 @@ Status plan_fp8(const AttentionProblem& problem, Impl requested, MemorySpace spa
             std::string("precision fp8 runs on impl sm90_wgmma only, not ") + impl_name(requested)};
   }
   DeviceInfo info;
-  if (Status status = current_device(Impl::sm90_wgmma, space, &info); !status.ok()) return status;
-  if (Status status = sm90_capability(info); !status.ok()) return status;
-  if (Status status = check_fp8(problem, problem.quantization); !status.ok()) return status;
+  Status status = current_device(Impl::sm90_wgmma, space, &info);
+  if (status.ok()) status = sm90_capability(info);
+  if (status.ok()) status = check_fp8(problem, problem.quantization);
+  if (!status.ok()) {
+    status.message = "precision fp8: " + status.message;
+    return status;
+  }
   std::string reason;
   const sm90_wgmma::Fp8Instance* instance = sm90_wgmma::route_fp8(problem, &reason);
   choice->impl = Impl::sm90_wgmma;

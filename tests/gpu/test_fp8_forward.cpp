@@ -74,6 +74,13 @@ std::vector<Fp8Case> cases() {
   add("d512_dropout_causal_bnhd", d512.with_dropout(0.2f).with_causal(Causal::top_left).with_layout(Layout::bnhd));
   add("d512_f16_pad8", shape_case(DType::f16, 1, 2, 2, 150, 150, 512).with_row_pad(8));
   add("d512_no_lse", d512.without_lse());
+  // Above D = 512: a cluster of two CTAs, each with half of D (int8 scores
+  // converted before the partial-S exchange; dropout drawn by the dropout warps).
+  add("d1024_q130_kv200", shape_case(DType::bf16, 1, 2, 1, 130, 200, 1024));
+  add("d640_causal_dropout_f16", shape_case(DType::f16, 1, 2, 2, 150, 150, 640).with_causal(Causal::top_left).with_dropout(0.1f));
+  QuantizationOptions e4m3_cluster = defaults;
+  e4m3_cluster.qk_format = QkFormat::e4m3;
+  add("d1024_e4m3_bool_rows", shape_case(DType::bf16, 1, 2, 2, 100, 140, 1024).with_mask(DType::boolean, MaskShape::batch_rows, true), e4m3_cluster);
   // 64 KV blocks: the P V sums run long in the accumulators.
   add("d512_q64_kv8192", shape_case(DType::bf16, 1, 1, 1, 64, 8192, 512));
   // Hybrid rows: the first 64 / 128 rows on the 16-bit kernel.

@@ -171,15 +171,15 @@ Status launch_instance(const AttentionProblem& problem, const TileLaunch& tiles,
   return launch_element<kHeadDim, __half>(problem, tiles, stream);
 }
 
-// The FP8 instances (Traits::kFp8) for D up to kHeadDim <= 512: Q and K in
-// 128-byte chunks, O split between the consumers as in the 16-bit instance.
+// The FP8 instances (Traits::kFp8) for D up to kHeadDim: the 16-bit
+// instance's CTAs and O halves, each CTA's part of Q and K in 128-byte chunks.
 template <int kHeadDim>
 struct Fp8InstanceTraits {
-  static_assert(cluster_size(kHeadDim) == 1, "FP8 above D = 512 is not built yet");
-  static constexpr int kQKChunks = (kHeadDim + 127) / 128;
+  static constexpr int kSplit = InstanceTraits<kHeadDim>::kSplit;
+  static constexpr int kQKChunks = (InstanceTraits<kHeadDim>::kCtaDim + 127) / 128;
   static constexpr int kHalfCols = InstanceTraits<kHeadDim>::kHalfCols;
   template <class Element, Operands kOperands, bool kDropout>
-  using type = Traits<Element, kQKChunks, kHalfCols, 1, kDropout, false, kOperands>;
+  using type = Traits<Element, kQKChunks, kHalfCols, kSplit, kDropout, false, kOperands>;
 };
 
 template <int kHeadDim, class Element, Operands kOperands>

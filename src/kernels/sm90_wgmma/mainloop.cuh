@@ -110,6 +110,10 @@ __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64
   wgmma_wait<0>();
   fence_operands(s);
   release(first + kKStages - 1);
+  if constexpr (Traits::kQkInt8 && !Traits::kScoresAsInt) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) s[i] = static_cast<float>(__float_as_int(s[i]));
+  }
   if constexpr (kOwnerDraws) finish_keep();
 }
 

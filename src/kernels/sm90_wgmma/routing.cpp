@@ -103,7 +103,8 @@ std::string fp8_kernel_name(const AttentionProblem& problem, int head_dim) {
   const QuantizationOptions& q = problem.quantization;
   const int64_t early = q.n_early < problem.seq_q ? q.n_early : problem.seq_q;
   return std::string("sm90_wgmma<") + (problem.dtype == DType::bf16 ? "bf16" : "f16") + ",d" +
-         std::to_string(head_dim) + ",m64,n128,s" + std::to_string(ring_stages(1)) + ",fp8,qk-" +
+         std::to_string(head_dim) + ",m64,n128,s" + std::to_string(ring_stages(cluster_size(head_dim))) +
+         (cluster_size(head_dim) == 1 ? "" : ",cluster" + std::to_string(cluster_size(head_dim))) + ",fp8,qk-" +
          (q.qk_format == QkFormat::int8 ? "int8" : "e4m3") +
          (q.qk_granularity == QkScaleGranularity::per_block ? ",qk-per-block" : "") + (q.smooth_k ? "" : ",no-smooth-k") +
          (problem.has_dropout() ? ",dropout" : "") + (early > 0 ? ",early" + std::to_string(early) : "") + ">";

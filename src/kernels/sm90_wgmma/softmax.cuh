@@ -51,7 +51,7 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
     const bool fold = p.mask_kind == MaskKind::none && cta.args.scale_log2 > 0.0f;
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
-      const float code_score = Traits::kQkInt8 ? static_cast<float>(__float_as_int(s[i])) : s[i];
+      const float code_score = Traits::kScoresAsInt ? static_cast<float>(__float_as_int(s[i])) : s[i];
       s[i] = fold ? code_score : code_score * code_factor;
     }
     if (fold) factor = code_factor;

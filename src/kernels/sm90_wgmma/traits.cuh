@@ -49,6 +49,10 @@ struct Traits {
   static constexpr int kQKChunks = kQKChunks_;  // kBoxCols-column chunks of this CTA's part of S = Q K^T
   static constexpr int kHalfCols = kHalfCols_;  // columns of O per consumer warpgroup
   static constexpr int kSplit = kSplit_;        // CTAs of a cluster sharing one tile (1 or 2)
+  // The int8 Q K^T's s32 scores reach the softmax as integers with one CTA;
+  // in a cluster compute_s converts them before the exchange adds the peer's
+  // (exact: a partial sum over 512 channels is below 2^23, the total below 2^24).
+  static constexpr bool kScoresAsInt = kQkInt8 && kSplit == 1;
   static constexpr int kOutCols = 2 * kHalfCols;  // columns of O per CTA
   static constexpr int kBlockM = 64;   // query rows: one wgmma M
   static constexpr int kBlockN = 128;  // keys per KV block: the N of S
@@ -125,7 +129,7 @@ struct Traits {
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
 
   static_assert(kElementBytes == 2, "q, k, v and o are bf16 or fp16");
-  static_assert(!kFp8 || (kSplit == 1 && !kMaskInS), "the FP8 operands: one CTA per tile, the mask added in the softmax");
+  static_assert(!kFp8 || !kMaskInS, "the FP8 operands: the mask is added in the softmax");
   static_assert(kHalfCols % kOutBoxCols == 0 && kHalfCols >= 128 && kHalfCols <= 256,
                 "O halves are whole boxes, N = 128..256");
   static_assert(kQKChunks >= 1 && kQKChunks <= 8, "a CTA's part of S covers up to 8 boxes");
