@@ -139,7 +139,10 @@ struct Consumer {
   // softmax.cuh
   __device__ __forceinline__ void preload_mask(int j, float (&s)[64]) const;
   __device__ __forceinline__ void read_dropout_keep(int j);
-  __device__ __forceinline__ void softmax_publish(int j, float (&s)[64]);
+  // P_j and its statistics published; `scale`: the factor this consumer's O
+  // rows take before P_j V_j (rescale_own_o), once P_{j-1} V_{j-1} is in.
+  __device__ __forceinline__ void softmax_publish(int j, float (&s)[64], float (&scale)[2]);
+  __device__ __forceinline__ void rescale_own_o(const float (&scale)[2]);
   // epilogue.cuh
   __device__ __forceinline__ void store_output(const CUtensorMap* o_map);
   __device__ __forceinline__ void store_partial();

@@ -34,7 +34,7 @@ __device__ __forceinline__ void Consumer<Traits>::preload_mask(int j, float (&s)
 }
 
 template <class Traits>
-__device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (&s)[64]) {
+__device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (&s)[64], float (&scale)[2]) {
   using Layout = typename Traits::SLayout;
   const AttentionProblem& p = cta.p;
   const TileCoordinates* tile = cta.tile();
@@ -64,7 +64,7 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
   if (limits.block_needs_masking(kv0, kBlockN)) mask_outside_limits<Layout>(s, limits, coords, kv0 + 2 * t);  // -inf
   if (p.mask_kind != MaskKind::none && !mask_in_s(j)) add_mask<Layout, Traits::kMaskBlocksInFlight, Traits::kMaskPairLoads>(s, p, *tile, coords, kv0 + 2 * t);
 
-  float scale[2], new_max[2];
+  float new_max[2];
   float* const row_sums = cta.row_sums();
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -114,6 +114,10 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
   }
   fence_proxy_async();
   mbarrier_arrive(cta.p_full(buffer));
+}
+
+template <class Traits>
+__device__ __forceinline__ void Consumer<Traits>::rescale_own_o(const float (&scale)[2]) {
   if (warp_rescales(scale[0], scale[1])) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) scale_row<typename Traits::OLayout>(o_acc, h, scale[h]);
