@@ -84,6 +84,7 @@ SANITIZER_LOG=$WORK/sanitizer.log
 REPORT_TOOL="python3 $ROOT/scripts/gpu_check_report.py"
 
 TESTS=$BUILD/tests/ffpa_gpu_tests
+KERNEL_TESTS=$BUILD/tests/ffpa_gpu_kernel_tests
 BENCH=$BUILD/tools/ffpa-bench
 LIBRARY=$BUILD/libffpa.so
 # A carried build may hold the versioned file without its symbolic links.
@@ -165,6 +166,12 @@ stage_tests() {
   local rc=$RC detail detail_rc
   detail=$($REPORT_TOOL tests "$OUT/gpu_tests.json" 2>&1)
   detail_rc=$?
+  # The 8-bit wgmma wrappers' own test (a build with sm_90a has it).
+  if [ -x "$KERNEL_TESTS" ]; then
+    limited 60 "$LOG" "$LOG" "$KERNEL_TESTS" --gtest_brief=1
+    detail="$detail; ffpa_gpu_kernel_tests exit $RC"
+    if [ "$RC" != 0 ]; then rc=$RC; fi
+  fi
   record tests "$(status_of "$rc" "$detail_rc")" $((SECONDS - start)) "$detail (exit $rc)"
   if [ "$rc" != 0 ] || [ "$detail_rc" != 0 ]; then show_tail "$LOG"; fi
 }
