@@ -225,8 +225,7 @@ __global__ void __launch_bounds__(kKvThreads) quantize_kv(AttentionProblem p, Qu
 
   // K's group amax (and V's block amax when V is scaled per block): a warp per key.
   const int warp = tid / 32, lane = tid % 32;
-#pragma unroll 4
-  for (int key = warp; key < keys; key += kRowWarps) {  // unrolled: 4 rows' loads in flight a warp
+  for (int key = warp; key < keys; key += kRowWarps) {
     const Element* k_row = row_of<Element>(p.k, p.k_stride, b, h, first + key);
     const Element* v_row = row_of<Element>(p.v, p.v_stride, b, h, first + key);
     float k_max = 0.0f, v_max = 0.0f;
@@ -267,8 +266,7 @@ __global__ void __launch_bounds__(kKvThreads) quantize_kv(AttentionProblem p, Qu
   __syncthreads();
 
   // K codes, [key][code_pitch]: a warp per key, 8 bytes a lane and chunk.
-#pragma unroll 4
-  for (int key = warp; key < keys; key += kRowWarps) {  // unrolled: 4 rows' loads in flight a warp
+  for (int key = warp; key < keys; key += kRowWarps) {
     const Element* k_row = row_of<Element>(p.k, p.k_stride, b, h, first + key);
     uint8_t* codes = z.k_codes + (head * nkv + first + key) * z.code_pitch;
     const float inverse = k_inverse[k_per_block ? 0 : k_scale_index(key, o.qk_granularity)];
@@ -349,8 +347,7 @@ __global__ void __launch_bounds__(kQThreads) quantize_q(AttentionProblem p, Quan
   // A warp per row: its group's amax and, with smooth-K, the row's LSE term
   // scale * (q . k_mean), the lanes' sums combined in a fixed order (the
   // same bits every run).
-#pragma unroll 4
-  for (int r = warp; r < rows; r += kRowWarps) {  // unrolled: 4 rows' loads in flight a warp
+  for (int r = warp; r < rows; r += kRowWarps) {
     const Element* q = row_of<Element>(p.q, p.q_stride, b, h, z.first_row + first + r);
     float amax = 0.0f, dot = 0.0f;
     for (int64_t c = static_cast<int64_t>(lane) * kChunk; c < dim; c += 32 * kChunk) {
@@ -380,8 +377,7 @@ __global__ void __launch_bounds__(kQThreads) quantize_q(AttentionProblem p, Quan
   }
   __syncthreads();
   constexpr float kNoMean[kChunk] = {};
-#pragma unroll 4
-  for (int r = warp; r < rows; r += kRowWarps) {  // unrolled: 4 rows' loads in flight a warp
+  for (int r = warp; r < rows; r += kRowWarps) {
     const Element* q = row_of<Element>(p.q, p.q_stride, b, h, z.first_row + first + r);
     uint8_t* codes = z.q_codes + (head * z.rows + first + r) * z.code_pitch;
     const float inverse = inverse_of[q_scale_index(r, o.qk_granularity)];
