@@ -645,6 +645,7 @@ class GpuSession:
             "dropout_seed": 0, "dropout_offset": 0, "return_lse": False,
             # the inputs' precision (the op's defaults; the fp8_* arguments are then not read)
             "precision": 0, "fp8_qk_format": 0, "fp8_qk_scales": 0, "fp8_smooth_k": True, "fp8_early_rows": -1,
+            "fp8_v_scales": 0, "fp8_smooth_v": False,
         }  # fmt: skip
         names = [argument.name for argument in schema.arguments]
         unknown = [n for n in names if n not in known]

@@ -60,6 +60,11 @@ typedef enum ffpa_fp8_qk_scales {
   FFPA_FP8_QK_SCALES_PER_BLOCK = 1         /* 64 query rows, 128 keys */
 } ffpa_fp8_qk_scales;
 
+typedef enum ffpa_fp8_v_scales {
+  FFPA_FP8_V_SCALES_PER_CHANNEL = 0, /* one scale per channel over all keys (applied in the epilogue) */
+  FFPA_FP8_V_SCALES_PER_BLOCK = 1    /* one scale per 128 keys (applied as each block is added) */
+} ffpa_fp8_v_scales;
+
 /* Under C++ the status has a fixed 32-bit underlying type, so that any
  * integer a C caller passes (ffpa_status_name(100), (ffpa_status)-1) is a
  * valid value there; C sees a plain enum of the same size. */
@@ -111,6 +116,8 @@ typedef struct ffpa_fp8_options {
   int32_t no_smooth_k;    /* nonzero: do not subtract K's per-channel mean over tokens first */
   int32_t has_early_rows; /* 0: early_rows = 256 with a causal mask, else 0 */
   int64_t early_rows;     /* query rows [0, early_rows) in the inputs' precision; a multiple of 64 */
+  int32_t v_scales;       /* ffpa_fp8_v_scales */
+  int32_t smooth_v;       /* nonzero: subtract V's per-channel mean first (not with dropout) */
 } ffpa_fp8_options;
 
 typedef struct ffpa_options {

@@ -113,10 +113,18 @@ enum class Fp8QkScales : int32_t {
   per_thread_group = 0,  // the rows and keys one thread's scores cover (SageAttention2's)
   per_block = 1,         // 64 query rows, 128 keys
 };
+enum class Fp8VScales : int32_t {
+  per_channel = 0,  // one scale per channel over all keys (applied in the epilogue)
+  per_block = 1,    // one scale per 128 keys (applied as each block is added)
+};
 struct Fp8Options {
   Fp8QkFormat qk_format = Fp8QkFormat::int8;
   Fp8QkScales qk_scales = Fp8QkScales::per_thread_group;
   bool smooth_k = true;  // subtract K's per-channel mean over tokens first (softmax-invariant)
+  Fp8VScales v_scales = Fp8VScales::per_channel;
+  // Subtract V's per-channel mean over tokens before quantizing, add it back
+  // to every row that attends a key (the weights sum to 1): not with dropout.
+  bool smooth_v = false;
   // Hybrid rows: query rows [0, early_rows) computed in the inputs' precision
   // (a multiple of 64). Default: 256 with a causal mask (the first rows
   // attend few keys, where 8-bit P costs the most accuracy), else 0.

@@ -69,6 +69,11 @@ class Fp8QkScales(enum.IntEnum):  # CUDABackend.fp8_qk_scales
     PER_BLOCK = 1
 
 
+class Fp8VScales(enum.IntEnum):  # CUDABackend.fp8_v_scales
+    PER_CHANNEL = 0
+    PER_BLOCK = 1
+
+
 # --- the C ABI's structs, field by field ---
 
 
@@ -93,6 +98,8 @@ class FfpaFp8Options(ctypes.Structure):
         ("no_smooth_k", ctypes.c_int32),  # nonzero: do not subtract K's mean
         ("has_early_rows", ctypes.c_int32),  # 0: early_rows = 256 with a causal mask, else 0
         ("early_rows", ctypes.c_int64),  # a multiple of 64
+        ("v_scales", ctypes.c_int32),  # Fp8VScales
+        ("smooth_v", ctypes.c_int32),  # nonzero: subtract V's mean first (not with dropout)
     ]
 
 
@@ -156,10 +163,11 @@ class FfpaLibraryInfo(ctypes.Structure):
 # added on one side only would shift every later field silently
 # (tests/cpu/test_c_api.cpp static_asserts the same numbers on the C side).
 assert ctypes.sizeof(FfpaTensor) == 80
-assert ctypes.sizeof(FfpaFp8Options) == 24
-assert ctypes.sizeof(FfpaOptions) == 72
+assert ctypes.sizeof(FfpaFp8Options) == 32
+assert FfpaFp8Options.v_scales.offset == 24 and FfpaFp8Options.smooth_v.offset == 28
+assert ctypes.sizeof(FfpaOptions) == 80
 assert FfpaOptions.precision.offset == 40 and FfpaOptions.fp8.offset == 48
-assert ctypes.sizeof(FfpaForwardParams) == 576
+assert ctypes.sizeof(FfpaForwardParams) == 584
 assert ctypes.sizeof(FfpaLibraryInfo) == 224
 
 

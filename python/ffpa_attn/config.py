@@ -13,6 +13,7 @@ CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 PRECISIONS = ("input", "fp8")
 FP8_QK_FORMATS = ("int8", "e4m3")
 FP8_QK_SCALES = ("per_thread_group", "per_block")
+FP8_V_SCALES = ("per_channel", "per_block")
 # The impls that run precision="fp8": the library's sm90 family, chosen or named.
 FP8_IMPLS = ("auto", "ffpa", "sm90_wgmma")
 # fp8_early_rows: whole tiles of query rows (the library's kQuantQueryBlock; validate.cpp rejects others).
@@ -64,6 +65,13 @@ class CUDABackend:
     fp8_early_rows: query rows [0, fp8_early_rows) computed in the inputs'
         precision, a multiple of 64; None: the library's default (256 with
         is_causal, where the first rows attend few keys, else 0).
+    fp8_v_scales: the granularity of V's scales: "per_channel" (one scale per
+        channel over all keys, applied in the epilogue) or "per_block" (one
+        scale per 128 keys, applied as each block is added).
+    fp8_smooth_v: subtract V's per-channel mean over tokens before quantizing
+        and add it back to every row that attends a key (the softmax weights
+        sum to 1). Not with dropout (the kept weights do not sum to 1): a call
+        with dropout_p > 0 raises FFPAError (invalid_option).
     The fp8_* fields are read with precision "fp8" only.
     """
 
@@ -77,6 +85,8 @@ class CUDABackend:
     fp8_qk_scales: str = "per_thread_group"
     fp8_smooth_k: bool = True
     fp8_early_rows: int | None = None
+    fp8_v_scales: str = "per_channel"
+    fp8_smooth_v: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("impl", self.impl, IMPLS)
@@ -88,12 +98,11 @@ class CUDABackend:
         _check_choice("precision", self.precision, PRECISIONS)
         _check_choice("fp8_qk", self.fp8_qk, FP8_QK_FORMATS)
         _check_choice("fp8_qk_scales", self.fp8_qk_scales, FP8_QK_SCALES)
-        if not isinstance(self.fp8_smooth_k, bool):
-            raise TypeError(
-                f"CUDABackend.fp8_smooth_k must be a bool; got {type(self.fp8_smooth_k).__name__} {self.fp8_smooth_k!r}"
-            )
+        _check_bool("fp8_smooth_k", self.fp8_smooth_k)
         if self.fp8_early_rows is not None:
             _check_early_rows(self.fp8_early_rows)
+        _check_choice("fp8_v_scales", self.fp8_v_scales, FP8_V_SCALES)
+        _check_bool("fp8_smooth_v", self.fp8_smooth_v)
         if self.precision == "fp8":
             if self.impl not in FP8_IMPLS:
                 raise ValueError(
@@ -112,6 +121,11 @@ def _check_choice(field: str, value: object, allowed: tuple[str, ...]) -> None:
         raise TypeError(f"CUDABackend.{field} must be a str, one of {allowed}; got {type(value).__name__} {value!r}")
     if value not in allowed:
         raise ValueError(f"CUDABackend.{field} = {value!r} is not one of {allowed}")
+
+
+def _check_bool(field: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"CUDABackend.{field} must be a bool; got {type(value).__name__} {value!r}")
 
 
 def _check_counter(field: str, value: object) -> None:

@@ -15,7 +15,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import _library, ops  # noqa: F401  (ops registers torch.ops.ffpa_attn.forward)
-from ._library import Accumulation, Causal, FFPAError, Fp8QkFormat, Fp8QkScales, Impl, Precision
+from ._library import Accumulation, Causal, FFPAError, Fp8QkFormat, Fp8QkScales, Fp8VScales, Impl, Precision
 from .config import CUDABackend
 from .decisions import CallSpec, Limits, fallback_reason, precision_fallback_reason
 from .routing import route, sdpa_backends
@@ -183,6 +183,8 @@ def ffpa_attn_func(
                 decision.fp8_qk_scales,
                 decision.fp8_smooth_k,
                 decision.fp8_early_rows,
+                decision.fp8_v_scales,
+                decision.fp8_smooth_v,
             )
         out, lse = result
     except FFPAError as error:
@@ -281,12 +283,15 @@ class _Decision:
     impl: int = 0
     scale: float = 0.0
     dropout_p: float = 0.0
-    # The op's precision arguments (ops.INPUT_PRECISION's order): the C ABI's enums, smooth-K, early rows (-1: default).
+    # The op's precision arguments (ops.INPUT_PRECISION's order): the C ABI's enums, smooth-K, early rows
+    # (-1: default), V's scales, smooth-V.
     precision: int = 0
     fp8_qk_format: int = 0
     fp8_qk_scales: int = 0
     fp8_smooth_k: bool = True
     fp8_early_rows: int = -1
+    fp8_v_scales: int = 0
+    fp8_smooth_v: bool = False
 
     @property
     def op_options(self) -> tuple:
@@ -302,6 +307,8 @@ class _Decision:
             self.fp8_qk_scales,
             self.fp8_smooth_k,
             self.fp8_early_rows,
+            self.fp8_v_scales,
+            self.fp8_smooth_v,
         )
 
 
@@ -417,6 +424,8 @@ def _fp8_arguments(backend: CUDABackend) -> dict:
         fp8_qk_scales=Fp8QkScales[backend.fp8_qk_scales.upper()],
         fp8_smooth_k=backend.fp8_smooth_k,
         fp8_early_rows=-1 if backend.fp8_early_rows is None else backend.fp8_early_rows,
+        fp8_v_scales=Fp8VScales[backend.fp8_v_scales.upper()],
+        fp8_smooth_v=backend.fp8_smooth_v,
     )
 
 

@@ -47,20 +47,22 @@ def forward(
     fp8_qk_scales: int = 0,
     fp8_smooth_k: bool = True,
     fp8_early_rows: int = -1,
+    fp8_v_scales: int = 0,
+    fp8_smooth_v: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """o [B, Hq, Nq, D] and lse [B, Hq, Nq] fp32 (empty unless return_lse) of the attention.
 
     q [B, Hq, Nq, D], k and v [B, Hkv, Nkv, D] (any strides), mask broadcastable
     to [B, Hq, Nq, Nkv] or None; causal, accumulation, impl, precision,
-    fp8_qk_format and fp8_qk_scales are the C ABI's enum values
+    fp8_qk_format, fp8_qk_scales and fp8_v_scales are the C ABI's enum values
     (_library.Causal, Accumulation, Impl, Precision, Fp8QkFormat,
-    Fp8QkScales); the fp8_* arguments are read with precision FP8 only
-    (fp8_early_rows -1: the library's default). Raises FFPAError when the
+    Fp8QkScales, Fp8VScales); the fp8_* arguments are read with precision FP8
+    only (fp8_early_rows -1: the library's default). Raises FFPAError when the
     library rejects the call.
     """
     options = (
         dropout_p, causal, scale, accumulation, impl,
-        precision, fp8_qk_format, fp8_qk_scales, fp8_smooth_k, fp8_early_rows,
+        precision, fp8_qk_format, fp8_qk_scales, fp8_smooth_k, fp8_early_rows, fp8_v_scales, fp8_smooth_v,
     )  # fmt: skip
     o, lse = run(q, k, v, mask, return_lse, options, dropout_seed, dropout_offset)
     return o, _new_lse(q, False) if lse is None else lse
@@ -85,13 +87,16 @@ def _forward_fake(
     fp8_qk_scales: int = 0,
     fp8_smooth_k: bool = True,
     fp8_early_rows: int = -1,
+    fp8_v_scales: int = 0,
+    fp8_smooth_v: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     return _new_output(q), _new_lse(q, return_lse)
 
 
 # The op's precision arguments for the inputs' own precision (precision, fp8_qk_format,
-# fp8_qk_scales, fp8_smooth_k, fp8_early_rows): the tail of an options tuple.
-INPUT_PRECISION = (0, 0, 0, True, -1)
+# fp8_qk_scales, fp8_smooth_k, fp8_early_rows, fp8_v_scales, fp8_smooth_v): the tail of
+# an options tuple.
+INPUT_PRECISION = (0, 0, 0, True, -1, 0, False)
 
 
 def run(
@@ -105,8 +110,8 @@ def run(
     dropout_offset: int,
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """The body of the op (options: its dropout_p, causal, scale, accumulation,
-    impl, precision, fp8_qk_format, fp8_qk_scales, fp8_smooth_k, fp8_early_rows;
-    lse is None unless return_lse).
+    impl, precision, fp8_qk_format, fp8_qk_scales, fp8_smooth_k, fp8_early_rows,
+    fp8_v_scales, fp8_smooth_v; lse is None unless return_lse).
 
     Host time matters here (a decoder calls this once per layer and token): what
     depends only on shapes, strides, dtypes and options (the C structs, whether
@@ -121,7 +126,7 @@ def run(
 
 
 def plan_for(q, k, v, mask, return_lse: bool, options: tuple) -> "_Plan":
-    """The plan of a call (options: as run's, ten values; the dropout seed and
+    """The plan of a call (options: as run's, twelve values; the dropout seed and
     offset are written per call), cached by the call's layout."""
     key = (
         q.dtype, k.dtype, v.dtype, q.shape, q.stride(), k.shape, k.stride(), v.shape, v.stride(),
@@ -275,7 +280,10 @@ if any(offset % 8 for offset in _PER_CALL_OFFSETS):
 
 
 def _params_template(q, k, v, o, lse, mask, options, dropout_seed, dropout_offset) -> _library.FfpaForwardParams:
-    dropout_p, causal, scale, accumulation, impl, precision, qk_format, qk_scales, smooth_k, early_rows = options
+    (
+        dropout_p, causal, scale, accumulation, impl,
+        precision, qk_format, qk_scales, smooth_k, early_rows, v_scales, smooth_v,
+    ) = options  # fmt: skip
     return _library.FfpaForwardParams(
         q=_describe("q", q),
         k=_describe("k", k),
@@ -300,6 +308,8 @@ def _params_template(q, k, v, o, lse, mask, options, dropout_seed, dropout_offse
                 # -1: the library's default; any other value reaches its validation.
                 has_early_rows=0 if early_rows == -1 else 1,
                 early_rows=0 if early_rows == -1 else early_rows,
+                v_scales=v_scales,
+                smooth_v=1 if smooth_v else 0,
             ),
         ),
     )

@@ -14,6 +14,7 @@ ALLOWED = {
     "precision": ("input", "fp8"),
     "fp8_qk": ("int8", "e4m3"),
     "fp8_qk_scales": ("per_thread_group", "per_block"),
+    "fp8_v_scales": ("per_channel", "per_block"),
 }
 # Seeds and offsets travel through the custom op as int64.
 MAX_DROPOUT_COUNTER = 2**63 - 1
@@ -28,6 +29,7 @@ def test_defaults():
     # FP8's knobs default to the library's (its most accurate setting measured).
     assert (backend.fp8_qk, backend.fp8_qk_scales, backend.fp8_smooth_k) == ("int8", "per_thread_group", True)
     assert backend.fp8_early_rows is None
+    assert (backend.fp8_v_scales, backend.fp8_smooth_v) == ("per_channel", False)
 
 
 @pytest.mark.parametrize(("field", "value"), [(f, v) for f, values in ALLOWED.items() for v in values])
@@ -107,6 +109,17 @@ def test_rejects_non_bool_fp8_smooth_k(value):
         CUDABackend(fp8_smooth_k=value)
 
 
+@pytest.mark.parametrize("value", [True, False])
+def test_accepts_fp8_smooth_v(value):
+    assert CUDABackend(precision="fp8", fp8_smooth_v=value).fp8_smooth_v is value
+
+
+@pytest.mark.parametrize("value", [1, 0, None, "yes"])
+def test_rejects_non_bool_fp8_smooth_v(value):
+    with pytest.raises(TypeError, match="fp8_smooth_v"):
+        CUDABackend(fp8_smooth_v=value)
+
+
 @pytest.mark.parametrize("rows", [None, 0, 64, 256, 64 * 2**20])
 def test_accepts_fp8_early_rows(rows):
     assert CUDABackend(precision="fp8", fp8_early_rows=rows).fp8_early_rows == rows
@@ -143,7 +156,14 @@ def test_fp8_with_f16_accumulation_is_rejected():
 
 def test_fp8_knobs_without_fp8_are_accepted_and_unread():
     # As the library: the fp8_* fields matter with precision "fp8" only.
-    backend = CUDABackend(impl="sm80_split_d", accumulation="f16", fp8_qk="e4m3", fp8_early_rows=128)
+    backend = CUDABackend(
+        impl="sm80_split_d",
+        accumulation="f16",
+        fp8_qk="e4m3",
+        fp8_early_rows=128,
+        fp8_v_scales="per_block",
+        fp8_smooth_v=True,
+    )
     assert backend.precision == "input"
 
 
@@ -151,3 +171,5 @@ def test_fp8_backends_are_hashable_by_value():
     fields = dict(precision="fp8", fp8_qk="e4m3", fp8_qk_scales="per_block", fp8_smooth_k=False, fp8_early_rows=0)
     assert hash(CUDABackend(**fields)) == hash(CUDABackend(**fields))
     assert CUDABackend(**fields) != CUDABackend(**(fields | dict(fp8_early_rows=64)))
+    assert CUDABackend(**fields) != CUDABackend(**(fields | dict(fp8_v_scales="per_block")))
+    assert CUDABackend(**fields) != CUDABackend(**(fields | dict(fp8_smooth_v=True)))

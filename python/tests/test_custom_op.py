@@ -11,7 +11,7 @@ import ffpa_attn.ops  # noqa: E402 - registers torch.ops.ffpa_attn.forward
 # The C ABI's enums (include/ffpa/ffpa.h).
 CAUSAL_NONE, CAUSAL_BOTTOM_RIGHT = 0, 2
 ACCUM_F32, IMPL_AUTO = 0, 0
-PRECISION_FP8, FP8_QK_E4M3, FP8_QK_SCALES_PER_BLOCK = 1, 1, 1
+PRECISION_FP8, FP8_QK_E4M3, FP8_QK_SCALES_PER_BLOCK, FP8_V_SCALES_PER_BLOCK = 1, 1, 1, 1
 
 
 def meta_input(shape, dtype, layout):
@@ -62,16 +62,19 @@ def test_precision_arguments_are_in_the_schema_with_the_input_defaults():
     # torch.compile and CUDA graphs see plain int and bool arguments.
     schema = torch.ops.ffpa_attn.forward.default._schema
     defaults = {a.name: a.default_value for a in schema.arguments}
-    assert [a.name for a in schema.arguments][-5:] == [
+    assert [a.name for a in schema.arguments][-7:] == [
         "precision",
         "fp8_qk_format",
         "fp8_qk_scales",
         "fp8_smooth_k",
         "fp8_early_rows",
+        "fp8_v_scales",
+        "fp8_smooth_v",
     ]
     assert (defaults["precision"], defaults["fp8_qk_format"], defaults["fp8_qk_scales"]) == (0, 0, 0)
     assert defaults["fp8_smooth_k"] is True and defaults["fp8_early_rows"] == -1
-    assert ffpa_attn.ops.INPUT_PRECISION == (0, 0, 0, True, -1)
+    assert defaults["fp8_v_scales"] == 0 and defaults["fp8_smooth_v"] is False
+    assert ffpa_attn.ops.INPUT_PRECISION == (0, 0, 0, True, -1, 0, False)
 
 
 @pytest.mark.parametrize("return_lse", [False, True])
@@ -80,7 +83,7 @@ def test_fake_outputs_with_fp8(return_lse):
     k = v = meta_input((1, 4, 1024, 512), torch.bfloat16, "bhnd")
     o, lse = torch.ops.ffpa_attn.forward(
         q, k, v, None, 0.0, CAUSAL_BOTTOM_RIGHT, 0.04, ACCUM_F32, IMPL_AUTO, 0, 0, return_lse,
-        PRECISION_FP8, FP8_QK_E4M3, FP8_QK_SCALES_PER_BLOCK, False, 256,
+        PRECISION_FP8, FP8_QK_E4M3, FP8_QK_SCALES_PER_BLOCK, False, 256, FP8_V_SCALES_PER_BLOCK, True,
     )  # fmt: skip
     assert (o.shape, o.dtype, o.stride()) == (q.shape, q.dtype, torch.empty_like(q).stride())
     assert lse.shape == ((1, 4, 1024) if return_lse else (0,))

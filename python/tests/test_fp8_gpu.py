@@ -105,6 +105,8 @@ def test_fp8_knobs_reach_the_library():
         CUDABackend(precision="fp8", fp8_qk_scales="per_block"),
         CUDABackend(precision="fp8", fp8_early_rows=0),
         CUDABackend(precision="fp8", impl="sm90_wgmma", fp8_smooth_k=False),
+        CUDABackend(precision="fp8", fp8_v_scales="per_block"),
+        CUDABackend(precision="fp8", fp8_smooth_v=True),
     ):
         out = ffpa_attn_func(q, k, v, is_causal=True, backend=backend)
         assert not torch.equal(out, default), backend

@@ -150,6 +150,12 @@ FP8_OP_CASES = {
     "precision-out-of-range": (dict(precision=7), "invalid_option", "options.precision = 7"),
     "qk-format-out-of-range": (dict(precision=1, fp8_qk_format=7), "invalid_option", "options.fp8.qk_format = 7"),
     "qk-scales-out-of-range": (dict(precision=1, fp8_qk_scales=5), "invalid_option", "options.fp8.qk_scales = 5"),
+    "v-scales-out-of-range": (dict(precision=1, fp8_v_scales=5), "invalid_option", "options.fp8.v_scales = 5"),
+    "smooth-v-with-dropout": (
+        dict(dropout_p=0.25, precision=1, fp8_smooth_v=True),
+        "invalid_option",
+        "options.fp8.smooth_v with dropout",
+    ),
     "early-rows-not-whole-tiles": (
         dict(precision=1, fp8_early_rows=65),
         "invalid_option",
@@ -162,11 +168,13 @@ FP8_OP_CASES = {
 @pytest.mark.parametrize("case", FP8_OP_CASES.values(), ids=FP8_OP_CASES.keys())
 def test_fp8_arguments_reach_the_library(case):
     arguments, status, words = case
+    arguments = dict(arguments)
+    dropout_p = arguments.pop("dropout_p", 0.0)
     q, k, v = random_qkv(1, 2, 2, 9, 17, 64, torch.bfloat16, CPU)
     with pytest.raises(_library.FFPAError) as error:
         torch.ops.ffpa_attn.forward(
-            q, k, v, None, 0.0, _library.Causal.NONE, 0.125, _library.Accumulation.F32, _library.Impl.CPU_REFERENCE,
-            0, 0, False, **arguments,
+            q, k, v, None, dropout_p, _library.Causal.NONE, 0.125, _library.Accumulation.F32,
+            _library.Impl.CPU_REFERENCE, 0, 0, False, **arguments,
         )  # fmt: skip
     assert error.value.status_name == status, error.value
     assert words in error.value.message, error.value.message
@@ -175,7 +183,9 @@ def test_fp8_arguments_reach_the_library(case):
 def test_fp8_knobs_without_precision_fp8_change_nothing():
     q, k, v = random_qkv(1, 2, 2, 9, 17, 64, torch.float16, CPU)
     plain, _ = reference_op(q, k, v)
-    knobs = dict(fp8_qk_format=1, fp8_qk_scales=1, fp8_smooth_k=False, fp8_early_rows=64)
+    knobs = dict(
+        fp8_qk_format=1, fp8_qk_scales=1, fp8_smooth_k=False, fp8_early_rows=64, fp8_v_scales=1, fp8_smooth_v=True
+    )
     o, _ = torch.ops.ffpa_attn.forward(
         q, k, v, None, 0.0, _library.Causal.NONE, 0.125, _library.Accumulation.F32, _library.Impl.CPU_REFERENCE,
         0, 0, True, **knobs,

@@ -18,6 +18,7 @@ from ffpa_attn._library import (
     FfpaOptions,
     Fp8QkFormat,
     Fp8QkScales,
+    Fp8VScales,
     Impl,
     Precision,
 )
@@ -35,25 +36,34 @@ OPTIONS_OFFSETS = {
     "precision": 40,
     "fp8": 48,
 }
-FP8_OFFSETS = {"qk_format": 0, "qk_scales": 4, "no_smooth_k": 8, "has_early_rows": 12, "early_rows": 16}
+FP8_OFFSETS = {
+    "qk_format": 0,
+    "qk_scales": 4,
+    "no_smooth_k": 8,
+    "has_early_rows": 12,
+    "early_rows": 16,
+    "v_scales": 24,
+    "smooth_v": 28,
+}
 
 
 def test_the_structs_have_the_c_layout():
     assert {name: getattr(FfpaOptions, name).offset for name, _ in FfpaOptions._fields_} == OPTIONS_OFFSETS
     assert {name: getattr(FfpaFp8Options, name).offset for name, _ in FfpaFp8Options._fields_} == FP8_OFFSETS
     assert (ctypes.sizeof(FfpaFp8Options), ctypes.sizeof(FfpaOptions), ctypes.sizeof(FfpaForwardParams)) == (
-        24,
-        72,
-        576,
+        32,
+        80,
+        584,
     )
-    assert (FfpaForwardParams.options.offset, FfpaForwardParams.stream.offset) == (480, 552)
+    assert (FfpaForwardParams.options.offset, FfpaForwardParams.stream.offset) == (480, 560)
 
 
 def test_the_enums_are_the_c_values():
-    # include/ffpa/ffpa.h: FFPA_PRECISION_*, FFPA_FP8_QK_*, FFPA_FP8_QK_SCALES_*.
+    # include/ffpa/ffpa.h: FFPA_PRECISION_*, FFPA_FP8_QK_*, FFPA_FP8_QK_SCALES_*, FFPA_FP8_V_SCALES_*.
     assert (Precision.INPUT, Precision.FP8) == (0, 1)
     assert (Fp8QkFormat.INT8, Fp8QkFormat.E4M3) == (0, 1)
     assert (Fp8QkScales.PER_THREAD_GROUP, Fp8QkScales.PER_BLOCK) == (0, 1)
+    assert (Fp8VScales.PER_CHANNEL, Fp8VScales.PER_BLOCK) == (0, 1)
 
 
 def test_zero_initialised_options_are_the_defaults():
@@ -61,6 +71,22 @@ def test_zero_initialised_options_are_the_defaults():
     assert options.precision == Precision.INPUT
     assert (options.fp8.qk_format, options.fp8.qk_scales) == (Fp8QkFormat.INT8, Fp8QkScales.PER_THREAD_GROUP)
     assert options.fp8.no_smooth_k == 0 and options.fp8.has_early_rows == 0
+    assert options.fp8.v_scales == Fp8VScales.PER_CHANNEL and options.fp8.smooth_v == 0
+
+
+def test_the_fp8_fields_round_trip():
+    # Each field keeps what is written to it and no other field moves (no overlap).
+    values = dict(
+        qk_format=1, qk_scales=1, no_smooth_k=1, has_early_rows=1, early_rows=2**40 + 64, v_scales=1, smooth_v=1
+    )
+    options = FfpaOptions(precision=Precision.FP8, fp8=FfpaFp8Options(**values))
+    assert {name: getattr(options.fp8, name) for name in values} == values
+    raw = bytes(options.fp8)
+    assert int.from_bytes(raw[24:28], "little", signed=True) == 1  # v_scales
+    assert int.from_bytes(raw[28:32], "little", signed=True) == 1  # smooth_v
+    assert int.from_bytes(raw[16:24], "little", signed=True) == 2**40 + 64  # early_rows, unchanged
+    options.fp8.v_scales = Fp8VScales.PER_CHANNEL
+    assert (options.fp8.smooth_v, options.fp8.early_rows, options.fp8.has_early_rows) == (1, 2**40 + 64, 1)
 
 
 # --- through the library ----------------------------------------------------------------
@@ -116,6 +142,12 @@ REJECTED = {
     "precision": (FfpaOptions(precision=7), "invalid_option", "options.precision = 7"),
     "qk_format": (fp8(qk_format=7), "invalid_option", "options.fp8.qk_format = 7"),
     "qk_scales": (fp8(qk_scales=5), "invalid_option", "options.fp8.qk_scales = 5"),
+    "v_scales": (fp8(v_scales=5), "invalid_option", "options.fp8.v_scales = 5"),
+    "smooth_v-with-dropout": (
+        FfpaOptions(precision=Precision.FP8, dropout_p=0.25, fp8=FfpaFp8Options(smooth_v=1)),
+        "invalid_option",
+        "options.fp8.smooth_v with dropout",
+    ),
     "early_rows": (fp8(has_early_rows=1, early_rows=65), "invalid_option", "options.fp8.early_rows = 65"),
     # All 64 bits of early_rows: 2^40 + 1 read as an int32 would be 1.
     "early_rows-int64": (
@@ -153,9 +185,19 @@ def test_fp8_on_the_cpu_reference_is_unavailable():
 def test_fp8_on_host_pointers_is_the_sm90_familys_answer():
     # impl auto with FP8 asks the sm90 family: no device here (impl_unavailable), or
     # host pointers (wrong_memory_space) where there is one. early_rows is read only
-    # with has_early_rows: 65 alone is no option error.
+    # with has_early_rows: 65 alone is no option error; per-block V scales and
+    # smooth-V without dropout are valid knobs.
+    for options in (fp8(early_rows=65), fp8(v_scales=Fp8VScales.PER_BLOCK, smooth_v=1)):
+        call = HostCall()
+        call.params.options = options
+        error = library_error(call.params)
+        assert error.status_name in ("impl_unavailable", "wrong_memory_space"), error
+        assert "sm90" in error.message, error.message
+
+
+def test_fp8_v_knobs_are_read_with_precision_fp8_only():
+    # With the inputs' precision, smooth-V with dropout and an out-of-range v_scales are no error.
     call = HostCall()
-    call.params.options = fp8(early_rows=65)
-    error = library_error(call.params)
-    assert error.status_name in ("impl_unavailable", "wrong_memory_space"), error
-    assert "sm90" in error.message, error.message
+    fp8_options = FfpaFp8Options(smooth_v=1, v_scales=5)
+    call.params.options = FfpaOptions(impl=Impl.CPU_REFERENCE, dropout_p=0.25, fp8=fp8_options)
+    _library.forward(call.params)

@@ -43,6 +43,8 @@ FFPA_SAME_VALUE(FFPA_FP8_QK_INT8, ffpa::Fp8QkFormat::int8);
 FFPA_SAME_VALUE(FFPA_FP8_QK_E4M3, ffpa::Fp8QkFormat::e4m3);
 FFPA_SAME_VALUE(FFPA_FP8_QK_SCALES_PER_THREAD_GROUP, ffpa::Fp8QkScales::per_thread_group);
 FFPA_SAME_VALUE(FFPA_FP8_QK_SCALES_PER_BLOCK, ffpa::Fp8QkScales::per_block);
+FFPA_SAME_VALUE(FFPA_FP8_V_SCALES_PER_CHANNEL, ffpa::Fp8VScales::per_channel);
+FFPA_SAME_VALUE(FFPA_FP8_V_SCALES_PER_BLOCK, ffpa::Fp8VScales::per_block);
 FFPA_SAME_VALUE(FFPA_OK, StatusCode::ok);
 FFPA_SAME_VALUE(FFPA_NULL_POINTER, StatusCode::null_pointer);
 FFPA_SAME_VALUE(FFPA_INVALID_RANK, StatusCode::invalid_rank);
@@ -122,6 +124,8 @@ ffpa::ForwardParams to_cpp(const ffpa_forward_params& c) {
   p.options.fp8.qk_scales = static_cast<ffpa::Fp8QkScales>(opt.fp8.qk_scales);
   p.options.fp8.smooth_k = opt.fp8.no_smooth_k == 0;
   if (opt.fp8.has_early_rows) p.options.fp8.early_rows = opt.fp8.early_rows;
+  p.options.fp8.v_scales = static_cast<ffpa::Fp8VScales>(opt.fp8.v_scales);
+  p.options.fp8.smooth_v = opt.fp8.smooth_v != 0;
   p.stream = static_cast<cudaStream_t>(c.stream);
   p.workspace = c.workspace;
   p.workspace_bytes = c.workspace_bytes;

@@ -24,10 +24,6 @@ Status check_fp8(const AttentionProblem& problem, const QuantizationOptions& opt
                                             " hybrid rows) must be a non-negative multiple of " +
                                             std::to_string(kQuantQueryBlock) + ", the tile's rows"};
   }
-  if (options.v_granularity != VScaleGranularity::per_channel) {
-    return {StatusCode::impl_unavailable, "fp8: V scales per block are not built into the main loop yet"};
-  }
-  if (options.smooth_v) return {StatusCode::impl_unavailable, "fp8: smooth-V is not built into the main loop yet"};
   return fp8_prepass::check_prepass(problem, options);
 }
 

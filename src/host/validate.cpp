@@ -332,6 +332,13 @@ Status check_options(const ForwardParams& p) {
     if (qk_scales < 0 || qk_scales > static_cast<int32_t>(Fp8QkScales::per_block))
       return fail(StatusCode::invalid_option, "options.fp8.qk_scales = ", qk_scales,
                   " is not an Fp8QkScales value (0 per_thread_group, 1 per_block)");
+    const auto v_scales = static_cast<int32_t>(fp8.v_scales);
+    if (v_scales < 0 || v_scales > static_cast<int32_t>(Fp8VScales::per_block))
+      return fail(StatusCode::invalid_option, "options.fp8.v_scales = ", v_scales,
+                  " is not an Fp8VScales value (0 per_channel, 1 per_block)");
+    if (fp8.smooth_v && opt.dropout_p > 0.0f)
+      return fail(StatusCode::invalid_option,
+                  "options.fp8.smooth_v with dropout: the kept weights do not sum to 1, so V's mean cannot be added back");
     if (fp8.early_rows && (*fp8.early_rows < 0 || *fp8.early_rows % kQuantQueryBlock != 0))
       return fail(StatusCode::invalid_option, "options.fp8.early_rows = ", *fp8.early_rows,
                   " is not a non-negative multiple of ", kQuantQueryBlock);
@@ -433,6 +440,9 @@ AttentionProblem make_problem(const ForwardParams& p) {
     q.qk_granularity = opt.fp8.qk_scales == Fp8QkScales::per_block ? QkScaleGranularity::per_block
                                                                    : QkScaleGranularity::per_thread_group;
     q.smooth_k = opt.fp8.smooth_k;
+    q.v_granularity = opt.fp8.v_scales == Fp8VScales::per_block ? VScaleGranularity::per_block
+                                                               : VScaleGranularity::per_channel;
+    q.smooth_v = opt.fp8.smooth_v;
     q.n_early = opt.fp8.early_rows ? *opt.fp8.early_rows : opt.causal != Causal::none ? kDefaultCausalEarlyRows : 0;
   }
   return problem;

@@ -75,13 +75,14 @@ static_assert(offsetof(ffpa_options, dropout_seed) == 16 && offsetof(ffpa_option
 static_assert(offsetof(ffpa_options, precision) == 40 && offsetof(ffpa_options, fp8) == 48,
               "ffpa_options: precision and fp8 where FfpaOptions has them");
 static_assert(offsetof(ffpa_fp8_options, qk_scales) == 4 && offsetof(ffpa_fp8_options, no_smooth_k) == 8 &&
-                  offsetof(ffpa_fp8_options, has_early_rows) == 12 && offsetof(ffpa_fp8_options, early_rows) == 16,
+                  offsetof(ffpa_fp8_options, has_early_rows) == 12 && offsetof(ffpa_fp8_options, early_rows) == 16 &&
+                  offsetof(ffpa_fp8_options, v_scales) == 24 && offsetof(ffpa_fp8_options, smooth_v) == 28,
               "ffpa_fp8_options: FfpaFp8Options' offsets");
-static_assert(sizeof(ffpa_fp8_options) == 24, "ffpa_fp8_options: FfpaFp8Options' size");
-static_assert(sizeof(ffpa_options) == 72, "ffpa_options: FfpaOptions' size");
-static_assert(offsetof(ffpa_forward_params, options) == 480 && offsetof(ffpa_forward_params, stream) == 552,
+static_assert(sizeof(ffpa_fp8_options) == 32, "ffpa_fp8_options: FfpaFp8Options' size");
+static_assert(sizeof(ffpa_options) == 80, "ffpa_options: FfpaOptions' size");
+static_assert(offsetof(ffpa_forward_params, options) == 480 && offsetof(ffpa_forward_params, stream) == 560,
               "ffpa_forward_params: FfpaForwardParams' offsets");
-static_assert(sizeof(ffpa_forward_params) == 576, "ffpa_forward_params: FfpaForwardParams' size");
+static_assert(sizeof(ffpa_forward_params) == 584, "ffpa_forward_params: FfpaForwardParams' size");
 
 bool contains(const std::string& text, const char* part) { return text.find(part) != std::string::npos; }
 
@@ -262,6 +263,9 @@ TEST(CApi, ZeroedOptionsAreTheCppDefaults) {
   EXPECT_EQ(c.fp8.qk_scales, FFPA_FP8_QK_SCALES_PER_THREAD_GROUP);
   EXPECT_EQ(c.fp8.no_smooth_k == 0, cpp.fp8.smooth_k);
   EXPECT_EQ(c.fp8.has_early_rows != 0, cpp.fp8.early_rows.has_value());
+  EXPECT_EQ(c.fp8.v_scales, static_cast<int32_t>(cpp.fp8.v_scales));
+  EXPECT_EQ(c.fp8.v_scales, FFPA_FP8_V_SCALES_PER_CHANNEL);
+  EXPECT_EQ(c.fp8.smooth_v != 0, cpp.fp8.smooth_v);
 }
 
 // Bad FP8 options come back as their codes from both entry points, before any
@@ -288,6 +292,22 @@ TEST(CApi, Fp8OptionErrorsComeBackAsCodesWithMessages) {
          p.options.fp8.qk_scales = 2;
        },
        FFPA_INVALID_OPTION, "options.fp8.qk_scales = 2"},
+      {[](ffpa_forward_params& p) {
+         p.options.precision = FFPA_PRECISION_FP8;
+         p.options.fp8.v_scales = 5;
+       },
+       FFPA_INVALID_OPTION, "options.fp8.v_scales = 5"},
+      {[](ffpa_forward_params& p) {
+         p.options.precision = FFPA_PRECISION_FP8;
+         p.options.fp8.v_scales = -1;
+       },
+       FFPA_INVALID_OPTION, "options.fp8.v_scales = -1"},
+      {[](ffpa_forward_params& p) {
+         p.options.precision = FFPA_PRECISION_FP8;
+         p.options.fp8.smooth_v = 1;
+         p.options.dropout_p = 0.25f;
+       },
+       FFPA_INVALID_OPTION, "options.fp8.smooth_v with dropout"},
       {[](ffpa_forward_params& p) {
          p.options.precision = FFPA_PRECISION_FP8;
          p.options.fp8.has_early_rows = 1;
@@ -350,6 +370,11 @@ TEST(CApi, Fp8OnHostPointersIsRefused) {
     // early_rows is read only with has_early_rows: 65 alone is no option error.
     p.options.fp8.early_rows = 65;
     EXPECT_EQ(ffpa_forward(&p, message, sizeof message), c.code) << message;
+    // per-block V scales and smooth-V without dropout are valid knobs.
+    p.options.fp8.v_scales = FFPA_FP8_V_SCALES_PER_BLOCK;
+    p.options.fp8.smooth_v = 1;
+    EXPECT_EQ(ffpa_forward(&p, message, sizeof message), c.code) << message;
+    EXPECT_EQ(ffpa_workspace_size(&p, &bytes, message, sizeof message), c.code) << message;
   }
   EXPECT_TRUE(call.o_untouched());
 }
@@ -484,6 +509,8 @@ TEST(CApiForward, Fp8OptionsAreIgnoredWithoutPrecisionFp8) {
   p.options.fp8.no_smooth_k = 1;
   p.options.fp8.has_early_rows = 1;
   p.options.fp8.early_rows = 65;
+  p.options.fp8.v_scales = 5;
+  p.options.fp8.smooth_v = 1;
   char message[256] = "";
   ASSERT_EQ(ffpa_forward(&p, message, sizeof message), FFPA_OK) << message;
   expect_same_finite(call.o, zeroed);

@@ -81,6 +81,16 @@ std::vector<Fp8Case> cases() {
   QuantizationOptions e4m3_cluster = defaults;
   e4m3_cluster.qk_format = QkFormat::e4m3;
   add("d1024_e4m3_bool_rows", shape_case(DType::bf16, 1, 2, 2, 100, 140, 1024).with_mask(DType::boolean, MaskShape::batch_rows, true), e4m3_cluster);
+  // V scaled per block (O carried in the current block's units) and smooth-V.
+  QuantizationOptions v_options = defaults;
+  v_options.v_granularity = VScaleGranularity::per_block;
+  add("d512_v_per_block", shape_case(DType::bf16, 1, 2, 2, 200, 700, 512), v_options);
+  add("d1024_v_per_block_causal", shape_case(DType::bf16, 1, 2, 1, 300, 300, 1024).with_causal(Causal::top_left), v_options);
+  v_options.smooth_v = true;
+  add("d320_v_per_block_smooth_v_empty_rows",
+      shape_case(DType::bf16, 2, 2, 2, 150, 300, 320).with_mask(DType::bf16, MaskShape::batch_keys, true), v_options);
+  v_options.v_granularity = VScaleGranularity::per_channel;
+  add("d512_smooth_v_bnhd", shape_case(DType::f16, 2, 2, 1, 130, 260, 512).with_layout(Layout::bnhd), v_options);
   // 64 KV blocks: the P V sums run long in the accumulators.
   add("d512_q64_kv8192", shape_case(DType::bf16, 1, 1, 1, 64, 8192, 512));
   // Hybrid rows: the first 64 / 128 rows on the 16-bit kernel.

@@ -71,19 +71,19 @@ std::vector<Setting> settings() {
 }
 
 // The settings the GPU path serves, as the public options (the others exist
-// in the model only, or are not built into the main loop).
+// in the model only).
 bool gpu_options(const Setting& s, ffpa::Options* options) {
   const QuantizationOptions& o = s.options;
-  if (o.qk_format == QkFormat::unquantized || o.pv_format == PvFormat::unquantized || o.smooth_v ||
-      o.v_granularity != VScaleGranularity::per_channel) {
-    return false;
-  }
+  if (o.qk_format == QkFormat::unquantized || o.pv_format == PvFormat::unquantized) return false;
   options->precision = ffpa::Precision::fp8;
   options->causal = s.causal;
   options->fp8.qk_format = o.qk_format == QkFormat::int8 ? ffpa::Fp8QkFormat::int8 : ffpa::Fp8QkFormat::e4m3;
   options->fp8.qk_scales =
       o.qk_granularity == QkScaleGranularity::per_block ? ffpa::Fp8QkScales::per_block : ffpa::Fp8QkScales::per_thread_group;
   options->fp8.smooth_k = o.smooth_k;
+  options->fp8.v_scales = o.v_granularity == VScaleGranularity::per_block ? ffpa::Fp8VScales::per_block
+                                                                         : ffpa::Fp8VScales::per_channel;
+  options->fp8.smooth_v = o.smooth_v;
   options->fp8.early_rows = o.n_early;
   return true;
 }

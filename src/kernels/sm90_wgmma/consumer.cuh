@@ -124,6 +124,19 @@ struct Consumer {
     return __ldg(cta.args.k_scales + head * cta.args.k_scales_per_head + k_scale_index(cta.block_key(j) + 2 * quad_lane(), g));
   }
 
+  // Traits::kFp8 with V scaled per block: the scale of KV block j (global
+  // numbering), and the factor O takes before block j is added (O holds
+  // block j - 1's units until then; 1 for the tile's first block).
+  __device__ __forceinline__ float v_block_scale(int j) const {
+    const TileCoordinates* tile = cta.tile();
+    const int64_t head = static_cast<int64_t>(tile->batch) * cta.p.heads_kv + tile->kv_head;
+    return __ldg(cta.args.v_scales + head * cta.args.v_scales_per_head + cta.block_key(j) / kBlockN);
+  }
+  __device__ __forceinline__ float v_unit_change(int j) const {
+    if (!Traits::kFp8 || !cta.args.v_scale_per_block || j == 0) return 1.0f;
+    return v_block_scale(j - 1) / v_block_scale(j);
+  }
+
   // mainloop.cuh
   __device__ __forceinline__ void start_keep(int j);
   __device__ __forceinline__ void draw_keep(int begin, int end);
@@ -142,7 +155,7 @@ struct Consumer {
   // P_j and its statistics published; `scale`: the factor this consumer's O
   // rows take before P_j V_j (rescale_own_o), once P_{j-1} V_{j-1} is in.
   __device__ __forceinline__ void softmax_publish(int j, float (&s)[64], float (&scale)[2]);
-  __device__ __forceinline__ void rescale_own_o(const float (&scale)[2]);
+  __device__ __forceinline__ void rescale_own_o(int j, const float (&scale)[2]);
   // epilogue.cuh
   __device__ __forceinline__ void store_output(const CUtensorMap* o_map);
   __device__ __forceinline__ void store_partial();

@@ -76,24 +76,38 @@ __device__ __forceinline__ void Consumer<Traits>::store_output(const CUtensorMap
     }
   }
   unsigned char* const o_tiles = cta.smem() + Traits::kQOffset;
+  // Traits::kFp8: O is in units of the last block's V scale (per-block V
+  // scales), and smooth-V's mean comes back on every row that attends a key.
+  [[maybe_unused]] float block_unit = 1.0f;
+  [[maybe_unused]] bool attends[2] = {false, false};
+  if constexpr (Traits::kFp8) {
+    if (cta.args.v_scale_per_block && tile->kv_blocks > 0) block_unit = v_block_scale(tile->kv_blocks - 1);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) attends[h] = out_scale[h] != 0.0f;
+  }
 #pragma unroll
   for (int i = 0; i < kHalfCols / 8; ++i) {
     const int col = w * kHalfCols + 8 * i + 2 * t;
     // Traits::kFp8: V's per-channel scales (columns past D read as 1).
-    float2 column_scale = make_float2(1.0f, 1.0f);
+    float2 column_scale = make_float2(1.0f, 1.0f), column_mean = make_float2(0.0f, 0.0f);
     if constexpr (Traits::kFp8) {
       const int channel = cta.vo_col0() + col;
+      const int64_t kv_row = (static_cast<int64_t>(tile->batch) * p.heads_kv + tile->kv_head) * p.head_dim + channel;
       if (channel < static_cast<int>(p.head_dim)) {
-        column_scale = __ldg(reinterpret_cast<const float2*>(
-            cta.args.v_scales + (static_cast<int64_t>(tile->batch) * p.heads_kv + tile->kv_head) * p.head_dim + channel));
+        column_scale = cta.args.v_scale_per_block ? make_float2(block_unit, block_unit)
+                                                  : __ldg(reinterpret_cast<const float2*>(cta.args.v_scales + kv_row));
+        if (cta.args.v_mean != nullptr) column_mean = __ldg(reinterpret_cast<const float2*>(cta.args.v_mean + kv_row));
       }
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
+      float first = o_acc[4 * i + 2 * h] * out_scale[h] * column_scale.x;
+      float second = o_acc[4 * i + 2 * h + 1] * out_scale[h] * column_scale.y;
+      if constexpr (Traits::kFp8) {
+        if (attends[h]) first += column_mean.x, second += column_mean.y;
+      }
       *reinterpret_cast<uint32_t*>(o_tiles + (col / kOutBoxCols) * kTileBytes +
-                                   swizzle128<kElementBytes>(row(h), col % kOutBoxCols)) =
-          pack2<Element>(o_acc[4 * i + 2 * h] * out_scale[h] * column_scale.x,
-                         o_acc[4 * i + 2 * h + 1] * out_scale[h] * column_scale.y);
+                                   swizzle128<kElementBytes>(row(h), col % kOutBoxCols)) = pack2<Element>(first, second);
     }
   }
   fence_proxy_async();

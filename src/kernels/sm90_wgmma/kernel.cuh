@@ -101,7 +101,7 @@ __device__ __forceinline__ void run_consumer(Consumer<Traits>& consumer) {
       } else {
         consumer.softmax_publish(j, s, own_scale);
       }
-      consumer.rescale_own_o(own_scale);
+      consumer.rescale_own_o(j, own_scale);
       consumer.accumulate_pv(j, true);
     }
     if (j >= 1 && j - 1 < consumer.cta.tile()->kv_blocks) consumer.accumulate_pv(j - 1, false);
@@ -115,7 +115,7 @@ __device__ __forceinline__ void run_consumer(Consumer<Traits>& consumer) {
       if (!own) break;
       float own_scale[2];
       consumer.softmax_publish(j, s, own_scale);
-      consumer.rescale_own_o(own_scale);
+      consumer.rescale_own_o(j, own_scale);
       if constexpr (Traits::kMaskInS) consumer.preload_mask(j + 2, s);
       consumer.accumulate_pv(j, true);
     }
@@ -139,7 +139,7 @@ __device__ __forceinline__ void run_consumer(Consumer<Traits>& consumer) {
       consumer.receive_s(j, s);
       float own_scale[2];
       consumer.softmax_publish(j, s, own_scale);
-      consumer.rescale_own_o(own_scale);
+      consumer.rescale_own_o(j, own_scale);
       if constexpr (Traits::kMaskInS) consumer.preload_mask(j + 2, s);
       consumer.accumulate_pv(j, true);
     }

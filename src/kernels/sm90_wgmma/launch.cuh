@@ -129,6 +129,9 @@ Status launch_fp8(const AttentionProblem& problem, const QuantizationOptions& op
   args.q_scales_per_head = q_scale_count(z.rows, options.qk_granularity);
   args.k_scales_per_head = k_scale_count(problem.seq_kv, options.qk_granularity);
   args.qk_scale_per_block = options.qk_granularity == QkScaleGranularity::per_block;
+  args.v_scales_per_head = v_scale_count(problem.seq_kv, problem.head_dim, options.v_granularity);
+  args.v_scale_per_block = options.v_granularity == VScaleGranularity::per_block;
+  args.v_mean = options.smooth_v ? z.v_mean : nullptr;
   if (args.row_blocks <= 0) return {};
   return launch_tiles<Traits>(args, maps, problem.batch * problem.heads_q * args.row_blocks, stream);
 }

@@ -126,10 +126,12 @@ __device__ __forceinline__ int Consumer<Traits>::issue_pv(int j, bool own) {
   if (!own) {
     const int t = quad_lane();
     float scale[2];
+    const float unit_change = v_unit_change(j);  // 1 but for per-block V scales
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       scale[h] = cta.stats()[buffer * 128 + 64 + row(h)];
       if (t == 0) cta.row_sums()[w * 64 + row(h)] *= scale[h];
+      scale[h] *= unit_change;
     }
     if (warp_rescales(scale[0], scale[1])) {
 #pragma unroll

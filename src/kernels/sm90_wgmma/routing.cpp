@@ -107,6 +107,7 @@ std::string fp8_kernel_name(const AttentionProblem& problem, int head_dim) {
          (cluster_size(head_dim) == 1 ? "" : ",cluster" + std::to_string(cluster_size(head_dim))) + ",fp8,qk-" +
          (q.qk_format == QkFormat::int8 ? "int8" : "e4m3") +
          (q.qk_granularity == QkScaleGranularity::per_block ? ",qk-per-block" : "") + (q.smooth_k ? "" : ",no-smooth-k") +
+         (q.v_granularity == VScaleGranularity::per_block ? ",v-per-block" : "") + (q.smooth_v ? ",smooth-v" : "") +
          (problem.has_dropout() ? ",dropout" : "") + (early > 0 ? ",early" + std::to_string(early) : "") + ">";
 }
 

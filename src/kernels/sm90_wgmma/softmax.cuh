@@ -117,10 +117,12 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
 }
 
 template <class Traits>
-__device__ __forceinline__ void Consumer<Traits>::rescale_own_o(const float (&scale)[2]) {
-  if (warp_rescales(scale[0], scale[1])) {
+__device__ __forceinline__ void Consumer<Traits>::rescale_own_o(int j, const float (&scale)[2]) {
+  const float unit_change = v_unit_change(j);  // 1 but for per-block V scales
+  const float factor[2] = {scale[0] * unit_change, scale[1] * unit_change};
+  if (warp_rescales(factor[0], factor[1])) {
 #pragma unroll
-    for (int h = 0; h < 2; ++h) scale_row<typename Traits::OLayout>(o_acc, h, scale[h]);
+    for (int h = 0; h < 2; ++h) scale_row<typename Traits::OLayout>(o_acc, h, factor[h]);
   }
 }
 

@@ -165,8 +165,12 @@ struct Args {
   const float* k_scales = nullptr;
   const float* v_scales = nullptr;
   const float* lse_shift = nullptr;
-  int64_t q_scales_per_head = 0, k_scales_per_head = 0;
+  int64_t q_scales_per_head = 0, k_scales_per_head = 0, v_scales_per_head = 0;
   bool qk_scale_per_block = false;
+  // V scaled per 128-key block (else per channel): O is kept in units of the
+  // current block's scale, each block's factor times old / new scale.
+  bool v_scale_per_block = false;
+  const float* v_mean = nullptr;  // smooth-V: added back to every row that attends a key
 };
 
 }  // namespace ffpa::detail::sm90_wgmma
