@@ -148,6 +148,28 @@ FFPA_API ffpa_status ffpa_forward(const ffpa_forward_params* params, char* messa
 FFPA_API ffpa_status ffpa_workspace_size(const ffpa_forward_params* params, size_t* bytes,
                                          char* message, size_t message_size);
 
+/* The gradients of a forward call (ffpa::BackwardParams): d_q, d_k, d_v (and
+ * d_mask for an additive mask) of sum(o * d_o), from the forward's q, k, v,
+ * mask, options, o and lse (required). Host tensors run on the CPU reference;
+ * GPU tensors get FFPA_IMPL_UNAVAILABLE until the backward kernels exist. */
+typedef struct ffpa_backward_params {
+  ffpa_tensor q, k, v, o;
+  ffpa_tensor lse;  /* the forward's, [B, Hq, Nq] f32 */
+  ffpa_tensor mask; /* data == NULL: no mask */
+  ffpa_tensor d_o;
+  ffpa_tensor d_q, d_k, d_v;
+  ffpa_tensor d_mask; /* data == NULL: not requested (additive masks only) */
+  ffpa_options options;
+  void* stream; /* cudaStream_t */
+  void* workspace;
+  size_t workspace_bytes;
+} ffpa_backward_params;
+
+FFPA_API ffpa_status ffpa_backward(const ffpa_backward_params* params, char* message, size_t message_size);
+
+FFPA_API ffpa_status ffpa_backward_workspace_size(const ffpa_backward_params* params, size_t* bytes,
+                                                  char* message, size_t message_size);
+
 /* Whether impl (FFPA_IMPL_AUTO, FFPA_IMPL_SM80_SPLIT_D or FFPA_IMPL_SM90_WGMMA)
  * runs this build's kernels on CUDA device `device` (an ordinal):
  * FFPA_OK, or FFPA_IMPL_UNAVAILABLE with the reason (no driver or no device, a

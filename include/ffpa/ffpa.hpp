@@ -164,6 +164,33 @@ FFPA_API Status forward(const ForwardParams& params);
 // Bytes of workspace the call would use (0 when it needs none).
 FFPA_API Status workspace_size(const ForwardParams& params, size_t* bytes);
 
+// The gradients of a forward call (docs/spec.md, "Backward"): dq, dk, dv of
+// sum(o * d_o) for the forward's q, k, v, mask and options (the same scale,
+// causal alignment and dropout (seed, offset), so the backward redraws the
+// forward's keep mask), from its o and lse. Only the CPU reference
+// (host pointers) computes it today; GPU tensors get impl_unavailable until
+// the backward kernels exist (issue 13).
+struct BackwardParams {
+  Tensor q, k, v;  // the forward's inputs
+  Tensor o;        // the forward's output
+  Tensor lse;      // the forward's lse, [B, Hq, Nq] f32 (required)
+  Tensor mask;     // the forward's mask (optional)
+  Tensor d_o;      // the gradient of o: o's shape and dtype
+  Tensor d_q, d_k, d_v;  // outputs: q's, k's, v's shapes and dtype
+  // Optional output with an additive mask: its gradient, the mask's shape and
+  // dtype, summed over the dims the mask broadcasts along.
+  Tensor d_mask;
+  Options options;  // the forward call's (precision: the inputs' own only)
+  cudaStream_t stream = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+FFPA_API Status backward(const BackwardParams& params);
+
+// Bytes of workspace the backward would use (0 when it needs none).
+FFPA_API Status backward_workspace_size(const BackwardParams& params, size_t* bytes);
+
 // What forward() would run for these parameters, without running it.
 struct KernelChoice {
   Impl impl = Impl::automatic;

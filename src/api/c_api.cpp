@@ -102,15 +102,8 @@ ffpa::Tensor to_cpp(const ffpa_tensor& c) {
   return t;
 }
 
-ffpa::ForwardParams to_cpp(const ffpa_forward_params& c) {
+ffpa::Options to_cpp(const ffpa_options& opt) {
   ffpa::ForwardParams p;
-  p.q = to_cpp(c.q);
-  p.k = to_cpp(c.k);
-  p.v = to_cpp(c.v);
-  p.o = to_cpp(c.o);
-  p.mask = to_cpp(c.mask);
-  p.lse = to_cpp(c.lse);
-  const ffpa_options& opt = c.options;
   if (opt.has_scale) p.options.scale = opt.scale;
   p.options.causal = static_cast<ffpa::Causal>(opt.causal);
   p.options.dropout_p = opt.dropout_p;
@@ -126,6 +119,38 @@ ffpa::ForwardParams to_cpp(const ffpa_forward_params& c) {
   if (opt.fp8.has_early_rows) p.options.fp8.early_rows = opt.fp8.early_rows;
   p.options.fp8.v_scales = static_cast<ffpa::Fp8VScales>(opt.fp8.v_scales);
   p.options.fp8.smooth_v = opt.fp8.smooth_v != 0;
+  return p.options;
+}
+
+ffpa::ForwardParams to_cpp(const ffpa_forward_params& c) {
+  ffpa::ForwardParams p;
+  p.q = to_cpp(c.q);
+  p.k = to_cpp(c.k);
+  p.v = to_cpp(c.v);
+  p.o = to_cpp(c.o);
+  p.mask = to_cpp(c.mask);
+  p.lse = to_cpp(c.lse);
+  p.options = to_cpp(c.options);
+  p.stream = static_cast<cudaStream_t>(c.stream);
+  p.workspace = c.workspace;
+  p.workspace_bytes = c.workspace_bytes;
+  return p;
+}
+
+ffpa::BackwardParams to_cpp(const ffpa_backward_params& c) {
+  ffpa::BackwardParams p;
+  p.q = to_cpp(c.q);
+  p.k = to_cpp(c.k);
+  p.v = to_cpp(c.v);
+  p.o = to_cpp(c.o);
+  p.lse = to_cpp(c.lse);
+  p.mask = to_cpp(c.mask);
+  p.d_o = to_cpp(c.d_o);
+  p.d_q = to_cpp(c.d_q);
+  p.d_k = to_cpp(c.d_k);
+  p.d_v = to_cpp(c.d_v);
+  p.d_mask = to_cpp(c.d_mask);
+  p.options = to_cpp(c.options);
   p.stream = static_cast<cudaStream_t>(c.stream);
   p.workspace = c.workspace;
   p.workspace_bytes = c.workspace_bytes;
@@ -180,6 +205,27 @@ ffpa_status ffpa_workspace_size(const ffpa_forward_params* params, size_t* bytes
       return FFPA_NULL_POINTER;
     }
     return to_c(ffpa::workspace_size(to_cpp(*params), bytes), message, message_size);
+  });
+}
+
+ffpa_status ffpa_backward(const ffpa_backward_params* params, char* message, size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (!params) {
+      write_message(message, message_size, "", "params is null");
+      return FFPA_NULL_POINTER;
+    }
+    return to_c(ffpa::backward(to_cpp(*params)), message, message_size);
+  });
+}
+
+ffpa_status ffpa_backward_workspace_size(const ffpa_backward_params* params, size_t* bytes, char* message,
+                                         size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (!params || !bytes) {
+      write_message(message, message_size, "", params ? "bytes is null" : "params is null");
+      return FFPA_NULL_POINTER;
+    }
+    return to_c(ffpa::backward_workspace_size(to_cpp(*params), bytes), message, message_size);
   });
 }
 

@@ -52,18 +52,13 @@ Status unknown_location(const char* name, cudaError_t error) {
 
 }  // namespace
 
-Status common_memory_space(const AttentionProblem& problem, MemorySpace* space) {
-  struct Named {
-    const char* name;
-    const void* pointer;
-  };
-  // q is located first; the others must be where it is (one query per pointer:
-  // each is a driver call, and a small call's host time counts).
-  const Named tensors[] = {{"k", problem.k}, {"v", problem.v}, {"o", problem.o},
-                           {"mask", problem.mask}, {"lse", problem.lse}};
-  const Location first = locate(problem.q);
-  if (first.error != cudaSuccess) return unknown_location("q", first.error);
-  for (const Named& tensor : tensors) {
+Status common_memory_space(const NamedPointer* tensors, int count, MemorySpace* space) {
+  // The first is located first; the others must be where it is (one query per
+  // pointer: each is a driver call, and a small call's host time counts).
+  const Location first = locate(tensors[0].pointer);
+  if (first.error != cudaSuccess) return unknown_location(tensors[0].name, first.error);
+  for (int i = 1; i < count; ++i) {
+    const NamedPointer& tensor = tensors[i];
     if (tensor.pointer == nullptr) continue;
     const Location location = locate(tensor.pointer);
     if (location.error != cudaSuccess) return unknown_location(tensor.name, location.error);
@@ -71,7 +66,7 @@ Status common_memory_space(const AttentionProblem& problem, MemorySpace* space) 
       return {StatusCode::wrong_memory_space,
               std::string(tensor.name) + " is in " + (location.device ? "device" : "host") +
                   " memory" + (location.device ? " of device " + std::to_string(location.device_id) : "") +
-                  " but q is in " + (first.device ? "device" : "host") + " memory" +
+                  " but " + tensors[0].name + " is in " + (first.device ? "device" : "host") + " memory" +
                   (first.device ? " of device " + std::to_string(first.device_id) : "")};
     }
   }
@@ -86,6 +81,12 @@ Status common_memory_space(const AttentionProblem& problem, MemorySpace* space) 
   }
   *space = first.device ? MemorySpace::device : MemorySpace::host;
   return {};
+}
+
+Status common_memory_space(const AttentionProblem& problem, MemorySpace* space) {
+  const NamedPointer tensors[] = {{"q", problem.q},       {"k", problem.k},       {"v", problem.v},
+                                  {"o", problem.o},       {"mask", problem.mask}, {"lse", problem.lse}};
+  return common_memory_space(tensors, 6, space);
 }
 
 }  // namespace ffpa::detail

@@ -14,4 +14,12 @@ enum class MemorySpace { host, device };
 // device other than the current one.
 Status common_memory_space(const AttentionProblem& problem, MemorySpace* space);
 
+// The same over any tensors, the first one's space the reference (null
+// pointers skipped but the first's).
+struct NamedPointer {
+  const char* name;
+  const void* pointer;
+};
+Status common_memory_space(const NamedPointer* tensors, int count, MemorySpace* space);
+
 }  // namespace ffpa::detail

@@ -126,4 +126,79 @@ void cpu_attention_backward_f64(const AttentionProblem& p, const double* d_out, 
   });
 }
 
+namespace {
+
+size_t elements(int64_t a, int64_t b, int64_t c, int64_t d) { return static_cast<size_t>(a * b * c * d); }
+
+void store(DType dtype, void* base, int64_t offset, double value) {
+  const float f = static_cast<float>(value);
+  switch (dtype) {
+    case DType::f16: static_cast<uint16_t*>(base)[offset] = float_to_half_bits(f); break;
+    case DType::bf16: static_cast<uint16_t*>(base)[offset] = float_to_bf16_bits(f); break;
+    case DType::f32: static_cast<float*>(base)[offset] = f; break;
+    case DType::boolean: break;  // validation admits additive masks only
+  }
+}
+
+// A contiguous [B][H][N][D] double array into a strided tensor of the dtype.
+void store_rows(const std::vector<double>& values, DType dtype, void* base, const int64_t (&stride)[3], int64_t batch,
+                int64_t heads, int64_t rows, int64_t dim) {
+  size_t e = 0;
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t n = 0; n < rows; ++n)
+        for (int64_t d = 0; d < dim; ++d) store(dtype, base, b * stride[0] + h * stride[1] + n * stride[2] + d, values[e++]);
+}
+
+}  // namespace
+
+void cpu_attention_backward(const BackwardProblem& bp, int num_threads) {
+  const AttentionProblem& p = bp.forward;
+  const int64_t dim = p.head_dim;
+  std::vector<double> d_out(elements(p.batch, p.heads_q, p.seq_q, dim));
+  size_t e = 0;
+  for (int64_t b = 0; b < p.batch; ++b)
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t i = 0; i < p.seq_q; ++i)
+        for (int64_t d = 0; d < dim; ++d)
+          d_out[e++] = element(p, bp.d_o, b * bp.d_o_stride[0] + h * bp.d_o_stride[1] + i * bp.d_o_stride[2] + d);
+  std::vector<double> d_q(elements(p.batch, p.heads_q, p.seq_q, dim)), d_k(elements(p.batch, p.heads_kv, p.seq_kv, dim)),
+      d_v(elements(p.batch, p.heads_kv, p.seq_kv, dim)), d_scores;
+  if (bp.d_mask != nullptr) d_scores.resize(elements(p.batch, p.heads_q, p.seq_q, p.seq_kv));
+  cpu_attention_backward_f64(p, d_out.data(),
+                             AttentionGradients{d_q.data(), d_k.data(), d_v.data(),
+                                                bp.d_mask != nullptr ? d_scores.data() : nullptr},
+                             num_threads);
+  store_rows(d_q, p.dtype, bp.d_q, bp.d_q_stride, p.batch, p.heads_q, p.seq_q, dim);
+  store_rows(d_k, p.dtype, bp.d_k, bp.d_k_stride, p.batch, p.heads_kv, p.seq_kv, dim);
+  store_rows(d_v, p.dtype, bp.d_v, bp.d_v_stride, p.batch, p.heads_kv, p.seq_kv, dim);
+  if (bp.d_mask == nullptr) return;
+  // Each score's gradient added into the mask element it read (index 0 along
+  // a broadcast dim), in index order.
+  const int64_t* shape = bp.d_mask_shape;
+  std::vector<double> d_mask(elements(shape[0], shape[1], shape[2], shape[3]), 0.0);
+  const int64_t full[4] = {p.batch, p.heads_q, p.seq_q, p.seq_kv};
+  e = 0;
+  for (int64_t b = 0; b < full[0]; ++b)
+    for (int64_t h = 0; h < full[1]; ++h)
+      for (int64_t i = 0; i < full[2]; ++i)
+        for (int64_t j = 0; j < full[3]; ++j) {
+          const int64_t index[4] = {shape[0] == 1 ? 0 : b, shape[1] == 1 ? 0 : h, shape[2] == 1 ? 0 : i,
+                                    shape[3] == 1 ? 0 : j};
+          d_mask[static_cast<size_t>(((index[0] * shape[1] + index[1]) * shape[2] + index[2]) * shape[3] + index[3])] +=
+              d_scores[e++];
+        }
+  const DType mask_dtype = p.mask_kind == MaskKind::additive_f16    ? DType::f16
+                           : p.mask_kind == MaskKind::additive_bf16 ? DType::bf16
+                                                                     : DType::f32;
+  e = 0;
+  for (int64_t b = 0; b < shape[0]; ++b)
+    for (int64_t h = 0; h < shape[1]; ++h)
+      for (int64_t i = 0; i < shape[2]; ++i)
+        for (int64_t j = 0; j < shape[3]; ++j)
+          store(mask_dtype, bp.d_mask,
+                b * bp.d_mask_stride[0] + h * bp.d_mask_stride[1] + i * bp.d_mask_stride[2] + j * bp.d_mask_stride[3],
+                d_mask[e++]);
+}
+
 }  // namespace ffpa::detail

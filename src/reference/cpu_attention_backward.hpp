@@ -1,11 +1,12 @@
 // The CPU reference's backward pass (issue 13's oracle; docs/kernels/backward_plan.md):
 // the gradients of exact attention in double, with every semantic of the
 // forward reference (masks, causal alignments, GQA, dropout's keep mask from
-// the same stream, scale). No public entry point yet: the tests and, later,
-// the backward API's CPU implementation call it.
+// the same stream, scale). ffpa::backward's CPU implementation
+// (cpu_attention_backward) runs it on the call's tensors.
 #pragma once
 
 #include "common/attention_problem.hpp"
+#include "common/backward_problem.hpp"
 
 namespace ffpa::detail {
 
@@ -27,5 +28,11 @@ struct AttentionGradients {
 // threads; the result does not depend on it.
 void cpu_attention_backward_f64(const AttentionProblem& problem, const double* d_out, const AttentionGradients& grads,
                                 int num_threads = 0);
+
+// ffpa::backward on host tensors: d_o read in its dtype, the gradients
+// computed in double (cpu_attention_backward_f64) and written rounded to the
+// outputs' dtypes, an additive mask's gradient summed over the dims the mask
+// broadcasts along. Throws std::bad_alloc when host memory runs out.
+void cpu_attention_backward(const BackwardProblem& problem, int num_threads = 0);
 
 }  // namespace ffpa::detail
