@@ -55,7 +55,7 @@ enum class StatusCode : int32_t {
   unsupported_dtype = 3,
   dtype_mismatch = 4,
   shape_mismatch = 5,
-  value_head_dim_mismatch = 6,  // Dv != D (not yet supported)
+  value_head_dim_mismatch = 6,  // no longer returned: Dv != D is valid (a family without kernels for it declines)
   unsupported_head_dim = 7,     // D outside [8, 1024] or not a multiple of 8
   invalid_gqa_ratio = 8,        // Hq % Hkv != 0
   noncontiguous_last_dim = 9,

@@ -29,6 +29,8 @@ enum class MaskKind : int32_t { none, boolean, additive_f16, additive_bf16, addi
 
 struct AttentionProblem {
   int64_t batch = 0, heads_q = 0, heads_kv = 0, seq_q = 0, seq_kv = 0, head_dim = 0;
+  // Dv, the head dim of v and o (issue 14's D_qk != D_v); 0 means head_dim.
+  int64_t value_dim = 0;
   DType dtype = DType::bf16;
 
   const void* q = nullptr;
@@ -59,6 +61,7 @@ struct AttentionProblem {
   QuantizationOptions quantization;
 
   FFPA_HOST_DEVICE int64_t group_size() const { return heads_q / heads_kv; }  // query heads per kv head
+  FFPA_HOST_DEVICE int64_t dv() const { return value_dim > 0 ? value_dim : head_dim; }
   FFPA_HOST_DEVICE bool has_dropout() const { return dropout_p > 0.0f; }
   // Last key row i may attend, before clipping to [0, Nkv): i + causal_shift().
   FFPA_HOST_DEVICE int64_t causal_shift() const { return causal == Causal::bottom_right ? seq_kv - seq_q : 0; }

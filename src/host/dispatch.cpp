@@ -115,6 +115,11 @@ Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
     return {StatusCode::impl_unavailable,
             "impl sm80_split_d serves sequence lengths up to " + std::to_string(kMaxSequenceLength)};
   }
+  if (problem.dv() != problem.head_dim) {
+    return {StatusCode::impl_unavailable, "impl sm80_split_d: Dv = " + std::to_string(problem.dv()) +
+                                              " differs from D = " + std::to_string(problem.head_dim) +
+                                              "; its kernels are built for Dv == D (D_qk != D_v is issue 14)"};
+  }
   sm80_split_d::Route route;
   if (Status status = split_d_shared_memory_route(problem, info, &route); !status.ok()) return status;
   if (Status status = sm80_split_d::runnable(problem, route, info.device); !status.ok()) return status;

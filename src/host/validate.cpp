@@ -154,13 +154,16 @@ Status check_shapes(const ForwardParams& p) {
     return fail(StatusCode::invalid_gqa_ratio, "q.shape[1] (Hq) = ", heads_q,
                 " is not a multiple of k.shape[1] (Hkv) = ", heads_kv);
 
+  // D (of q and k) and Dv (of v and o) each a multiple of kHeadDimMultiple in
+  // range; they may differ (D_qk != D_v, e.g. absorbed MLA's 576 / 512).
   const int64_t d = p.q.shape[3], dv = p.v.shape[3];
-  if (dv != d)
-    return fail(StatusCode::value_head_dim_mismatch, "v.shape[3] (Dv) = ", dv,
-                " differs from q.shape[3] (D) = ", d, "; Dv != D is not supported yet");
   if (d < kMinHeadDim || d > kMaxHeadDim || d % kHeadDimMultiple != 0)
     return fail(StatusCode::unsupported_head_dim, "q.shape[3] (D) = ", d,
                 " is not supported; D must be a multiple of ", kHeadDimMultiple, " in [",
+                kMinHeadDim, ", ", kMaxHeadDim, "]");
+  if (dv < kMinHeadDim || dv > kMaxHeadDim || dv % kHeadDimMultiple != 0)
+    return fail(StatusCode::unsupported_head_dim, "v.shape[3] (Dv) = ", dv,
+                " is not supported; Dv must be a multiple of ", kHeadDimMultiple, " in [",
                 kMinHeadDim, ", ", kMaxHeadDim, "]");
   return {};
 }
@@ -393,6 +396,7 @@ AttentionProblem make_problem(const ForwardParams& p) {
   problem.seq_q = p.q.shape[2];
   problem.seq_kv = p.k.shape[2];
   problem.head_dim = p.q.shape[3];
+  problem.value_dim = p.v.shape[3];
   problem.dtype = p.q.dtype;
 
   problem.q = p.q.data;

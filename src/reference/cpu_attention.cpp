@@ -111,7 +111,7 @@ void attend_row_group(const AttentionProblem& p, int64_t b, int64_t h, const flo
                       const float* v, const int64_t (&rows)[kRowGroup], Scratch& s,
                       double (&lse)[kRowGroup]) {
   static_assert(kRowGroup == 4, "the loops below spell out four lanes");
-  const int64_t dim = p.head_dim, nkv = p.seq_kv;
+  const int64_t dim = p.head_dim, dv = p.dv(), nkv = p.seq_kv;
   int64_t visible[kRowGroup];
   int64_t visible_max = 0;
   for (int r = 0; r < kRowGroup; ++r) {
@@ -157,9 +157,9 @@ void attend_row_group(const AttentionProblem& p, int64_t b, int64_t h, const flo
     // accumulators start at +0, so they are never -0, and adding +-0 to a value
     // other than -0 leaves it as it is.
     if (c0 == 0.0 && c1 == 0.0 && c2 == 0.0 && c3 == 0.0) continue;
-    const float* vj = v + j * dim;
+    const float* vj = v + j * dv;
     double* o = s.out.data();
-    for (int64_t d = 0; d < dim; ++d, o += kRowGroup) {
+    for (int64_t d = 0; d < dv; ++d, o += kRowGroup) {
       const double x = vj[d];
       o[0] += c0 * x;
       o[1] += c1 * x;
@@ -172,7 +172,7 @@ void attend_row_group(const AttentionProblem& p, int64_t b, int64_t h, const flo
 // Writes lane `lane` of s.out (row i, position r in the row selection).
 void store_row(const AttentionProblem& p, const Destination& dst, int64_t row_count, int64_t b,
                int64_t h, int64_t r, int64_t i, const Scratch& s, int lane, double lse) {
-  const int64_t dim = p.head_dim;
+  const int64_t dim = p.dv();
   const double* o = s.out.data() + lane;
   if (dst.f64) {
     double* out = dst.out + ((b * p.heads_q + h) * row_count + r) * dim;
@@ -203,7 +203,7 @@ void run(const AttentionProblem& p, RowSubset subset, int num_threads, const Des
   auto row_at = [&](int64_t r) { return subset.rows != nullptr ? subset.rows[r] : r; };
 
   const int threads = resolve_threads(num_threads);
-  const int64_t dim = p.head_dim, nkv = p.seq_kv, group = p.group_size();
+  const int64_t dim = p.head_dim, dv = p.dv(), nkv = p.seq_kv, group = p.group_size();
   // Enough items per block to balance the threads; whole row groups per chunk.
   const int64_t rows_per_item =
       ceil_div(ceil_div(group * row_count, int64_t{4} * threads), kRowGroup) * kRowGroup;
@@ -216,9 +216,9 @@ void run(const AttentionProblem& p, RowSubset subset, int num_threads, const Des
     s.q.resize(scratch_elements<double>(dim, kRowGroup));
     s.weight.resize(scratch_elements<double>(kRowGroup, nkv));
     s.bias.resize(scratch_elements<double>(nkv, 1));
-    s.out.resize(scratch_elements<double>(dim, kRowGroup));
+    s.out.resize(scratch_elements<double>(dv, kRowGroup));
   }
-  std::vector<float> k_block(scratch_elements<float>(nkv, dim)), v_block(scratch_elements<float>(nkv, dim));
+  std::vector<float> k_block(scratch_elements<float>(nkv, dim)), v_block(scratch_elements<float>(nkv, dv));
   constexpr int64_t kElementsPerConversionSlice = int64_t{1} << 16;
   const int64_t slices = std::clamp<int64_t>(nkv * dim / kElementsPerConversionSlice, 1, threads);
 
@@ -231,7 +231,7 @@ void run(const AttentionProblem& p, RowSubset subset, int num_threads, const Des
                    dim, p.dtype, k_block.data() + j * dim);
           to_float(offset_ptr<uint16_t>(
                        p.v, b * p.v_stride[0] + kv_head * p.v_stride[1] + j * p.v_stride[2]),
-                   dim, p.dtype, v_block.data() + j * dim);
+                   dv, p.dtype, v_block.data() + j * dv);
         }
       });
       parallel_for(items, workers, [&](int worker, int64_t item) {

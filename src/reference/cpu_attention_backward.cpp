@@ -33,7 +33,8 @@ void load_row(const AttentionProblem& p, int kind, int64_t b, int64_t h, int64_t
   const void* base = kind == 0 ? p.q : kind == 1 ? p.k : p.v;
   const int64_t* stride = kind == 0 ? p.q_stride : kind == 1 ? p.k_stride : p.v_stride;
   const int64_t offset = b * stride[0] + h * stride[1] + n * stride[2];
-  for (int64_t d = 0; d < p.head_dim; ++d) row[d] = element(p, base, offset + d);
+  const int64_t dim = kind == 2 ? p.dv() : p.head_dim;
+  for (int64_t d = 0; d < dim; ++d) row[d] = element(p, base, offset + d);
 }
 
 // One worker's buffers: its unit's K and V rows, a query row, a mask row, and
@@ -44,20 +45,20 @@ struct Unit {
 
 void backward_unit(const AttentionProblem& p, const double* d_out, const AttentionGradients& g, int64_t b,
                    int64_t kv_head, Unit& u) {
-  const int64_t dim = p.head_dim, nkv = p.seq_kv, group = p.group_size();
+  const int64_t dim = p.head_dim, dv = p.dv(), nkv = p.seq_kv, group = p.group_size();
   for (int64_t j = 0; j < nkv; ++j) {
     load_row(p, 1, b, kv_head, j, u.k.data() + j * dim);
-    load_row(p, 2, b, kv_head, j, u.v.data() + j * dim);
+    load_row(p, 2, b, kv_head, j, u.v.data() + j * dv);
   }
   double* const d_k = g.d_k + (b * p.heads_kv + kv_head) * nkv * dim;
-  double* const d_v = g.d_v + (b * p.heads_kv + kv_head) * nkv * dim;
+  double* const d_v = g.d_v + (b * p.heads_kv + kv_head) * nkv * dv;
   std::fill(d_k, d_k + nkv * dim, 0.0);
-  std::fill(d_v, d_v + nkv * dim, 0.0);
+  std::fill(d_v, d_v + nkv * dv, 0.0);
   const double scale = p.scale;
   for (int64_t h = kv_head * group; h < (kv_head + 1) * group; ++h) {
     for (int64_t i = 0; i < p.seq_q; ++i) {
       const int64_t row = (b * p.heads_q + h) * p.seq_q + i;
-      const double* const go = d_out + row * dim;
+      const double* const go = d_out + row * dv;
       double* const d_q = g.d_q + row * dim;
       double* const d_s = g.d_scores != nullptr ? g.d_scores + row * nkv : nullptr;
       std::fill(d_q, d_q + dim, 0.0);
@@ -89,7 +90,7 @@ void backward_unit(const AttentionProblem& p, const double* d_out, const Attenti
           u.z[j] = 1.0;
         }
         double dot = 0.0;
-        for (int64_t d = 0; d < dim; ++d) dot += go[d] * u.v[j * dim + d];
+        for (int64_t d = 0; d < dv; ++d) dot += go[d] * u.v[j * dv + d];
         u.dp[j] = dot;
         delta += u.p[j] * u.z[j] * dot;
       }
@@ -97,8 +98,8 @@ void backward_unit(const AttentionProblem& p, const double* d_out, const Attenti
         const double a = u.p[j] * u.z[j];
         const double ds = u.p[j] * (u.z[j] * u.dp[j] - delta);
         if (d_s != nullptr) d_s[j] = ds;
+        for (int64_t d = 0; d < dv; ++d) d_v[j * dv + d] += a * go[d];
         for (int64_t d = 0; d < dim; ++d) {
-          d_v[j * dim + d] += a * go[d];
           d_q[d] += scale * ds * u.k[j * dim + d];
           d_k[j * dim + d] += scale * ds * u.q[d];
         }
@@ -117,7 +118,7 @@ void cpu_attention_backward_f64(const AttentionProblem& p, const double* d_out, 
   std::vector<Unit> scratch(static_cast<size_t>(workers));
   for (Unit& u : scratch) {
     u.k.resize(static_cast<size_t>(p.seq_kv * p.head_dim));
-    u.v.resize(u.k.size());
+    u.v.resize(static_cast<size_t>(p.seq_kv * p.dv()));
     u.q.resize(static_cast<size_t>(p.head_dim));
     for (std::vector<double>* per_key : {&u.bias, &u.p, &u.z, &u.dp}) per_key->resize(static_cast<size_t>(p.seq_kv));
   }
@@ -154,16 +155,16 @@ void store_rows(const std::vector<double>& values, DType dtype, void* base, cons
 
 void cpu_attention_backward(const BackwardProblem& bp, int num_threads) {
   const AttentionProblem& p = bp.forward;
-  const int64_t dim = p.head_dim;
-  std::vector<double> d_out(elements(p.batch, p.heads_q, p.seq_q, dim));
+  const int64_t dim = p.head_dim, dv = p.dv();
+  std::vector<double> d_out(elements(p.batch, p.heads_q, p.seq_q, dv));
   size_t e = 0;
   for (int64_t b = 0; b < p.batch; ++b)
     for (int64_t h = 0; h < p.heads_q; ++h)
       for (int64_t i = 0; i < p.seq_q; ++i)
-        for (int64_t d = 0; d < dim; ++d)
+        for (int64_t d = 0; d < dv; ++d)
           d_out[e++] = element(p, bp.d_o, b * bp.d_o_stride[0] + h * bp.d_o_stride[1] + i * bp.d_o_stride[2] + d);
   std::vector<double> d_q(elements(p.batch, p.heads_q, p.seq_q, dim)), d_k(elements(p.batch, p.heads_kv, p.seq_kv, dim)),
-      d_v(elements(p.batch, p.heads_kv, p.seq_kv, dim)), d_scores;
+      d_v(elements(p.batch, p.heads_kv, p.seq_kv, dv)), d_scores;
   if (bp.d_mask != nullptr) d_scores.resize(elements(p.batch, p.heads_q, p.seq_q, p.seq_kv));
   cpu_attention_backward_f64(p, d_out.data(),
                              AttentionGradients{d_q.data(), d_k.data(), d_v.data(),
@@ -171,7 +172,7 @@ void cpu_attention_backward(const BackwardProblem& bp, int num_threads) {
                              num_threads);
   store_rows(d_q, p.dtype, bp.d_q, bp.d_q_stride, p.batch, p.heads_q, p.seq_q, dim);
   store_rows(d_k, p.dtype, bp.d_k, bp.d_k_stride, p.batch, p.heads_kv, p.seq_kv, dim);
-  store_rows(d_v, p.dtype, bp.d_v, bp.d_v_stride, p.batch, p.heads_kv, p.seq_kv, dim);
+  store_rows(d_v, p.dtype, bp.d_v, bp.d_v_stride, p.batch, p.heads_kv, p.seq_kv, dv);
   if (bp.d_mask == nullptr) return;
   // Each score's gradient added into the mask element it read (index 0 along
   // a broadcast dim), in index order.

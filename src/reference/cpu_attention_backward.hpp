@@ -11,7 +11,7 @@
 namespace ffpa::detail {
 
 // Where the gradients go, contiguous fp64 arrays: d_q [B, Hq, Nq, D],
-// d_k [B, Hkv, Nkv, D], d_v [B, Hkv, Nkv, D] and, when not null, d_scores
+// d_k [B, Hkv, Nkv, D], d_v [B, Hkv, Nkv, Dv] and, when not null, d_scores
 // [B, Hq, Nq, Nkv], the gradient with respect to each scaled score plus its
 // mask term (an additive mask's gradient, before summing over the dims the
 // mask broadcasts along; 0 for keys a row does not attend).
@@ -23,7 +23,7 @@ struct AttentionGradients {
 };
 
 // The gradients of sum(O * d_out) for the problem's q, k, v, mask and options
-// (its o and lse are not read), d_out contiguous [B, Hq, Nq, D] in double.
+// (its o and lse are not read), d_out contiguous [B, Hq, Nq, Dv] in double.
 // Overwrites every element of the gradients. num_threads <= 0: hardware
 // threads; the result does not depend on it.
 void cpu_attention_backward_f64(const AttentionProblem& problem, const double* d_out, const AttentionGradients& grads,

@@ -151,6 +151,12 @@ TEST(Sm90Routing, DeclinesWithAReason) {
   odd_rows.k_stride[2] = 516;  // 1032-byte rows: not a multiple of 16 bytes
   EXPECT_EQ(ffpa::detail::sm90_wgmma::route(odd_rows, &reason), nullptr);
   EXPECT_NE(reason.find("TMA"), std::string::npos) << reason;
+
+  auto mla = sm90_problem(576);  // absorbed MLA: D_qk 576, D_v 512
+  mla.value_dim = 512;
+  EXPECT_EQ(ffpa::detail::sm90_wgmma::route(mla, &reason), nullptr);
+  EXPECT_NE(reason.find("Dv = 512 differs from D = 576"), std::string::npos) << reason;
+  EXPECT_EQ(ffpa::detail::sm90_wgmma::route_fp8(mla, &reason), nullptr);  // the FP8 instances too
 }
 
 // Which calls run the kernels that start S at the mask (family.hpp's

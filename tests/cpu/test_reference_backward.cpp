@@ -19,6 +19,7 @@
 
 #include "common/attention_problem.hpp"
 #include "common/philox.hpp"
+#include "reference/cpu_attention.hpp"
 #include "reference/cpu_attention_backward.hpp"
 #include "reference/score_terms.hpp"
 #include "support/host_tensors.hpp"
@@ -33,6 +34,7 @@ using testing::HostTensor;
 struct Case {
   std::string name;
   int64_t batch = 1, heads_q = 2, heads_kv = 2, seq_q = 5, seq_kv = 7, dim = 8;
+  int64_t value_dim = 0;  // Dv of v, o and the loss's weights; 0: dim
   Causal causal = Causal::none;
   MaskKind mask = MaskKind::none;
   float dropout_p = 0.0f;
@@ -61,13 +63,15 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
   Inputs in;
   in.q = testing::make_host_tensor(DType::bf16, {c.batch, c.heads_q, c.seq_q, c.dim});
   in.k = testing::make_host_tensor(DType::bf16, {c.batch, c.heads_kv, c.seq_kv, c.dim});
-  in.v = testing::make_host_tensor(DType::bf16, {c.batch, c.heads_kv, c.seq_kv, c.dim});
+  const int64_t dv = c.value_dim > 0 ? c.value_dim : c.dim;
+  in.v = testing::make_host_tensor(DType::bf16, {c.batch, c.heads_kv, c.seq_kv, dv});
   testing::fill_uniform(in.q, seed + 1, -2.0f, 2.0f);
   testing::fill_uniform(in.k, seed + 2, -2.0f, 2.0f);
   testing::fill_uniform(in.v, seed + 3, -1.0f, 1.0f);
   AttentionProblem& p = in.problem;
   testing::set_problem_shape(p, c.batch, c.heads_q, c.heads_kv, c.seq_q, c.seq_kv, c.dim, DType::bf16);
   testing::set_problem_qkv(p, in.q.tensor, in.k.tensor, in.v.tensor);
+  p.value_dim = dv;
   p.scale = static_cast<float>(c.scale != 0.0 ? c.scale : 1.0 / std::sqrt(static_cast<double>(c.dim)));
   p.causal = c.causal;
   p.dropout_p = c.dropout_p;
@@ -101,7 +105,7 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
   in.vd = as_doubles(in.v);
   std::mt19937_64 rng(seed + 5);
   std::uniform_real_distribution<double> uniform(-1.0, 1.0);
-  in.g.resize(in.qd.size());
+  in.g.resize(static_cast<size_t>(c.batch * c.heads_q * c.seq_q * dv));
   for (double& x : in.g) x = uniform(rng);
   return in;
 }
@@ -111,7 +115,7 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
 double naive_loss(const Inputs& in, const std::vector<double>& q, const std::vector<double>& k,
                   const std::vector<double>& v, int64_t bumped = -1, double bump = 0.0) {
   const AttentionProblem& p = in.problem;
-  const int64_t dim = p.head_dim, nkv = p.seq_kv;
+  const int64_t dim = p.head_dim, dv = p.dv(), nkv = p.seq_kv;
   double loss = 0.0;
   std::vector<double> bias(static_cast<size_t>(nkv)), s(static_cast<size_t>(nkv));
   for (int64_t b = 0; b < p.batch; ++b) {
@@ -139,9 +143,9 @@ double naive_loss(const Inputs& in, const std::vector<double>& q, const std::vec
                                                    p.seq_kv, i, j, p.dropout_threshold);
             weight = keep ? weight * p.dropout_scale : 0.0;
           }
-          for (int64_t d = 0; d < dim; ++d)
-            loss += weight * v[((b * p.heads_kv + kvh) * nkv + j) * dim + d] *
-                    in.g[((b * p.heads_q + h) * p.seq_q + i) * dim + d];
+          for (int64_t d = 0; d < dv; ++d)
+            loss += weight * v[((b * p.heads_kv + kvh) * nkv + j) * dv + d] *
+                    in.g[((b * p.heads_q + h) * p.seq_q + i) * dv + d];
         }
       }
     }
@@ -184,6 +188,12 @@ void check_case(const Case& c, uint64_t seed) {
                            (2 * kStep);
     expect_close(ds[e], numeric, "dScores " + std::to_string(e));
   }
+  // The forward reference agrees with the naive formula: sum(O * G).
+  std::vector<double> out(in.g.size(), poison);
+  detail::cpu_attention_forward_f64(p, {}, out.data(), nullptr, 2);
+  double loss = 0.0;
+  for (size_t e = 0; e < out.size(); ++e) loss += out[e] * in.g[e];
+  EXPECT_NEAR(loss, naive_loss(in, in.qd, in.kd, in.vd), 1e-9 * (1.0 + std::fabs(loss))) << "forward";
   if (c.mask != MaskKind::none) {  // the fully masked row 1: no gradient reaches its query
     for (int64_t h = 0; h < p.heads_q; ++h)
       for (int64_t d = 0; d < p.head_dim; ++d) EXPECT_EQ(dq[((0 * p.heads_q + h) * p.seq_q + 1) * p.head_dim + d], 0.0);
@@ -211,6 +221,12 @@ TEST(CpuReferenceBackward, GradientsMatchFiniteDifferences) {
   Case dropout{"dropout 0.3, gqa 2:1"};
   dropout.dropout_p = 0.3f, dropout.heads_kv = 1, dropout.seq_q = 4, dropout.seq_kv = 9;
   cases.push_back(dropout);
+  Case wide_v{"Dv 24 > D 8, gqa 2:1, causal bottom-right"};
+  wide_v.value_dim = 24, wide_v.heads_kv = 1, wide_v.causal = Causal::bottom_right;
+  cases.push_back(wide_v);
+  Case narrow_v{"Dv 8 < D 16, additive mask"};
+  narrow_v.dim = 16, narrow_v.value_dim = 8, narrow_v.mask = MaskKind::additive_f32;
+  cases.push_back(narrow_v);
   Case scaled{"scale 0.7, causal top-left, Nq > Nkv"};
   scaled.scale = 0.7, scaled.causal = Causal::top_left, scaled.seq_q = 7, scaled.seq_kv = 5;
   cases.push_back(scaled);

@@ -338,7 +338,9 @@ TEST(Validation, ShapeMismatch) {
                        {"k.shape[3] (D) = 96 differs from q.shape[3] = 128"}));
 }
 
-TEST(Validation, ValueHeadDimMismatch) {
+// Dv may differ from D (D_qk != D_v); o must have v's, and Dv is checked
+// like D. (value_head_dim_mismatch is no longer returned.)
+TEST(Validation, ValueHeadDimMayDifferFromTheQueryKeyHeadDim) {
   Sizes s;
   s.head_dim = 128;
   Call call(s);
@@ -347,8 +349,17 @@ TEST(Validation, ValueHeadDimMismatch) {
   ForwardParams p = call.params();
   p.v = v.tensor;
   p.o = o.tensor;
-  EXPECT_TRUE(rejected(call, p, StatusCode::value_head_dim_mismatch,
-                       {"v.shape[3] (Dv) = 64", "q.shape[3] (D) = 128"}));
+  ffpa::detail::AttentionProblem problem;
+  ASSERT_TRUE(ffpa::detail::validate_forward(p, &problem).ok());
+  EXPECT_EQ(problem.head_dim, 128);
+  EXPECT_EQ(problem.dv(), 64);
+  p.o = call.params().o;  // o with D = 128 columns against v's 64
+  EXPECT_TRUE(rejected(call, p, StatusCode::shape_mismatch, {"o.shape[3] (Dv) = 128", "v.shape[3] = 64"}));
+  HostTensor v12 = make_host_tensor(DType::bf16, {s.batch, s.heads_kv, s.seq_kv, 12});
+  HostTensor o12 = make_host_tensor(DType::bf16, {s.batch, s.heads_q, s.seq_q, 12});
+  p.v = v12.tensor;
+  p.o = o12.tensor;
+  EXPECT_TRUE(rejected(call, p, StatusCode::unsupported_head_dim, {"v.shape[3] (Dv) = 12"}));
 }
 
 TEST(Validation, UnsupportedHeadDim) {

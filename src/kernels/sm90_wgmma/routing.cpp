@@ -19,6 +19,11 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
     *reason = "fp16 accumulation is served by sm80_split_d only";
     return nullptr;
   }
+  if (problem.dv() != problem.head_dim) {
+    *reason = "Dv = " + std::to_string(problem.dv()) + " differs from D = " + std::to_string(problem.head_dim) +
+              ": the kernels are built for Dv == D (D_qk != D_v is issue 14)";
+    return nullptr;
+  }
   const int largest = kInstances[kInstanceCount - 1].head_dim;
   if (problem.head_dim > largest) {
     *reason = "head dim " + std::to_string(problem.head_dim) + " is above " +
