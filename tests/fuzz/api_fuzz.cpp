@@ -8,7 +8,9 @@
 //   - a refused call leaves every input and output byte untouched;
 //   - select_kernel and workspace_size agree with forward;
 //   - a successful call equals an independent fp64 reference (written here,
-//     from the spec: masks, both causal alignments, GQA, dropout, LSE).
+//     from the spec: masks, both causal alignments, GQA, dropout, LSE, Dv != D);
+//   - with its lse, the call's backward gives the same status and the same
+//     gradient bits through both APIs.
 //
 //   ffpa_api_fuzz [--seconds N] [--seed S] [--cases N] [--corpus FILE] [--list] [--threads N] [--version]
 // The corpus is a list of seeds (one a line, '#' comments) run first. Prints
@@ -67,9 +69,22 @@ ffpa_forward_params c_params(const ForwardParams& p) {
   return c;
 }
 
+ffpa_backward_params c_backward_params(const ffpa::BackwardParams& p) {
+  ffpa_backward_params c;
+  std::memset(&c, 0, sizeof c);
+  c.q = c_tensor(p.q), c.k = c_tensor(p.k), c.v = c_tensor(p.v), c.o = c_tensor(p.o);
+  c.lse = c_tensor(p.lse), c.mask = c_tensor(p.mask), c.d_o = c_tensor(p.d_o);
+  c.d_q = c_tensor(p.d_q), c.d_k = c_tensor(p.d_k), c.d_v = c_tensor(p.d_v), c.d_mask = c_tensor(p.d_mask);
+  ForwardParams forward;
+  forward.options = p.options;
+  c.options = c_params(forward).options;
+  return c;
+}
+
 // One drawn call: the buffers it owns and its parameters.
 struct Case {
   int64_t batch = 1, heads_q = 1, heads_kv = 1, seq_q = 1, seq_kv = 1, dim = 8;
+  int64_t value_dim = 8;  // Dv of v and o (D_qk != D_v in a fifth of the calls)
   DType dtype = DType::bf16;
   HostTensor q, k, v, o, mask, lse;
   bool has_mask = false, has_lse = false;
@@ -78,7 +93,9 @@ struct Case {
   std::string fault;  // empty: a valid call
 };
 
-Case draw_valid(std::mt19937_64& rng) {
+// `side` draws what was added after the corpus (tests/fuzz/corpus.txt) was
+// recorded, so that its seeds still replay the calls they were found with.
+Case draw_valid(std::mt19937_64& rng, std::mt19937_64& side) {
   auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
   Case c;
   c.batch = pick(0, 4) == 0 ? 0 : pick(1, 2);
@@ -87,13 +104,16 @@ Case draw_valid(std::mt19937_64& rng) {
   c.seq_q = pick(0, 5) == 0 ? 0 : pick(1, 9);
   c.seq_kv = pick(0, 5) == 0 ? 0 : pick(1, 11);
   c.dim = 8 * pick(1, 9);
+  c.value_dim = std::uniform_int_distribution<int64_t>(0, 4)(side) == 0
+                    ? 8 * std::uniform_int_distribution<int64_t>(1, 9)(side)
+                    : c.dim;
   c.dtype = pick(0, 1) ? DType::bf16 : DType::f16;
   const Layout q_layout = pick(0, 1) ? Layout::bhnd : Layout::bnhd;
   const Layout kv_layout = pick(0, 1) ? Layout::bhnd : Layout::bnhd;
   c.q = ffpa::testing::make_host_tensor(c.dtype, {c.batch, c.heads_q, c.seq_q, c.dim}, q_layout);
   c.k = ffpa::testing::make_host_tensor(c.dtype, {c.batch, c.heads_kv, c.seq_kv, c.dim}, kv_layout);
-  c.v = ffpa::testing::make_host_tensor(c.dtype, {c.batch, c.heads_kv, c.seq_kv, c.dim}, kv_layout);
-  c.o = ffpa::testing::make_host_tensor(c.dtype, {c.batch, c.heads_q, c.seq_q, c.dim}, q_layout);
+  c.v = ffpa::testing::make_host_tensor(c.dtype, {c.batch, c.heads_kv, c.seq_kv, c.value_dim}, kv_layout);
+  c.o = ffpa::testing::make_host_tensor(c.dtype, {c.batch, c.heads_q, c.seq_q, c.value_dim}, q_layout);
   const uint64_t seed = rng();
   ffpa::testing::fill_uniform(c.q, seed, -2.0f, 2.0f);
   ffpa::testing::fill_uniform(c.k, seed + 1, -2.0f, 2.0f);
@@ -174,7 +194,7 @@ void reference_row(const Case& c, int64_t b, int64_t h, int64_t i, std::vector<d
     score[j] = s;
     max_score = std::max(max_score, s);
   }
-  o->assign(c.dim, 0.0);
+  o->assign(c.value_dim, 0.0);
   double sum = 0.0;
   if (max_score == -INFINITY) {
     *lse = -INFINITY;
@@ -196,7 +216,7 @@ void reference_row(const Case& c, int64_t b, int64_t h, int64_t i, std::vector<d
         !ffpa::detail::dropout_keep(p.options.dropout_seed, p.options.dropout_offset, b * c.heads_q + h, c.seq_q,
                                     c.seq_kv, i, j, threshold))
       continue;
-    for (int64_t d = 0; d < c.dim; ++d)
+    for (int64_t d = 0; d < c.value_dim; ++d)
       (*o)[d] += score[j] / sum * keep_scale * element_as_double(p.v, {b, kv_h, j, d});
   }
 }
@@ -215,9 +235,45 @@ void fail(Tally* tally, uint64_t seed, const Case& c, const std::string& what) {
                  c.fault.c_str(), what.c_str());
 }
 
+// The backward of a valid forward call with its lse: the C ABI and the C++
+// API agree on the status and, when it runs, on every gradient bit; inputs
+// are never written.
+void check_backward(uint64_t seed, const Case& c, std::mt19937_64& rng, Tally* tally) {
+  using ffpa::testing::make_host_tensor;
+  HostTensor d_o = make_host_tensor(c.dtype, {c.batch, c.heads_q, c.seq_q, c.value_dim});
+  ffpa::testing::fill_uniform(d_o, rng(), -1.0f, 1.0f);
+  HostTensor grads[2][3];
+  ffpa::BackwardParams p;
+  p.q = c.params.q, p.k = c.params.k, p.v = c.params.v, p.o = c.params.o, p.lse = c.params.lse;
+  p.mask = c.params.mask, p.options = c.params.options, p.d_o = d_o.tensor;
+  Status statuses[2];
+  for (int api = 0; api < 2; ++api) {
+    grads[api][0] = make_host_tensor(c.dtype, {c.batch, c.heads_q, c.seq_q, c.dim});
+    grads[api][1] = make_host_tensor(c.dtype, {c.batch, c.heads_kv, c.seq_kv, c.dim});
+    grads[api][2] = make_host_tensor(c.dtype, {c.batch, c.heads_kv, c.seq_kv, c.value_dim});
+    for (HostTensor& g : grads[api]) ffpa::testing::fill_nan(g);
+    p.d_q = grads[api][0].tensor, p.d_k = grads[api][1].tensor, p.d_v = grads[api][2].tensor;
+    if (api == 0) {
+      statuses[0] = ffpa::backward(p);
+    } else {
+      const ffpa_backward_params cp = c_backward_params(p);
+      char message[512] = {};
+      statuses[1].code = static_cast<StatusCode>(ffpa_backward(&cp, message, sizeof message));
+    }
+  }
+  if (statuses[0].code != statuses[1].code)
+    fail(tally, seed, c, std::string("backward: C status ") + ffpa::status_name(statuses[1].code) + " != C++ " +
+                             ffpa::status_name(statuses[0].code));
+  const bool expected_ok = c.params.options.accumulation == ffpa::Accumulation::f32;
+  if (statuses[0].ok() != expected_ok)
+    fail(tally, seed, c, "backward: " + std::string(ffpa::status_name(statuses[0].code)) + ": " + statuses[0].message);
+  for (int g = 0; g < 3; ++g)
+    if (grads[0][g].storage != grads[1][g].storage) fail(tally, seed, c, "backward: C and C++ gradients differ");
+}
+
 void run_case(uint64_t seed, Tally* tally) {
-  std::mt19937_64 rng(seed);
-  Case c = draw_valid(rng);
+  std::mt19937_64 rng(seed), side(seed ^ 0x9E3779B97F4A7C15ull);
+  Case c = draw_valid(rng, side);
   // Faults go into non-empty calls: an empty one (B, Hq or Nq = 0) is a
   // no-op that may, for example, have null pointers.
   const bool faulty = !is_empty(c) && rng() % 3 == 0;
@@ -262,6 +318,7 @@ void run_case(uint64_t seed, Tally* tally) {
     return;
   }
   if (o_cpp != c.o.storage || l_cpp != c.lse.storage) fail(tally, seed, c, "C and C++ outputs differ");
+  if (c.has_lse) check_backward(seed, c, side, tally);
   if (is_empty(c)) return;
   const double tolerance = c.params.options.accumulation == ffpa::Accumulation::f16 ? 3e-2 : 1.6e-2;
   std::vector<double> ref;
@@ -270,7 +327,7 @@ void run_case(uint64_t seed, Tally* tally) {
       for (int64_t i = 0; i < c.seq_q; ++i) {
         double lse = 0.0;
         reference_row(c, b, h, i, &ref, &lse);
-        for (int64_t d = 0; d < c.dim; ++d) {
+        for (int64_t d = 0; d < c.value_dim; ++d) {
           const double got = ffpa::testing::element_as_double(c.params.o, {b, h, i, d});
           if (!(std::fabs(got - ref[d]) <= tolerance * (1.0 + std::fabs(ref[d])))) {
             fail(tally, seed, c, "o[" + std::to_string(b) + "," + std::to_string(h) + "," + std::to_string(i) + "," +
