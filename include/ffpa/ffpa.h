@@ -216,6 +216,10 @@ typedef struct ffpa_library_info {
   int32_t split_d_head_dims[FFPA_LIBRARY_INFO_MAX_HEAD_DIMS];
   int32_t sm90_wgmma_head_dim_count; /* FFPA_IMPL_SM90_WGMMA */
   int32_t sm90_wgmma_head_dims[FFPA_LIBRARY_INFO_MAX_HEAD_DIMS];
+  /* FFPA_PRECISION_FP8's instances (the sm90 family's 8-bit kernels): each
+   * serves every D up to it; a count of 0: no FP8 in this build. */
+  int32_t sm90_fp8_head_dim_count;
+  int32_t sm90_fp8_head_dims[FFPA_LIBRARY_INFO_MAX_HEAD_DIMS];
 } ffpa_library_info;
 
 /* Fills *info. FFPA_NULL_POINTER when info is NULL, FFPA_INVALID_OPTION when

@@ -237,6 +237,7 @@ struct LibraryInfo {
   // is not in this build.
   std::vector<int32_t> split_d_head_dims;     // Impl::sm80_split_d
   std::vector<int32_t> sm90_wgmma_head_dims;  // Impl::sm90_wgmma
+  std::vector<int32_t> sm90_fp8_head_dims;    // Precision::fp8 (each serves every D up to it)
 };
 FFPA_API LibraryInfo library_info();
 

@@ -156,6 +156,8 @@ class FfpaLibraryInfo(ctypes.Structure):
         ("split_d_head_dims", ctypes.c_int32 * LIBRARY_INFO_MAX_HEAD_DIMS),
         ("sm90_wgmma_head_dim_count", ctypes.c_int32),
         ("sm90_wgmma_head_dims", ctypes.c_int32 * LIBRARY_INFO_MAX_HEAD_DIMS),
+        ("sm90_fp8_head_dim_count", ctypes.c_int32),
+        ("sm90_fp8_head_dims", ctypes.c_int32 * LIBRARY_INFO_MAX_HEAD_DIMS),
     ]
 
 
@@ -168,7 +170,7 @@ assert FfpaFp8Options.v_scales.offset == 24 and FfpaFp8Options.smooth_v.offset =
 assert ctypes.sizeof(FfpaOptions) == 80
 assert FfpaOptions.precision.offset == 40 and FfpaOptions.fp8.offset == 48
 assert ctypes.sizeof(FfpaForwardParams) == 584
-assert ctypes.sizeof(FfpaLibraryInfo) == 224
+assert ctypes.sizeof(FfpaLibraryInfo) == 288
 
 
 @dataclass(frozen=True)
@@ -186,6 +188,7 @@ class LibraryInfo:
     cuda_architectures: tuple[int, ...]  # compiled, 10 * major + minor, ascending
     split_d_head_dims: tuple[int, ...]  # head dims with their own sm80_split_d instance
     sm90_wgmma_head_dims: tuple[int, ...]  # empty when the build has no sm_90a
+    sm90_fp8_head_dims: tuple[int, ...] = ()  # precision "fp8": each serves every D up to it
 
     @property
     def limits(self) -> Limits:
@@ -206,6 +209,7 @@ class LibraryInfo:
             cuda_architectures=tuple(c.cuda_architectures[: c.cuda_architecture_count]),
             split_d_head_dims=tuple(c.split_d_head_dims[: c.split_d_head_dim_count]),
             sm90_wgmma_head_dims=tuple(c.sm90_wgmma_head_dims[: c.sm90_wgmma_head_dim_count]),
+            sm90_fp8_head_dims=tuple(c.sm90_fp8_head_dims[: c.sm90_fp8_head_dim_count]),
         )
 
 

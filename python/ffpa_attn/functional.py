@@ -39,8 +39,20 @@ def _library_limits() -> tuple[Limits | None, str | None]:
 
 # Asked once, at import, so that torch.compile never traces the library's loading.
 _LIBRARY_LIMITS, _LIBRARY_MISSING = _library_limits()
-# The head dims the library's Hopper family has its own instance for (empty without a library).
+# The head dims the library's Hopper family has its own instance for (empty without a library), and its
+# FP8 instances (each serves every D up to it).
 _SM90_HEAD_DIMS = () if _LIBRARY_MISSING is not None else _library.library_info().sm90_wgmma_head_dims
+_SM90_FP8_HEAD_DIMS = () if _LIBRARY_MISSING is not None else _library.library_info().sm90_fp8_head_dims
+
+
+def _fp8_head_dim_refusal(head_dim: int) -> str | None:
+    """Why the library's FP8 kernels cannot serve head dim `head_dim` (asked of ffpa_library_info, so that
+    tracing routes the call instead of failing in the graph), or None."""
+    if not _SM90_FP8_HEAD_DIMS:
+        return "the ffpa library was built without FP8 kernels"
+    if head_dim > max(_SM90_FP8_HEAD_DIMS):
+        return f"head dim {head_dim} is above {max(_SM90_FP8_HEAD_DIMS)}, the largest FP8 instance of the ffpa library"
+    return None
 
 
 @torch.compiler.assume_constant_result
@@ -396,8 +408,10 @@ def _decision(
     if _LIBRARY_MISSING is not None:
         unusable = f"no ffpa library loads: {_LIBRARY_MISSING}"
     else:
-        # FP8 runs on the sm90 family only, whichever impl names it.
+        # FP8 runs on the sm90 family only, whichever impl names it, up to its largest instance.
         unusable = _device_unsupported(query.device.index, "sm90_wgmma" if fp8 else backend.impl)
+        if unusable is None and fp8:
+            unusable = _fp8_head_dim_refusal(query.shape[-1])
     if unusable is not None:
         if backend.impl != "auto":
             return _Decision("sdpa", unusable, refusal=_refusal(backend, unusable))

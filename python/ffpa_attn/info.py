@@ -47,6 +47,7 @@ def report(args: argparse.Namespace) -> int:
     )
     print(f"  sm80_split_d instances: {', '.join(map(str, info.split_d_head_dims)) or 'none'}")
     print(f"  sm90_wgmma instances:   {', '.join(map(str, info.sm90_wgmma_head_dims)) or 'none'}")
+    print(f"  sm90 FP8 instances:     {', '.join(map(str, info.sm90_fp8_head_dims)) or 'none'}")
 
     try:
         import torch

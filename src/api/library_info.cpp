@@ -38,6 +38,8 @@ LibraryInfo library_info() {
     info.split_d_head_dims.push_back(detail::sm80_split_d::kInstances[i].out_cols);
   for (int i = 0; i < detail::sm90_wgmma::kInstanceCount; ++i)
     info.sm90_wgmma_head_dims.push_back(detail::sm90_wgmma::kInstances[i].head_dim);
+  for (int i = 0; i < detail::sm90_wgmma::kFp8InstanceCount; ++i)
+    info.sm90_fp8_head_dims.push_back(detail::sm90_wgmma::kFp8Instances[i].head_dim);
   return info;
 }
 

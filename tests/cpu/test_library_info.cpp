@@ -50,6 +50,11 @@ TEST(LibraryInfo, HeadDimsAreTheInstanceTables) {
   EXPECT_EQ(info.split_d_head_dims, split_d);
   EXPECT_EQ(info.sm90_wgmma_head_dims, sm90);  // empty without sm_90a
   EXPECT_FALSE(split_d.empty());
+  std::vector<int32_t> fp8;
+  for (int i = 0; i < ffpa::detail::sm90_wgmma::kFp8InstanceCount; ++i)
+    fp8.push_back(ffpa::detail::sm90_wgmma::kFp8Instances[i].head_dim);
+  EXPECT_EQ(info.sm90_fp8_head_dims, fp8);
+  if (sm90.empty()) EXPECT_TRUE(fp8.empty());  // the FP8 kernels are the sm90 family's
 }
 
 TEST(LibraryInfo, ArchitecturesAreTheCMakeList) {
@@ -97,6 +102,7 @@ TEST(LibraryInfo, CAbiAgreesWithCpp) {
   EXPECT_EQ(as_vector(c.split_d_head_dims, c.split_d_head_dim_count), cpp.split_d_head_dims);
   EXPECT_EQ(as_vector(c.sm90_wgmma_head_dims, c.sm90_wgmma_head_dim_count),
             cpp.sm90_wgmma_head_dims);
+  EXPECT_EQ(as_vector(c.sm90_fp8_head_dims, c.sm90_fp8_head_dim_count), cpp.sm90_fp8_head_dims);
 }
 
 // ffpa_workspace_size validates without running: the status of head dim d.
