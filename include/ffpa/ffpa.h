@@ -26,7 +26,8 @@ typedef enum ffpa_dtype {
   FFPA_DTYPE_F16 = 0,
   FFPA_DTYPE_BF16 = 1,
   FFPA_DTYPE_F32 = 2,
-  FFPA_DTYPE_BOOL = 3
+  FFPA_DTYPE_BOOL = 3,
+  FFPA_DTYPE_F64 = 4 /* f32 and f64 q, k, v: the CPU reference only (host tensors) */
 } ffpa_dtype;
 
 typedef enum ffpa_causal {

@@ -27,7 +27,10 @@
 
 namespace ffpa {
 
-enum class DType : int32_t { f16 = 0, bf16 = 1, f32 = 2, boolean = 3 };
+// q, k, v, o: f16 or bf16 everywhere; f32 or f64 on the CPU reference only
+// (host tensors; e.g. gradient checks in double). Masks: boolean, f16, bf16,
+// f32 (and f64 on the CPU reference).
+enum class DType : int32_t { f16 = 0, bf16 = 1, f32 = 2, boolean = 3, f64 = 4 };
 
 enum class Causal : int32_t {
   none = 0,

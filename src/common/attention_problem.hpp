@@ -25,7 +25,8 @@ inline constexpr int64_t kHeadDimMultiple = 8;
 // a tile past the end.
 inline constexpr int64_t kMaxSequenceLength = INT_MAX - 1024;
 
-enum class MaskKind : int32_t { none, boolean, additive_f16, additive_bf16, additive_f32 };
+// additive_f64 and f32 / f64 inputs (`dtype`): the CPU reference only (plan_forward).
+enum class MaskKind : int32_t { none, boolean, additive_f16, additive_bf16, additive_f32, additive_f64 };
 
 struct AttentionProblem {
   int64_t batch = 0, heads_q = 0, heads_kv = 0, seq_q = 0, seq_kv = 0, head_dim = 0;

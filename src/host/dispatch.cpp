@@ -25,6 +25,21 @@ const char* impl_name(Impl impl) {
   return "unknown";
 }
 
+// f32 / f64 inputs and f64 masks (for checks in double, e.g. gradcheck): the
+// CPU reference reads them, no kernel does.
+Status reference_only_dtypes(const AttentionProblem& problem, Impl requested, MemorySpace space) {
+  const bool wide_inputs = problem.dtype == DType::f32 || problem.dtype == DType::f64;
+  if (!wide_inputs && problem.mask_kind != MaskKind::additive_f64) return {};
+  const bool reference = space == MemorySpace::host && !problem.fp8 &&
+                         (requested == Impl::cpu_reference || requested == Impl::automatic);
+  if (reference) return {};
+  return {StatusCode::unsupported_dtype,
+          std::string(wide_inputs ? (problem.dtype == DType::f32 ? "q.dtype = f32" : "q.dtype = f64")
+                                  : "mask.dtype = f64") +
+              ": f32 and f64 inputs and f64 masks run on the CPU reference only (host tensors, impl auto or "
+              "cpu_reference, the inputs' precision)"};
+}
+
 Status plan_cpu_reference(MemorySpace space, KernelChoice* choice) {
   if (space != MemorySpace::host) {
     return {StatusCode::wrong_memory_space,
@@ -223,6 +238,7 @@ Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoic
   *choice = KernelChoice{};
   MemorySpace space = MemorySpace::host;
   if (Status status = common_memory_space(problem, &space); !status.ok()) return status;
+  if (Status status = reference_only_dtypes(problem, requested, space); !status.ok()) return status;
   if (problem.fp8) return plan_fp8(problem, requested, space, choice);
   switch (requested) {
     case Impl::cpu_reference: return plan_cpu_reference(space, choice);

@@ -44,6 +44,7 @@ std::string dtype_name(DType dtype) {
     case DType::bf16: return "bf16";
     case DType::f32: return "f32";
     case DType::boolean: return "boolean";
+    case DType::f64: return "f64";
   }
   return "unknown (" + std::to_string(static_cast<int32_t>(dtype)) + ")";
 }
@@ -54,6 +55,7 @@ int64_t element_size(DType dtype) {
     case DType::bf16: return 2;
     case DType::f32: return 4;
     case DType::boolean: return 1;
+    case DType::f64: return 8;
   }
   return 1;  // unreachable after the dtype checks
 }
@@ -102,18 +104,18 @@ Status check_sizes(Arg a) {
 
 Status check_dtypes(const ForwardParams& p) {
   const DType dtype = p.q.dtype;
-  if (dtype != DType::f16 && dtype != DType::bf16)
+  if (dtype != DType::f16 && dtype != DType::bf16 && dtype != DType::f32 && dtype != DType::f64)
     return fail(StatusCode::unsupported_dtype, "q.dtype = ", dtype_name(dtype),
-                "; q, k, v and o must be f16 or bf16");
+                "; q, k, v and o must be f16 or bf16 (f32 and f64: the CPU reference only)");
   for (Arg a : {Arg{p.k, "k"}, Arg{p.v, "v"}, Arg{p.o, "o"}})
     if (a.t.dtype != dtype)
       return fail(StatusCode::dtype_mismatch, a.name, ".dtype = ", dtype_name(a.t.dtype),
                   " differs from q.dtype = ", dtype_name(dtype));
   if (p.mask.data) {
     const DType m = p.mask.dtype;
-    if (m != DType::boolean && m != DType::f16 && m != DType::bf16 && m != DType::f32)
+    if (m != DType::boolean && m != DType::f16 && m != DType::bf16 && m != DType::f32 && m != DType::f64)
       return fail(StatusCode::unsupported_dtype, "mask.dtype = ", dtype_name(m),
-                  "; a mask must be boolean, f16, bf16 or f32");
+                  "; a mask must be boolean, f16, bf16 or f32 (f64: the CPU reference only)");
   }
   if (p.lse.data && p.lse.dtype != DType::f32)
     return fail(StatusCode::unsupported_dtype, "lse.dtype = ", dtype_name(p.lse.dtype),
@@ -272,15 +274,23 @@ bool aligned(const void* pointer, uintptr_t bytes) {
   return reinterpret_cast<uintptr_t>(pointer) % bytes == 0;
 }
 
+// The kernels move rows in 16-byte vectors: a row tensor's data and its
+// strides over b, h and n must keep that alignment.
+Status check_vector_alignment(Arg a) {
+  if (!aligned(a.t.data, 16))
+    return fail(StatusCode::misaligned, a.name, ".data = ", a.t.data, " is not 16-byte aligned");
+  const int64_t vector_elements = 16 / element_size(a.t.dtype);
+  for (int32_t i = 0; i < 3; ++i)
+    if (a.t.shape[i] > 1 && a.t.stride[i] % vector_elements != 0)
+      return fail(StatusCode::misaligned, a.name, ".stride[", i, "] = ", a.t.stride[i], " is not a multiple of ",
+                  vector_elements, " elements (16 bytes)");
+  return {};
+}
+
 Status check_alignment(const ForwardParams& p) {
   for (Arg a : {Arg{p.q, "q"}, Arg{p.k, "k"}, Arg{p.v, "v"}, Arg{p.o, "o"}}) {
     if (is_empty(a.t)) continue;  // never accessed
-    if (!aligned(a.t.data, 16))
-      return fail(StatusCode::misaligned, a.name, ".data = ", a.t.data, " is not 16-byte aligned");
-    for (int32_t i = 0; i < 3; ++i)
-      if (a.t.shape[i] > 1 && a.t.stride[i] % 8 != 0)
-        return fail(StatusCode::misaligned, a.name, ".stride[", i, "] = ", a.t.stride[i],
-                    " is not a multiple of 8 elements (16 bytes)");
+    FFPA_RETURN_IF_ERROR(check_vector_alignment(a));
   }
   if (p.lse.data && !is_empty(p.lse) && !aligned(p.lse.data, 4))
     return fail(StatusCode::misaligned, "lse.data = ", p.lse.data, " is not 4-byte aligned");
@@ -380,6 +390,7 @@ MaskKind mask_kind(const Tensor& mask) {
     case DType::f16: return MaskKind::additive_f16;
     case DType::bf16: return MaskKind::additive_bf16;
     case DType::f32: return MaskKind::additive_f32;
+    case DType::f64: return MaskKind::additive_f64;
   }
   return MaskKind::none;  // unreachable after the dtype checks
 }
@@ -523,14 +534,7 @@ Status check_like(Arg grad, Arg ref) {
   for (int32_t i = 0; i < grad.t.rank; ++i)
     if (grad.t.stride[i] < 0)
       return fail(StatusCode::invalid_stride, grad.name, ".stride[", i, "] = ", grad.t.stride[i], " is negative");
-  if (ref.t.rank == 4 && !is_empty(grad.t)) {
-    if (!aligned(grad.t.data, 16))
-      return fail(StatusCode::misaligned, grad.name, ".data = ", grad.t.data, " is not 16-byte aligned");
-    for (int32_t i = 0; i < 3; ++i)
-      if (grad.t.shape[i] > 1 && grad.t.stride[i] % 8 != 0)
-        return fail(StatusCode::misaligned, grad.name, ".stride[", i, "] = ", grad.t.stride[i],
-                    " is not a multiple of 8 elements (16 bytes)");
-  }
+  if (ref.t.rank == 4 && !is_empty(grad.t)) FFPA_RETURN_IF_ERROR(check_vector_alignment(grad));
   return {};
 }
 

@@ -1,6 +1,6 @@
 // The CPU reference backend. The work runs one (batch, kv head) block at a
-// time: the block's K and V rows are converted to float once (exact for fp16
-// and bf16) and shared by the group's query heads, whose (query head, row
+// time: the block's K and V rows are converted to float once (exact for fp16,
+// bf16 and f32; double for f64 inputs) and shared by the group's query heads, whose (query head, row
 // chunk) work items then run on worker threads. Query rows are computed four at
 // a time so that each K/V element loaded serves four rows; every row goes
 // through the same code whatever the chunking, the thread count or the row
@@ -18,6 +18,7 @@
 #include "common/ceil_div.hpp"
 #include "common/float16_bits.hpp"
 #include "common/philox.hpp"
+#include "reference/element_io.hpp"
 #include "reference/parallel_for.hpp"
 #include "reference/score_terms.hpp"
 
@@ -59,12 +60,18 @@ const Element* offset_ptr(const void* base, int64_t elements) {
   return static_cast<const Element*>(base) + elements;
 }
 
-// Converts n fp16/bf16 elements to float (exact).
-void to_float(const uint16_t* src, int64_t n, DType dtype, float* dst) {
+// Converts n elements of a row (offset `first` in base) to Kv (float, exact
+// for every dtype but f64; double for f64).
+template <class Kv>
+void convert_row(DType dtype, const void* base, int64_t first, int64_t n, Kv* dst) {
   if (dtype == DType::f16) {
+    const uint16_t* src = static_cast<const uint16_t*>(base) + first;
     for (int64_t e = 0; e < n; ++e) dst[e] = half_bits_to_float(src[e]);
-  } else {
+  } else if (dtype == DType::bf16) {
+    const uint16_t* src = static_cast<const uint16_t*>(base) + first;
     for (int64_t e = 0; e < n; ++e) dst[e] = bf16_bits_to_float(src[e]);
+  } else {
+    for (int64_t e = 0; e < n; ++e) dst[e] = static_cast<Kv>(load_element(dtype, base, first + e));
   }
 }
 
@@ -106,20 +113,18 @@ double softmax_weights(const AttentionProblem& p, int64_t b, int64_t h, int64_t 
 }
 
 // Computes query rows rows[0..kRowGroup) of head h, batch b into s.out and
-// lse. k and v are the kv head's rows as float, [Nkv][D].
-void attend_row_group(const AttentionProblem& p, int64_t b, int64_t h, const float* k,
-                      const float* v, const int64_t (&rows)[kRowGroup], Scratch& s,
+// lse. k and v are the kv head's rows as Kv, [Nkv][D].
+template <class Kv>
+void attend_row_group(const AttentionProblem& p, int64_t b, int64_t h, const Kv* k,
+                      const Kv* v, const int64_t (&rows)[kRowGroup], Scratch& s,
                       double (&lse)[kRowGroup]) {
   static_assert(kRowGroup == 4, "the loops below spell out four lanes");
   const int64_t dim = p.head_dim, dv = p.dv(), nkv = p.seq_kv;
   int64_t visible[kRowGroup];
   int64_t visible_max = 0;
   for (int r = 0; r < kRowGroup; ++r) {
-    const uint16_t* q =
-        offset_ptr<uint16_t>(p.q, b * p.q_stride[0] + h * p.q_stride[1] + rows[r] * p.q_stride[2]);
-    for (int64_t d = 0; d < dim; ++d) {
-      s.q[d * kRowGroup + r] = p.dtype == DType::f16 ? half_bits_to_float(q[d]) : bf16_bits_to_float(q[d]);
-    }
+    const int64_t q_row = b * p.q_stride[0] + h * p.q_stride[1] + rows[r] * p.q_stride[2];
+    for (int64_t d = 0; d < dim; ++d) s.q[d * kRowGroup + r] = load_element(p.dtype, p.q, q_row + d);
     visible[r] = visible_keys(p, rows[r]);
     visible_max = std::max(visible_max, visible[r]);
   }
@@ -130,7 +135,7 @@ void attend_row_group(const AttentionProblem& p, int64_t b, int64_t h, const flo
   double* w2 = w1 + nkv;
   double* w3 = w2 + nkv;
   for (int64_t j = 0; j < visible_max; ++j) {
-    const float* kj = k + j * dim;
+    const Kv* kj = k + j * dim;
     const double* q = s.q.data();
     double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
     for (int64_t d = 0; d < dim; ++d, q += kRowGroup) {
@@ -157,7 +162,7 @@ void attend_row_group(const AttentionProblem& p, int64_t b, int64_t h, const flo
     // accumulators start at +0, so they are never -0, and adding +-0 to a value
     // other than -0 leaves it as it is.
     if (c0 == 0.0 && c1 == 0.0 && c2 == 0.0 && c3 == 0.0) continue;
-    const float* vj = v + j * dv;
+    const Kv* vj = v + j * dv;
     double* o = s.out.data();
     for (int64_t d = 0; d < dv; ++d, o += kRowGroup) {
       const double x = vj[d];
@@ -180,23 +185,15 @@ void store_row(const AttentionProblem& p, const Destination& dst, int64_t row_co
     if (dst.lse != nullptr) dst.lse[(b * p.heads_q + h) * row_count + r] = lse;
     return;
   }
-  uint16_t* out =
-      static_cast<uint16_t*>(p.o) + b * p.o_stride[0] + h * p.o_stride[1] + i * p.o_stride[2];
-  if (p.dtype == DType::f16) {
-    for (int64_t d = 0; d < dim; ++d) {
-      out[d] = float_to_half_bits(static_cast<float>(o[d * kRowGroup]));
-    }
-  } else {
-    for (int64_t d = 0; d < dim; ++d) {
-      out[d] = float_to_bf16_bits(static_cast<float>(o[d * kRowGroup]));
-    }
-  }
+  const int64_t out_row = b * p.o_stride[0] + h * p.o_stride[1] + i * p.o_stride[2];
+  for (int64_t d = 0; d < dim; ++d) store_element(p.dtype, p.o, out_row + d, o[d * kRowGroup]);
   if (p.lse != nullptr) {
     p.lse[b * p.lse_stride[0] + h * p.lse_stride[1] + i * p.lse_stride[2]] =
         static_cast<float>(lse);
   }
 }
 
+template <class Kv>
 void run(const AttentionProblem& p, RowSubset subset, int num_threads, const Destination& dst) {
   const int64_t row_count = subset.rows != nullptr ? subset.count : p.seq_q;
   if (p.batch <= 0 || p.heads_q <= 0 || row_count <= 0) return;
@@ -218,7 +215,7 @@ void run(const AttentionProblem& p, RowSubset subset, int num_threads, const Des
     s.bias.resize(scratch_elements<double>(nkv, 1));
     s.out.resize(scratch_elements<double>(dv, kRowGroup));
   }
-  std::vector<float> k_block(scratch_elements<float>(nkv, dim)), v_block(scratch_elements<float>(nkv, dv));
+  std::vector<Kv> k_block(scratch_elements<Kv>(nkv, dim)), v_block(scratch_elements<Kv>(nkv, dv));
   constexpr int64_t kElementsPerConversionSlice = int64_t{1} << 16;
   const int64_t slices = std::clamp<int64_t>(nkv * dim / kElementsPerConversionSlice, 1, threads);
 
@@ -226,12 +223,10 @@ void run(const AttentionProblem& p, RowSubset subset, int num_threads, const Des
     for (int64_t kv_head = 0; kv_head < p.heads_kv; ++kv_head) {
       parallel_for(slices, threads, [&](int, int64_t slice) {
         for (int64_t j = nkv * slice / slices; j < nkv * (slice + 1) / slices; ++j) {
-          to_float(offset_ptr<uint16_t>(
-                       p.k, b * p.k_stride[0] + kv_head * p.k_stride[1] + j * p.k_stride[2]),
-                   dim, p.dtype, k_block.data() + j * dim);
-          to_float(offset_ptr<uint16_t>(
-                       p.v, b * p.v_stride[0] + kv_head * p.v_stride[1] + j * p.v_stride[2]),
-                   dv, p.dtype, v_block.data() + j * dv);
+          convert_row(p.dtype, p.k, b * p.k_stride[0] + kv_head * p.k_stride[1] + j * p.k_stride[2], dim,
+                      k_block.data() + j * dim);
+          convert_row(p.dtype, p.v, b * p.v_stride[0] + kv_head * p.v_stride[1] + j * p.v_stride[2], dv,
+                      v_block.data() + j * dv);
         }
       });
       parallel_for(items, workers, [&](int worker, int64_t item) {
@@ -256,15 +251,24 @@ void run(const AttentionProblem& p, RowSubset subset, int num_threads, const Des
   }
 }
 
+// K and V rows kept as float (exact) unless the inputs are f64.
+void run_any(const AttentionProblem& p, RowSubset subset, int num_threads, const Destination& dst) {
+  if (p.dtype == DType::f64) {
+    run<double>(p, subset, num_threads, dst);
+  } else {
+    run<float>(p, subset, num_threads, dst);
+  }
+}
+
 }  // namespace
 
 void cpu_attention_forward(const AttentionProblem& problem, RowSubset rows, int num_threads) {
-  run(problem, rows, num_threads, Destination{});
+  run_any(problem, rows, num_threads, Destination{});
 }
 
 void cpu_attention_forward_f64(const AttentionProblem& problem, RowSubset rows, double* out,
                                double* lse, int num_threads) {
-  run(problem, rows, num_threads, Destination{true, out, lse});
+  run_any(problem, rows, num_threads, Destination{true, out, lse});
 }
 
 }  // namespace ffpa::detail

@@ -17,6 +17,7 @@
 
 #include "common/float16_bits.hpp"
 #include "common/philox.hpp"
+#include "reference/element_io.hpp"
 #include "reference/parallel_for.hpp"
 #include "reference/score_terms.hpp"
 
@@ -24,8 +25,7 @@ namespace ffpa::detail {
 namespace {
 
 double element(const AttentionProblem& p, const void* base, int64_t offset) {
-  const uint16_t bits = static_cast<const uint16_t*>(base)[offset];
-  return p.dtype == DType::f16 ? half_bits_to_float(bits) : bf16_bits_to_float(bits);
+  return load_element(p.dtype, base, offset);
 }
 
 // Row (b, h, n) of q (kind 0), k (1) or v (2), as doubles.
@@ -131,16 +131,6 @@ namespace {
 
 size_t elements(int64_t a, int64_t b, int64_t c, int64_t d) { return static_cast<size_t>(a * b * c * d); }
 
-void store(DType dtype, void* base, int64_t offset, double value) {
-  const float f = static_cast<float>(value);
-  switch (dtype) {
-    case DType::f16: static_cast<uint16_t*>(base)[offset] = float_to_half_bits(f); break;
-    case DType::bf16: static_cast<uint16_t*>(base)[offset] = float_to_bf16_bits(f); break;
-    case DType::f32: static_cast<float*>(base)[offset] = f; break;
-    case DType::boolean: break;  // validation admits additive masks only
-  }
-}
-
 // A contiguous [B][H][N][D] double array into a strided tensor of the dtype.
 void store_rows(const std::vector<double>& values, DType dtype, void* base, const int64_t (&stride)[3], int64_t batch,
                 int64_t heads, int64_t rows, int64_t dim) {
@@ -148,7 +138,7 @@ void store_rows(const std::vector<double>& values, DType dtype, void* base, cons
   for (int64_t b = 0; b < batch; ++b)
     for (int64_t h = 0; h < heads; ++h)
       for (int64_t n = 0; n < rows; ++n)
-        for (int64_t d = 0; d < dim; ++d) store(dtype, base, b * stride[0] + h * stride[1] + n * stride[2] + d, values[e++]);
+        for (int64_t d = 0; d < dim; ++d) store_element(dtype, base, b * stride[0] + h * stride[1] + n * stride[2] + d, values[e++]);
 }
 
 }  // namespace
@@ -191,13 +181,14 @@ void cpu_attention_backward(const BackwardProblem& bp, int num_threads) {
         }
   const DType mask_dtype = p.mask_kind == MaskKind::additive_f16    ? DType::f16
                            : p.mask_kind == MaskKind::additive_bf16 ? DType::bf16
+                           : p.mask_kind == MaskKind::additive_f64  ? DType::f64
                                                                      : DType::f32;
   e = 0;
   for (int64_t b = 0; b < shape[0]; ++b)
     for (int64_t h = 0; h < shape[1]; ++h)
       for (int64_t i = 0; i < shape[2]; ++i)
         for (int64_t j = 0; j < shape[3]; ++j)
-          store(mask_dtype, bp.d_mask,
+          store_element(mask_dtype, bp.d_mask,
                 b * bp.d_mask_stride[0] + h * bp.d_mask_stride[1] + i * bp.d_mask_stride[2] + j * bp.d_mask_stride[3],
                 d_mask[e++]);
 }

@@ -48,6 +48,11 @@ void mask_bias(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64
       for (int64_t j = 0; j < n; ++j) bias[j] = m[j * step];
       return;
     }
+    case MaskKind::additive_f64: {
+      const double* m = offset_ptr<double>(p.mask, row);
+      for (int64_t j = 0; j < n; ++j) bias[j] = m[j * step];
+      return;
+    }
   }
 }
 

@@ -110,9 +110,12 @@ void expect_rounded(const Tensor& t, const std::vector<double>& want, const char
     for (int64_t h = 0; h < t.shape[1]; ++h)
       for (int64_t n = 0; n < t.shape[2]; ++n)
         for (int64_t d = 0; d < t.shape[3]; ++d) {
-          const float f = static_cast<float>(want[e++]);
-          const double rounded = t.dtype == DType::bf16 ? detail::bf16_bits_to_float(detail::float_to_bf16_bits(f))
-                                                        : detail::half_bits_to_float(detail::float_to_half_bits(f));
+          const double w = want[e++];
+          const float f = static_cast<float>(w);
+          const double rounded = t.dtype == DType::bf16  ? detail::bf16_bits_to_float(detail::float_to_bf16_bits(f))
+                                 : t.dtype == DType::f16 ? detail::half_bits_to_float(detail::float_to_half_bits(f))
+                                 : t.dtype == DType::f32 ? static_cast<double>(f)
+                                                         : w;
           const double got = testing::element_as_double(t, {b, h, n, d});
           if (got != rounded && mismatches++ < 3) {
             ADD_FAILURE() << name << "[" << b << "," << h << "," << n << "," << d << "] = " << got << ", want " << rounded;
@@ -122,7 +125,8 @@ void expect_rounded(const Tensor& t, const std::vector<double>& want, const char
 }
 
 TEST(BackwardApi, WritesTheReferenceGradientsThroughTheOutputsStrides) {
-  for (DType dtype : {DType::bf16, DType::f16}) {
+  // f32 and f64: the CPU reference's own dtypes (gradient checks in double).
+  for (DType dtype : {DType::bf16, DType::f16, DType::f32, DType::f64}) {
     BackwardCall call(dtype, 2, 4, 2, 13, 21, 40, /*with_mask=*/true);
     call.params.options.causal = Causal::bottom_right;
     call.params.options.dropout_p = 0.2f;

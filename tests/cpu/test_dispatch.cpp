@@ -286,6 +286,42 @@ TEST(Dispatch, EmptyProblemsSelectWhatForwardDoes) {
   }
 }
 
+// f32 / f64 inputs and f64 masks run on the CPU reference only: auto and
+// cpu_reference on host tensors plan it, a GPU impl or FP8 is unsupported_dtype
+// with the reason, and forward says the same.
+TEST(Dispatch, WideDtypesRunOnTheCpuReferenceOnly) {
+  for (DType dtype : {DType::f32, DType::f64}) {
+    HostCall c = host_call(64, dtype);
+    SCOPED_TRACE(dtype == DType::f32 ? "f32" : "f64");
+    for (Impl impl : {Impl::automatic, Impl::cpu_reference}) {
+      c.params.options.impl = impl;
+      KernelChoice choice;
+      ASSERT_TRUE(select_kernel(c.params, &choice).ok());
+      EXPECT_EQ(choice.impl, Impl::cpu_reference);
+    }
+    for (Impl impl : {Impl::sm80_split_d, Impl::sm90_wgmma}) {
+      c.params.options.impl = impl;
+      KernelChoice choice;
+      const Status status = select_kernel(c.params, &choice);
+      EXPECT_EQ(status.code, StatusCode::unsupported_dtype) << status.message;
+      EXPECT_NE(status.message.find("CPU reference only"), std::string::npos) << status.message;
+      EXPECT_EQ(forward(c.params).code, StatusCode::unsupported_dtype);
+    }
+    c.params.options.impl = Impl::automatic;
+    c.params.options.precision = Precision::fp8;
+    KernelChoice choice;
+    EXPECT_EQ(select_kernel(c.params, &choice).code, StatusCode::unsupported_dtype);
+  }
+  HostCall c = host_call(64);  // bf16 inputs, an f64 mask
+  ffpa::testing::HostTensor mask = make_host_tensor(DType::f64, {1, 1, 5, 7});
+  c.params.mask = mask.tensor;
+  c.params.options.impl = Impl::sm90_wgmma;
+  KernelChoice choice;
+  const Status status = select_kernel(c.params, &choice);
+  EXPECT_EQ(status.code, StatusCode::unsupported_dtype) << status.message;
+  EXPECT_NE(status.message.find("mask.dtype = f64"), std::string::npos) << status.message;
+}
+
 TEST(Dispatch, UnknownImplIsAnInvalidOption) {
   HostCall c = host_call(64);
   c.params.options.impl = static_cast<Impl>(42);

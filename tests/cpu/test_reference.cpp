@@ -66,6 +66,7 @@ DType mask_dtype(MaskKind kind) {
     case MaskKind::additive_f16: return DType::f16;
     case MaskKind::additive_bf16: return DType::bf16;
     case MaskKind::additive_f32: return DType::f32;
+    case MaskKind::additive_f64: return DType::f64;
     default: return DType::boolean;
   }
 }
@@ -208,8 +209,12 @@ Expected naive_attention(const Inputs& in) {
 
 double round_to(DType dtype, double x) {
   const float f = static_cast<float>(x);
-  return dtype == DType::f16 ? detail::half_bits_to_float(detail::float_to_half_bits(f))
-                             : detail::bf16_bits_to_float(detail::float_to_bf16_bits(f));
+  switch (dtype) {
+    case DType::f16: return detail::half_bits_to_float(detail::float_to_half_bits(f));
+    case DType::bf16: return detail::bf16_bits_to_float(detail::float_to_bf16_bits(f));
+    case DType::f32: return f;
+    default: return x;
+  }
 }
 
 void expect_close(double got, double want, const char* what, int64_t index) {
@@ -304,6 +309,23 @@ TEST(CpuReference, EveryMaskKindAndBroadcastPattern) {
         c.seed = ++seed;
         check_against_naive(c);
       }
+    }
+  }
+}
+
+// f32 and f64 inputs (the CPU reference's own, for checks in double) and an
+// f64 mask: the same results as the naive formula, f64 outputs exactly the
+// fp64 accumulation.
+TEST(CpuReference, WideDtypesAndAnF64Mask) {
+  for (DType dtype : {DType::f32, DType::f64}) {
+    for (Layout layout : {Layout::bhnd, Layout::bnhd}) {
+      Case c;
+      c.dtype = dtype, c.layout = layout, c.seq_q = 9, c.seq_kv = 19, c.dim = 40;
+      c.mask = MaskKind::additive_f64, c.mask_broadcast = {false, true, false, false};
+      c.causal = Causal::bottom_right, c.dropout_p = 0.25f;
+      check_against_naive(c);
+      c.mask = MaskKind::boolean, c.causal = Causal::none, c.dropout_p = 0.0f, c.seed = 3;
+      check_against_naive(c);
     }
   }
 }

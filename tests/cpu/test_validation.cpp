@@ -288,14 +288,40 @@ TEST(Validation, InvalidRank) {
 TEST(Validation, UnsupportedDtype) {
   Call call;
   ForwardParams p = call.params();
-  p.q.dtype = p.k.dtype = p.v.dtype = p.o.dtype = DType::f32;
-  EXPECT_TRUE(rejected(call, p, StatusCode::unsupported_dtype, {"q.dtype = f32"}));
+  p.q.dtype = p.k.dtype = p.v.dtype = p.o.dtype = static_cast<DType>(7);
+  EXPECT_TRUE(rejected(call, p, StatusCode::unsupported_dtype, {"q.dtype = unknown (7)"}));
   p = call.params();
   p.mask.dtype = static_cast<DType>(9);
   EXPECT_TRUE(rejected(call, p, StatusCode::unsupported_dtype, {"mask.dtype", "9"}));
   p = call.params();
   p.lse.dtype = DType::bf16;
   EXPECT_TRUE(rejected(call, p, StatusCode::unsupported_dtype, {"lse.dtype = bf16"}));
+}
+
+// f32 and f64 inputs pass validation (the CPU reference serves them; the
+// planner refuses them to the GPU families: test_dispatch.cpp); their strides
+// keep the 16-byte rule in their own elements.
+TEST(Validation, WideDtypesAreValidWithSixteenByteStrides) {
+  for (DType dtype : {DType::f32, DType::f64}) {
+    const int64_t d = 8;
+    HostTensor q = make_host_tensor(dtype, {1, 2, 3, d}), k = make_host_tensor(dtype, {1, 2, 5, d}),
+               v = make_host_tensor(dtype, {1, 2, 5, d}), o = make_host_tensor(dtype, {1, 2, 3, d}),
+               mask = make_host_tensor(DType::f64, {1, 1, 3, 5});
+    ForwardParams p;
+    p.q = q.tensor, p.k = k.tensor, p.v = v.tensor, p.o = o.tensor, p.mask = mask.tensor;
+    AttentionProblem problem;
+    EXPECT_TRUE(accepted(p, &problem));
+    EXPECT_EQ(problem.dtype, dtype);
+    EXPECT_EQ(problem.mask_kind, ffpa::detail::MaskKind::additive_f64);
+    p.q.stride[2] = d + 16 / static_cast<int64_t>(ffpa::testing::dtype_size(dtype));  // 16 bytes more: fine
+    EXPECT_TRUE(accepted(p));
+    p.q.stride[2] = d + 1;
+    const Status status = ffpa::detail::validate_forward(p, &problem);
+    EXPECT_EQ(status.code, StatusCode::misaligned) << status.message;
+    EXPECT_NE(status.message.find(dtype == DType::f32 ? "multiple of 4 elements" : "multiple of 2 elements"),
+              std::string::npos)
+        << status.message;
+  }
 }
 
 TEST(Validation, DtypeMismatch) {

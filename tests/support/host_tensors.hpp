@@ -26,6 +26,7 @@ inline size_t dtype_size(DType dtype) {
     case DType::f16:
     case DType::bf16: return 2;
     case DType::f32: return 4;
+    case DType::f64: return 8;
     case DType::boolean: return 1;
   }
   return 0;
@@ -131,6 +132,11 @@ inline double element_as_double(const Tensor& t, std::array<int64_t, 4> index) {
       std::memcpy(&f, bytes, sizeof f);
       return f;
     }
+    case DType::f64: {
+      double d;
+      std::memcpy(&d, bytes, sizeof d);
+      return d;
+    }
     case DType::boolean: return *bytes != 0 ? 1.0 : 0.0;
   }
   return 0.0;
@@ -155,6 +161,7 @@ inline void set_element(const Tensor& t, std::array<int64_t, 4> index, double va
       std::memcpy(bytes, &f, sizeof f);
       return;
     }
+    case DType::f64: std::memcpy(bytes, &value, sizeof value); return;
     case DType::boolean: *bytes = value != 0.0 ? 1 : 0; return;
   }
 }
@@ -187,6 +194,9 @@ inline void fill_uniform(HostTensor& t, uint64_t seed, float lo, float hi) {
     } else if (t.tensor.dtype == DType::bf16) {
       const uint16_t h = detail::float_to_bf16_bits(value);
       std::memcpy(element, &h, sizeof h);
+    } else if (t.tensor.dtype == DType::f64) {
+      const double d = value;
+      std::memcpy(element, &d, sizeof d);
     } else {
       std::memcpy(element, &value, size);
     }
@@ -203,8 +213,10 @@ inline void fill_nan(HostTensor& t) {
   }
   const uint16_t half_nan = 0x7E00u, bf16_nan = 0x7FC0u;
   const float f32_nan = std::numeric_limits<float>::quiet_NaN();
+  const double f64_nan = std::numeric_limits<double>::quiet_NaN();
   const void* pattern = t.tensor.dtype == DType::f16    ? static_cast<const void*>(&half_nan)
                         : t.tensor.dtype == DType::bf16 ? static_cast<const void*>(&bf16_nan)
+                        : t.tensor.dtype == DType::f64  ? static_cast<const void*>(&f64_nan)
                                                         : static_cast<const void*>(&f32_nan);
   for (int64_t e = 0; e < t.numel(); ++e) {
     std::memcpy(bytes + e * static_cast<int64_t>(size), pattern, size);

@@ -1,0 +1,35 @@
+// Reading and writing one element of a tensor in any of the library's dtypes,
+// as double: the CPU reference's only contact with the inputs' storage. f16 and
+// bf16 convert exactly to float and double; a result is written through float
+// for the 16-bit dtypes (the rounding the reference has always used).
+#pragma once
+
+#include <cstdint>
+
+#include "common/float16_bits.hpp"
+#include "ffpa/ffpa.hpp"
+
+namespace ffpa::detail {
+
+inline double load_element(DType dtype, const void* base, int64_t offset) {
+  switch (dtype) {
+    case DType::f16: return half_bits_to_float(static_cast<const uint16_t*>(base)[offset]);
+    case DType::bf16: return bf16_bits_to_float(static_cast<const uint16_t*>(base)[offset]);
+    case DType::f32: return static_cast<const float*>(base)[offset];
+    case DType::f64: return static_cast<const double*>(base)[offset];
+    case DType::boolean: return static_cast<const uint8_t*>(base)[offset] != 0 ? 1.0 : 0.0;
+  }
+  return 0.0;  // unreachable after validation
+}
+
+inline void store_element(DType dtype, void* base, int64_t offset, double value) {
+  switch (dtype) {
+    case DType::f16: static_cast<uint16_t*>(base)[offset] = float_to_half_bits(static_cast<float>(value)); break;
+    case DType::bf16: static_cast<uint16_t*>(base)[offset] = float_to_bf16_bits(static_cast<float>(value)); break;
+    case DType::f32: static_cast<float*>(base)[offset] = static_cast<float>(value); break;
+    case DType::f64: static_cast<double*>(base)[offset] = value; break;
+    case DType::boolean: break;  // never an output
+  }
+}
+
+}  // namespace ffpa::detail
