@@ -160,6 +160,7 @@ typedef struct ffpa_backward_params {
   ffpa_tensor d_o;
   ffpa_tensor d_q, d_k, d_v;
   ffpa_tensor d_mask; /* data == NULL: not requested (additive masks only) */
+  ffpa_tensor d_lse;  /* the gradient of lse, [B, Hq, Nq] f32; data == NULL: zero */
   ffpa_options options;
   void* stream; /* cudaStream_t */
   void* workspace;

@@ -183,6 +183,9 @@ struct BackwardParams {
   // Optional output with an additive mask: its gradient, the mask's shape and
   // dtype, summed over the dims the mask broadcasts along.
   Tensor d_mask;
+  // Optional: the gradient of lse ([B, Hq, Nq] f32, data null: zero), for a
+  // loss that reads the lse too (d lse_i / d s_ij = softmax_ij).
+  Tensor d_lse;
   Options options;  // the forward call's (precision: the inputs' own only)
   cudaStream_t stream = nullptr;
   void* workspace = nullptr;

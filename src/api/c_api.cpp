@@ -151,6 +151,7 @@ ffpa::BackwardParams to_cpp(const ffpa_backward_params& c) {
   p.d_k = to_cpp(c.d_k);
   p.d_v = to_cpp(c.d_v);
   p.d_mask = to_cpp(c.d_mask);
+  p.d_lse = to_cpp(c.d_lse);
   p.options = to_cpp(c.options);
   p.stream = static_cast<cudaStream_t>(c.stream);
   p.workspace = c.workspace;

@@ -21,6 +21,9 @@ struct BackwardProblem {
   // logical sizes (1 where it broadcasts) and strides.
   void* d_mask = nullptr;
   int64_t d_mask_shape[4] = {}, d_mask_stride[4] = {};
+  // The gradient of lse (null: zero), f32, b, h, i strides.
+  const float* d_lse = nullptr;
+  int64_t d_lse_stride[3] = {};
 };
 
 }  // namespace ffpa::detail

@@ -565,7 +565,13 @@ Status validate_backward(const BackwardParams& p, BackwardProblem* problem) {
 
   const Arg q{p.q, "q"}, k{p.k, "k"}, v{p.v, "v"}, o{p.o, "o"}, mask{p.mask, "mask"}, lse{p.lse, "lse"};
   const Arg d_o{p.d_o, "d_o"}, d_q{p.d_q, "d_q"}, d_k{p.d_k, "d_k"}, d_v{p.d_v, "d_v"}, d_mask{p.d_mask, "d_mask"};
+  const Arg d_lse{p.d_lse, "d_lse"};
   FFPA_RETURN_IF_ERROR(check_like(d_o, o));
+  if (p.d_lse.data) {
+    FFPA_RETURN_IF_ERROR(check_like(d_lse, lse));
+    if (!aligned(p.d_lse.data, 4))
+      return fail(StatusCode::misaligned, "d_lse.data = ", p.d_lse.data, " is not 4-byte aligned");
+  }
   FFPA_RETURN_IF_ERROR(check_like(d_q, q));
   FFPA_RETURN_IF_ERROR(check_like(d_k, k));
   FFPA_RETURN_IF_ERROR(check_like(d_v, v));
@@ -593,13 +599,13 @@ Status validate_backward(const BackwardParams& p, BackwardProblem* problem) {
 
   // Outputs: none aliases itself, and none overlaps another tensor of the call.
   for (Arg a : {d_q, d_k, d_v, d_mask}) FFPA_RETURN_IF_ERROR(check_self_aliasing(a, a.t.shape[3]));
-  const Arg inputs[] = {q, k, v, o, mask, lse, d_o};
+  const Arg inputs[] = {q, k, v, o, mask, lse, d_o, d_lse};
   const Arg outputs[] = {d_q, d_k, d_v, d_mask};
-  ByteRange in_ranges[7], out_ranges[4];
-  for (int i = 0; i < 7; ++i) FFPA_RETURN_IF_ERROR(byte_range(inputs[i], &in_ranges[i]));
+  ByteRange in_ranges[8], out_ranges[4];
+  for (int i = 0; i < 8; ++i) FFPA_RETURN_IF_ERROR(byte_range(inputs[i], &in_ranges[i]));
   for (int i = 0; i < 4; ++i) FFPA_RETURN_IF_ERROR(byte_range(outputs[i], &out_ranges[i]));
   for (int i = 0; i < 4; ++i) {
-    for (int j = 0; j < 7; ++j) FFPA_RETURN_IF_ERROR(check_overlap(outputs[i].name, out_ranges[i], inputs[j].name, in_ranges[j]));
+    for (int j = 0; j < 8; ++j) FFPA_RETURN_IF_ERROR(check_overlap(outputs[i].name, out_ranges[i], inputs[j].name, in_ranges[j]));
     for (int j = i + 1; j < 4; ++j)
       FFPA_RETURN_IF_ERROR(check_overlap(outputs[i].name, out_ranges[i], outputs[j].name, out_ranges[j]));
   }
@@ -620,6 +626,10 @@ Status validate_backward(const BackwardParams& p, BackwardProblem* problem) {
       b.d_mask_shape[i] = p.d_mask.shape[i];
       b.d_mask_stride[i] = p.d_mask.shape[i] == 1 ? 0 : p.d_mask.stride[i];
     }
+  }
+  if (p.d_lse.data) {
+    b.d_lse = static_cast<const float*>(p.d_lse.data);
+    copy_strides(p.d_lse, b.d_lse_stride);
   }
   *problem = b;
   return {};

@@ -6,7 +6,8 @@
 // 1 without dropout) and g = d_out row i:
 //   a_j = p_j z_j              (O_i = sum_j a_j v_j)
 //   dp_j = g . v_j,  delta = sum_j a_j dp_j = g . O_i
-//   ds_j = p_j (z_j dp_j - delta)
+//   ds_j = p_j (z_j dp_j - delta + gl_i)    (gl_i: the gradient of lse_i, as
+//                                            d lse_i / d s_j = p_j)
 //   d_v_j += a_j g,  d_q_i += scale sum_j ds_j k_j,  d_k_j += scale ds_j q_i
 #include "reference/cpu_attention_backward.hpp"
 
@@ -43,8 +44,8 @@ struct Unit {
   std::vector<double> k, v, q, bias, p, z, dp;
 };
 
-void backward_unit(const AttentionProblem& p, const double* d_out, const AttentionGradients& g, int64_t b,
-                   int64_t kv_head, Unit& u) {
+void backward_unit(const AttentionProblem& p, const double* d_out, const double* d_lse, const AttentionGradients& g,
+                   int64_t b, int64_t kv_head, Unit& u) {
   const int64_t dim = p.head_dim, dv = p.dv(), nkv = p.seq_kv, group = p.group_size();
   for (int64_t j = 0; j < nkv; ++j) {
     load_row(p, 1, b, kv_head, j, u.k.data() + j * dim);
@@ -80,6 +81,7 @@ void backward_unit(const AttentionProblem& p, const double* d_out, const Attenti
         denominator += u.p[j];
       }
       double delta = 0.0;
+      const double lse_weight = d_lse != nullptr ? d_lse[row] : 0.0;
       for (int64_t j = 0; j < visible; ++j) {
         u.p[j] /= denominator;
         if (p.has_dropout()) {
@@ -96,7 +98,7 @@ void backward_unit(const AttentionProblem& p, const double* d_out, const Attenti
       }
       for (int64_t j = 0; j < visible; ++j) {
         const double a = u.p[j] * u.z[j];
-        const double ds = u.p[j] * (u.z[j] * u.dp[j] - delta);
+        const double ds = u.p[j] * (u.z[j] * u.dp[j] - delta + lse_weight);
         if (d_s != nullptr) d_s[j] = ds;
         for (int64_t d = 0; d < dv; ++d) d_v[j * dv + d] += a * go[d];
         for (int64_t d = 0; d < dim; ++d) {
@@ -110,8 +112,8 @@ void backward_unit(const AttentionProblem& p, const double* d_out, const Attenti
 
 }  // namespace
 
-void cpu_attention_backward_f64(const AttentionProblem& p, const double* d_out, const AttentionGradients& grads,
-                                int num_threads) {
+void cpu_attention_backward_f64(const AttentionProblem& p, const double* d_out, const double* d_lse,
+                                const AttentionGradients& grads, int num_threads) {
   const int64_t units = p.batch * p.heads_kv;
   if (units <= 0) return;
   const int workers = static_cast<int>(std::min<int64_t>(resolve_threads(num_threads), units));
@@ -123,7 +125,7 @@ void cpu_attention_backward_f64(const AttentionProblem& p, const double* d_out, 
     for (std::vector<double>* per_key : {&u.bias, &u.p, &u.z, &u.dp}) per_key->resize(static_cast<size_t>(p.seq_kv));
   }
   parallel_for(units, workers, [&](int worker, int64_t unit) {
-    backward_unit(p, d_out, grads, unit / p.heads_kv, unit % p.heads_kv, scratch[static_cast<size_t>(worker)]);
+    backward_unit(p, d_out, d_lse, grads, unit / p.heads_kv, unit % p.heads_kv, scratch[static_cast<size_t>(worker)]);
   });
 }
 
@@ -156,7 +158,15 @@ void cpu_attention_backward(const BackwardProblem& bp, int num_threads) {
   std::vector<double> d_q(elements(p.batch, p.heads_q, p.seq_q, dim)), d_k(elements(p.batch, p.heads_kv, p.seq_kv, dim)),
       d_v(elements(p.batch, p.heads_kv, p.seq_kv, dv)), d_scores;
   if (bp.d_mask != nullptr) d_scores.resize(elements(p.batch, p.heads_q, p.seq_q, p.seq_kv));
-  cpu_attention_backward_f64(p, d_out.data(),
+  std::vector<double> d_lse;
+  if (bp.d_lse != nullptr) {
+    d_lse.reserve(elements(p.batch, p.heads_q, p.seq_q, 1));
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.heads_q; ++h)
+        for (int64_t i = 0; i < p.seq_q; ++i)
+          d_lse.push_back(bp.d_lse[b * bp.d_lse_stride[0] + h * bp.d_lse_stride[1] + i * bp.d_lse_stride[2]]);
+  }
+  cpu_attention_backward_f64(p, d_out.data(), bp.d_lse != nullptr ? d_lse.data() : nullptr,
                              AttentionGradients{d_q.data(), d_k.data(), d_v.data(),
                                                 bp.d_mask != nullptr ? d_scores.data() : nullptr},
                              num_threads);

@@ -22,12 +22,13 @@ struct AttentionGradients {
   double* d_scores = nullptr;
 };
 
-// The gradients of sum(O * d_out) for the problem's q, k, v, mask and options
-// (its o and lse are not read), d_out contiguous [B, Hq, Nq, Dv] in double.
+// The gradients of sum(O * d_out) + sum(LSE * d_lse) for the problem's q, k,
+// v, mask and options (its o and lse are not read), d_out contiguous
+// [B, Hq, Nq, Dv] and d_lse [B, Hq, Nq] (null: zero) in double.
 // Overwrites every element of the gradients. num_threads <= 0: hardware
 // threads; the result does not depend on it.
-void cpu_attention_backward_f64(const AttentionProblem& problem, const double* d_out, const AttentionGradients& grads,
-                                int num_threads = 0);
+void cpu_attention_backward_f64(const AttentionProblem& problem, const double* d_out, const double* d_lse,
+                                const AttentionGradients& grads, int num_threads = 0);
 
 // ffpa::backward on host tensors: d_o read in its dtype, the gradients
 // computed in double (cpu_attention_backward_f64) and written rounded to the

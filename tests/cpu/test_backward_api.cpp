@@ -97,7 +97,12 @@ ReferenceGradients reference(const BackwardParams& params) {
   ReferenceGradients r{std::vector<double>(q_elements), std::vector<double>(kv_elements),
                        std::vector<double>(kv_elements),
                        std::vector<double>(static_cast<size_t>(p.batch * p.heads_q * p.seq_q * p.seq_kv))};
-  detail::cpu_attention_backward_f64(p, d_out.data(),
+  std::vector<double> d_lse;
+  if (params.d_lse.data)
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t h = 0; h < p.heads_q; ++h)
+        for (int64_t i = 0; i < p.seq_q; ++i) d_lse.push_back(testing::element_as_double(params.d_lse, {b, h, i}));
+  detail::cpu_attention_backward_f64(p, d_out.data(), params.d_lse.data ? d_lse.data() : nullptr,
                                      detail::AttentionGradients{r.d_q.data(), r.d_k.data(), r.d_v.data(), r.d_scores.data()});
   return r;
 }
@@ -152,8 +157,31 @@ TEST(BackwardApi, WritesTheReferenceGradientsThroughTheOutputsStrides) {
   }
 }
 
+// The gradient of the lse (a loss reading it too) enters every gradient; it
+// is read through its strides.
+TEST(BackwardApi, TheLseGradientEntersTheGradients) {
+  BackwardCall call(DType::f64, 2, 2, 1, 7, 9, 16, /*with_mask=*/true);
+  call.params.options.causal = Causal::top_left;
+  HostTensor d_lse = testing::make_host_tensor(DType::f32, {2, 2, 7, 1});  // rank-3 view below, row stride 1
+  testing::fill_uniform(d_lse, 21, -1.0f, 1.0f);
+  call.params.d_lse = d_lse.tensor;
+  call.params.d_lse.rank = 3;
+  const ReferenceGradients with_lse = reference(call.params);
+  ASSERT_TRUE(backward(call.params).ok());
+  expect_rounded(call.d_q.tensor, with_lse.d_q, "d_q");
+  expect_rounded(call.d_k.tensor, with_lse.d_k, "d_k");
+  expect_rounded(call.d_v.tensor, with_lse.d_v, "d_v");
+  call.params.d_lse = Tensor{};
+  const ReferenceGradients without = reference(call.params);
+  EXPECT_NE(with_lse.d_q, without.d_q);
+  EXPECT_EQ(with_lse.d_v, without.d_v);  // O does not depend on the lse's weight: d_v is the same
+}
+
 TEST(BackwardApi, TheCAbiComputesTheSameGradients) {
   BackwardCall call(DType::bf16, 1, 2, 1, 9, 17, 64, /*with_mask=*/false);
+  HostTensor d_lse = testing::make_host_lse(1, 2, 9);
+  testing::fill_uniform(d_lse, 22, -1.0f, 1.0f);
+  call.params.d_lse = d_lse.tensor;
   const ReferenceGradients want = reference(call.params);
   ffpa_backward_params c{};
   c.q = testing::c_tensor(call.q.tensor);
@@ -165,6 +193,7 @@ TEST(BackwardApi, TheCAbiComputesTheSameGradients) {
   c.d_q = testing::c_tensor(call.d_q.tensor);
   c.d_k = testing::c_tensor(call.d_k.tensor);
   c.d_v = testing::c_tensor(call.d_v.tensor);
+  c.d_lse = testing::c_tensor(d_lse.tensor);
   c.options.impl = FFPA_IMPL_CPU_REFERENCE;
   size_t bytes = 1;
   char message[256] = {};
@@ -223,6 +252,23 @@ TEST(BackwardApi, EachBadArgumentHasItsStatusAndWritesNothing) {
     BackwardCall call(DType::bf16, 1, 2, 2, 8, 8, 32, true);
     call.params.d_mask.dtype = DType::bf16;
     expect_refused(call, StatusCode::dtype_mismatch);
+  }
+  {
+    BackwardCall call(DType::bf16, 1, 2, 2, 8, 8, 32, false);
+    call.params.d_lse = call.lse.tensor;
+    call.params.d_lse.dtype = DType::bf16;
+    expect_refused(call, StatusCode::dtype_mismatch);
+    call.params.d_lse.dtype = DType::f32;
+    call.params.d_lse.shape[2] = 9;
+    expect_refused(call, StatusCode::shape_mismatch);
+    call.params.d_lse.shape[2] = 8;
+    call.params.d_lse.data = static_cast<char*>(call.params.d_lse.data) + 2;
+    expect_refused(call, StatusCode::misaligned);
+    call.params.d_lse = call.params.d_q;  // the gradient of lse read from where d_q is written
+    call.params.d_lse.dtype = DType::f32, call.params.d_lse.rank = 3;
+    call.params.d_lse.shape[2] = 8, call.params.d_lse.stride[2] = 1;
+    call.params.d_lse.stride[1] = 8, call.params.d_lse.stride[0] = 16;
+    expect_refused(call, StatusCode::output_overlaps_input);
   }
   {
     BackwardCall call(DType::bf16, 1, 2, 2, 8, 8, 32, false);

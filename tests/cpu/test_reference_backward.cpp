@@ -1,6 +1,7 @@
 // The CPU reference's backward pass (reference/cpu_attention_backward) against
 // central finite differences of a naive forward written straight from the
-// formula in double: the gradients of sum(O * G) for random G, with respect
+// formula in double: the gradients of sum(O * G) + sum(LSE * GL) for random G
+// and GL (half the cases without the LSE term), with respect
 // to every element of Q, K and V and (for additive masks) every score, on odd
 // sizes with GQA, both causal alignments, boolean and additive masks with
 // fully masked rows, dropout and a custom scale. The naive forward shares only
@@ -47,6 +48,7 @@ struct Inputs {
   HostTensor q, k, v, mask;
   AttentionProblem problem;
   std::vector<double> qd, kd, vd, g;
+  std::vector<double> gl;  // the loss's weights of the lse [B, Hq, Nq]; empty: no lse term
 };
 
 std::vector<double> as_doubles(const HostTensor& t) {
@@ -107,10 +109,15 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
   std::uniform_real_distribution<double> uniform(-1.0, 1.0);
   in.g.resize(static_cast<size_t>(c.batch * c.heads_q * c.seq_q * dv));
   for (double& x : in.g) x = uniform(rng);
+  if (seed % 20 == 1) {
+    in.gl.resize(static_cast<size_t>(c.batch * c.heads_q * c.seq_q));
+    for (double& x : in.gl) x = uniform(rng);
+  }
   return in;
 }
 
-// sum(O * G) from the formula, for the values q, k, v (doubles, [B, H, N, D])
+// sum(O * G) + sum(LSE * GL) from the formula (rows without a key add no lse
+// term), for the values q, k, v (doubles, [B, H, N, D])
 // and an extra term added to score (b, h, i, j) = `bumped` (for the scores' gradient).
 double naive_loss(const Inputs& in, const std::vector<double>& q, const std::vector<double>& k,
                   const std::vector<double>& v, int64_t bumped = -1, double bump = 0.0) {
@@ -136,6 +143,7 @@ double naive_loss(const Inputs& in, const std::vector<double>& q, const std::vec
         if (max_score == -std::numeric_limits<double>::infinity()) continue;
         double sum = 0.0;
         for (int64_t j = 0; j < visible; ++j) sum += std::exp(s[j] - max_score);
+        if (!in.gl.empty()) loss += (max_score + std::log(sum)) * in.gl[(b * p.heads_q + h) * p.seq_q + i];
         for (int64_t j = 0; j < visible; ++j) {
           double weight = std::exp(s[j] - max_score) / sum;
           if (p.has_dropout()) {
@@ -178,7 +186,8 @@ void check_case(const Case& c, uint64_t seed) {
   const double poison = std::numeric_limits<double>::quiet_NaN();
   std::vector<double> dq(in.qd.size(), poison), dk(in.kd.size(), poison), dv(in.vd.size(), poison);
   std::vector<double> ds(static_cast<size_t>(p.batch * p.heads_q * p.seq_q * p.seq_kv), poison);
-  detail::cpu_attention_backward_f64(p, in.g.data(), {dq.data(), dk.data(), dv.data(), ds.data()}, 3);
+  detail::cpu_attention_backward_f64(p, in.g.data(), in.gl.empty() ? nullptr : in.gl.data(),
+                                     {dq.data(), dk.data(), dv.data(), ds.data()}, 3);
   for (size_t e = 0; e < dq.size(); ++e) expect_close(dq[e], finite_difference(in, 0, e), "dQ " + std::to_string(e));
   for (size_t e = 0; e < dk.size(); ++e) expect_close(dk[e], finite_difference(in, 1, e), "dK " + std::to_string(e));
   for (size_t e = 0; e < dv.size(); ++e) expect_close(dv[e], finite_difference(in, 2, e), "dV " + std::to_string(e));
@@ -188,11 +197,13 @@ void check_case(const Case& c, uint64_t seed) {
                            (2 * kStep);
     expect_close(ds[e], numeric, "dScores " + std::to_string(e));
   }
-  // The forward reference agrees with the naive formula: sum(O * G).
-  std::vector<double> out(in.g.size(), poison);
-  detail::cpu_attention_forward_f64(p, {}, out.data(), nullptr, 2);
+  // The forward reference agrees with the naive formula: sum(O * G) + sum(LSE * GL).
+  std::vector<double> out(in.g.size(), poison), lse(static_cast<size_t>(p.batch * p.heads_q * p.seq_q), poison);
+  detail::cpu_attention_forward_f64(p, {}, out.data(), lse.data(), 2);
   double loss = 0.0;
   for (size_t e = 0; e < out.size(); ++e) loss += out[e] * in.g[e];
+  for (size_t r = 0; r < in.gl.size(); ++r)
+    if (std::isfinite(lse[r])) loss += lse[r] * in.gl[r];
   EXPECT_NEAR(loss, naive_loss(in, in.qd, in.kd, in.vd), 1e-9 * (1.0 + std::fabs(loss))) << "forward";
   if (c.mask != MaskKind::none) {  // the fully masked row 1: no gradient reaches its query
     for (int64_t h = 0; h < p.heads_q; ++h)
@@ -230,7 +241,7 @@ TEST(CpuReferenceBackward, GradientsMatchFiniteDifferences) {
   Case scaled{"scale 0.7, causal top-left, Nq > Nkv"};
   scaled.scale = 0.7, scaled.causal = Causal::top_left, scaled.seq_q = 7, scaled.seq_kv = 5;
   cases.push_back(scaled);
-  uint64_t seed = 11;
+  uint64_t seed = 11;  // seeds 21, 41, ... have an lse term (seed % 20 == 1), 31, 51, ... none
   for (const Case& c : cases) check_case(c, seed += 10);
 }
 
@@ -242,7 +253,8 @@ TEST(CpuReferenceBackward, ThreadCountDoesNotChangeAnyBit) {
   auto run = [&](int threads) {
     std::vector<double> all(in.qd.size() + 2 * in.kd.size());
     detail::cpu_attention_backward_f64(
-        p, in.g.data(), {all.data(), all.data() + in.qd.size(), all.data() + in.qd.size() + in.kd.size()}, threads);
+        p, in.g.data(), nullptr, {all.data(), all.data() + in.qd.size(), all.data() + in.qd.size() + in.kd.size()},
+        threads);
     return all;
   };
   const std::vector<double> one = run(1);
