@@ -32,8 +32,9 @@ MESSAGE_BYTES = 2048
 class DType(enum.IntEnum):
     F16 = 0
     BF16 = 1
-    F32 = 2
+    F32 = 2  # q, k, v: the CPU reference only (so is F64)
     BOOL = 3  # 1 byte, nonzero = attend
+    F64 = 4
 
 
 class Causal(enum.IntEnum):
@@ -128,6 +129,29 @@ class FfpaForwardParams(ctypes.Structure):
         ("lse", FfpaTensor),
         ("options", FfpaOptions),
         ("stream", ctypes.c_void_p),  # cudaStream_t; NULL: the default stream
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+    ]
+
+
+class FfpaBackwardParams(ctypes.Structure):
+    """ffpa_backward_params: the forward call's tensors and options, d_o (and d_lse), the gradients."""
+
+    _fields_ = [
+        ("q", FfpaTensor),
+        ("k", FfpaTensor),
+        ("v", FfpaTensor),
+        ("o", FfpaTensor),
+        ("lse", FfpaTensor),  # the forward's, required
+        ("mask", FfpaTensor),
+        ("d_o", FfpaTensor),
+        ("d_q", FfpaTensor),
+        ("d_k", FfpaTensor),
+        ("d_v", FfpaTensor),
+        ("d_mask", FfpaTensor),  # data NULL: not requested
+        ("d_lse", FfpaTensor),  # data NULL: zero
+        ("options", FfpaOptions),
+        ("stream", ctypes.c_void_p),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
     ]
@@ -259,6 +283,8 @@ class Library:
             ctypes.c_size_t,
         ]
         self._dll.ffpa_workspace_size.restype = ctypes.c_int
+        self._dll.ffpa_backward.argtypes = [ctypes.POINTER(FfpaBackwardParams), ctypes.c_char_p, ctypes.c_size_t]
+        self._dll.ffpa_backward.restype = ctypes.c_int
         self._dll.ffpa_status_name.argtypes = [ctypes.c_int]
         self._dll.ffpa_status_name.restype = ctypes.c_char_p
         self._dll.ffpa_version.argtypes = []
@@ -321,6 +347,13 @@ class Library:
             raise self.error(status, message)
         return size.value
 
+    def backward(self, params: FfpaBackwardParams) -> None:
+        """ffpa_backward; raises FFPAError on a non-zero status."""
+        message = ctypes.create_string_buffer(MESSAGE_BYTES)
+        status = self._dll.ffpa_backward(ctypes.byref(params), message, MESSAGE_BYTES)
+        if status != 0:
+            raise self.error(status, message)
+
     def forward(self, params: FfpaForwardParams) -> None:
         """ffpa_forward; raises FFPAError on a non-zero status."""
         # One message buffer per thread: calls from several threads must not share one.
@@ -364,6 +397,11 @@ def limits() -> Limits:
 def forward(params: FfpaForwardParams) -> None:
     """ffpa_forward on the loaded library; raises FFPAError on a non-zero status."""
     (_loaded or load_library()).forward(params)
+
+
+def backward(params: FfpaBackwardParams) -> None:
+    """ffpa_backward on the loaded library; raises FFPAError on a non-zero status."""
+    (_loaded or load_library()).backward(params)
 
 
 def workspace_size(params: FfpaForwardParams) -> int:

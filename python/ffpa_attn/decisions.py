@@ -74,7 +74,8 @@ def _tensor_kind_reason(spec: CallSpec) -> str | None:
     if spec.nested:
         return "nested tensors are not served"
     if spec.needs_grad:
-        return "an input requires grad and ffpa has no backward pass yet"
+        # The op has its autograd (gradients.py), but the library's backward runs on the CPU reference only.
+        return "an input requires grad and the ffpa library has no GPU backward kernels yet"
     if spec.device_type != "cuda":
         return f"tensors on {spec.device_type}, not CUDA"
     if not spec.same_device:

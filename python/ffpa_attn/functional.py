@@ -364,7 +364,8 @@ def _cached_decision(
     if entry is None:
         decision = _decision(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, backend, return_lse)
         plan = None
-        if decision.path == "ffpa" and decision.error is None:
+        # A call that needs gradients goes through the op (its autograd), never the plan's fast path.
+        if decision.path == "ffpa" and decision.error is None and not cache_key[-1]:
             plan = ops.plan_for(query, key, value, attn_mask, return_lse, decision.op_options)
         entry = (decision, plan)
         if len(_DECISIONS) >= _MAX_DECISIONS:

@@ -16,7 +16,13 @@ import torch
 from . import _library
 from ._library import DType
 
-_FFPA_DTYPES = {torch.float16: DType.F16, torch.bfloat16: DType.BF16, torch.float32: DType.F32, torch.bool: DType.BOOL}
+_FFPA_DTYPES = {
+    torch.float16: DType.F16,
+    torch.bfloat16: DType.BF16,
+    torch.float32: DType.F32,
+    torch.float64: DType.F64,
+    torch.bool: DType.BOOL,
+}
 
 # The library reads q, k, v and writes o in 16-byte vectors along D.
 _VECTOR_BYTES = 16
@@ -90,7 +96,7 @@ def _forward_fake(
     fp8_v_scales: int = 0,
     fp8_smooth_v: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _new_output(q), _new_lse(q, return_lse)
+    return new_output(q), _new_lse(q, return_lse)
 
 
 # The op's precision arguments for the inputs' own precision (precision, fp8_qk_format,
@@ -170,8 +176,8 @@ def launch(plan: "_Plan", q, k, v, mask, return_lse: bool, dropout_seed: int, dr
         words[_MASK_WORD] = 0 if mask is None else mask.data_ptr()  # the broadcast view shares the mask's storage
         words[_LSE_WORD] = 0 if lse is None else lse.data_ptr()
         words[_STREAM_WORD] = _RAW_STREAM(device) if on_cuda else 0
-        words[_SEED_WORD] = dropout_seed & _U64_MASK  # int64 through the op: a seed >= 2^63 arrives negative
-        words[_OFFSET_WORD] = dropout_offset & _U64_MASK
+        words[_SEED_WORD] = dropout_seed & U64_MASK  # int64 through the op: a seed >= 2^63 arrives negative
+        words[_OFFSET_WORD] = dropout_offset & U64_MASK
         if workspace is not None:
             words[_WORKSPACE_WORD] = workspace.data_ptr()
         if on_cuda and device != _CURRENT_DEVICE():
@@ -210,9 +216,9 @@ class _Plan:
     def __init__(self, q, k, v, mask, return_lse, options) -> None:
         # Inputs the library reads where they are (their addresses are checked per call).
         self.in_place = all(t.numel() == 0 or _strides_readable(t) for t in (q, k, v))
-        # o in q's layout when the library can write it (_new_output's rule, decided once).
+        # o in q's layout when the library can write it (new_output's rule, decided once).
         self.o_like_q = _strides_readable(torch.empty_like(q))
-        o = _new_output(q)
+        o = new_output(q)
         lse = _new_lse(q, True) if return_lse else None
         # The dropout seed and offset: written per call.
         self.params = _params_template(q, k, v, o, lse, _broadcast_mask(mask, q, k), options, 0, 0)
@@ -234,8 +240,8 @@ def _run_on_copies(
     q, k, v, mask, return_lse, options, dropout_seed, dropout_offset
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """run for inputs the library cannot read in place: copies of them, structs built for the call."""
-    q, k, v = _readable_by_library(q), _readable_by_library(k), _readable_by_library(v)
-    o = _new_output(q)
+    q, k, v = readable_by_library(q), readable_by_library(k), readable_by_library(v)
+    o = new_output(q)
     lse = _new_lse(q, True) if return_lse else None
     params = _params_template(q, k, v, o, lse, _broadcast_mask(mask, q, k), options, dropout_seed, dropout_offset)
     if q.is_cuda:
@@ -260,7 +266,7 @@ _MAX_PLANS = 1024
 # the stream, the workspace and the dropout seed and offset, all 64-bit and 8-byte aligned,
 # as indices of 64-bit words. Offsets from ctypes, so a changed struct moves
 # them too.
-_U64_MASK = 2**64 - 1
+U64_MASK = 2**64 - 1
 _PER_CALL_OFFSETS = (
     *(
         getattr(_library.FfpaForwardParams, field).offset + _library.FfpaTensor.data.offset
@@ -285,12 +291,12 @@ def _params_template(q, k, v, o, lse, mask, options, dropout_seed, dropout_offse
         precision, qk_format, qk_scales, smooth_k, early_rows, v_scales, smooth_v,
     ) = options  # fmt: skip
     return _library.FfpaForwardParams(
-        q=_describe("q", q),
-        k=_describe("k", k),
-        v=_describe("v", v),
-        o=_describe("o", o),
-        lse=_describe("lse", lse) if lse is not None else _library.FfpaTensor(),
-        mask=_describe("mask", mask) if mask is not None else _library.FfpaTensor(),
+        q=describe("q", q),
+        k=describe("k", k),
+        v=describe("v", v),
+        o=describe("o", o),
+        lse=describe("lse", lse) if lse is not None else _library.FfpaTensor(),
+        mask=describe("mask", mask) if mask is not None else _library.FfpaTensor(),
         options=_library.FfpaOptions(
             has_scale=1,
             scale=scale,
@@ -324,10 +330,11 @@ def _raw_stream(device: int) -> int:
 # cheaper than torch.cuda.current_stream() and torch.cuda.current_device();
 # the public calls where this torch lacks them.
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", _raw_stream)
+raw_stream = _RAW_STREAM  # for gradients.py
 _CURRENT_DEVICE = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 
 
-def _new_output(q: torch.Tensor) -> torch.Tensor:
+def new_output(q: torch.Tensor) -> torch.Tensor:
     """o in q's layout (a [B, N, H, D] view in, [B, N, H, D] memory out) when the library can write it."""
     o = torch.empty_like(q)
     return o if _strides_readable(o) else torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -346,15 +353,19 @@ def _strides_readable(t: torch.Tensor) -> bool:
     )
 
 
-def _readable_by_library(t: torch.Tensor) -> torch.Tensor:
+def readable_by_library(t: torch.Tensor) -> torch.Tensor:
     if t.numel() == 0 or (_strides_readable(t) and t.data_ptr() % _VECTOR_BYTES == 0):
         return t
     # clone, not contiguous(): a contiguous tensor at a misaligned address needs a copy too.
     return t.clone(memory_format=torch.contiguous_format)
 
 
-def _describe(name: str, t: torch.Tensor) -> _library.FfpaTensor:
+def describe(name: str, t: torch.Tensor) -> _library.FfpaTensor:
     dtype = _FFPA_DTYPES.get(t.dtype)
     if dtype is None:
         raise TypeError(f"ffpa_attn::forward: {name}.dtype = {t.dtype} is not one of {list(_FFPA_DTYPES)}")
     return _library.tensor(t.data_ptr(), dtype, t.shape, t.stride())
+
+
+# ffpa_attn::backward and forward's autograd formula (they use the helpers above).
+from . import gradients  # noqa: E402,F401
