@@ -170,9 +170,9 @@ FFPA_API Status workspace_size(const ForwardParams& params, size_t* bytes);
 // The gradients of a forward call (docs/spec.md, "Backward"): dq, dk, dv of
 // sum(o * d_o) for the forward's q, k, v, mask and options (the same scale,
 // causal alignment and dropout (seed, offset), so the backward redraws the
-// forward's keep mask), from its o and lse. Only the CPU reference
-// (host pointers) computes it today; GPU tensors get impl_unavailable until
-// the backward kernels exist (issue 13).
+// forward's keep mask), from its o and lse. Host pointers: the CPU
+// reference; device pointers: the portable backward kernels (impl auto or
+// sm80_split_d; an additive mask's gradient is the CPU reference's only).
 struct BackwardParams {
   Tensor q, k, v;  // the forward's inputs
   Tensor o;        // the forward's output

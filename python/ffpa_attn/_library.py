@@ -285,6 +285,13 @@ class Library:
         self._dll.ffpa_workspace_size.restype = ctypes.c_int
         self._dll.ffpa_backward.argtypes = [ctypes.POINTER(FfpaBackwardParams), ctypes.c_char_p, ctypes.c_size_t]
         self._dll.ffpa_backward.restype = ctypes.c_int
+        self._dll.ffpa_backward_workspace_size.argtypes = [
+            ctypes.POINTER(FfpaBackwardParams),
+            ctypes.POINTER(ctypes.c_size_t),
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+        ]
+        self._dll.ffpa_backward_workspace_size.restype = ctypes.c_int
         self._dll.ffpa_status_name.argtypes = [ctypes.c_int]
         self._dll.ffpa_status_name.restype = ctypes.c_char_p
         self._dll.ffpa_version.argtypes = []
@@ -347,6 +354,15 @@ class Library:
             raise self.error(status, message)
         return size.value
 
+    def backward_workspace_size(self, params: FfpaBackwardParams) -> int:
+        """ffpa_backward_workspace_size (on the current device); raises FFPAError on a non-zero status."""
+        message = ctypes.create_string_buffer(MESSAGE_BYTES)
+        size = ctypes.c_size_t(0)
+        status = self._dll.ffpa_backward_workspace_size(ctypes.byref(params), ctypes.byref(size), message, MESSAGE_BYTES)
+        if status != 0:
+            raise self.error(status, message)
+        return size.value
+
     def backward(self, params: FfpaBackwardParams) -> None:
         """ffpa_backward; raises FFPAError on a non-zero status."""
         message = ctypes.create_string_buffer(MESSAGE_BYTES)
@@ -402,6 +418,11 @@ def forward(params: FfpaForwardParams) -> None:
 def backward(params: FfpaBackwardParams) -> None:
     """ffpa_backward on the loaded library; raises FFPAError on a non-zero status."""
     (_loaded or load_library()).backward(params)
+
+
+def backward_workspace_size(params: FfpaBackwardParams) -> int:
+    """ffpa_backward_workspace_size on the loaded library."""
+    return (_loaded or load_library()).backward_workspace_size(params)
 
 
 def workspace_size(params: FfpaForwardParams) -> int:

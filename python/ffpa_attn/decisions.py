@@ -74,8 +74,9 @@ def _tensor_kind_reason(spec: CallSpec) -> str | None:
     if spec.nested:
         return "nested tensors are not served"
     if spec.needs_grad:
-        # The op has its autograd (gradients.py), but the library's backward runs on the CPU reference only.
-        return "an input requires grad and the ffpa library has no GPU backward kernels yet"
+        # The op has its autograd (gradients.py) and the library portable GPU backward kernels, not yet
+        # measured against SDPA's backward (issue 13): until then SDPA trains.
+        return "an input requires grad: ffpa's GPU backward is not yet measured against SDPA's"
     if spec.device_type != "cuda":
         return f"tensors on {spec.device_type}, not CUDA"
     if not spec.same_device:

@@ -4,9 +4,9 @@ tensors) and forward's autograd formula, registered with torch.library.
 Autograd saves only the forward's inputs, o and lse (no [Nq, Nkv] tensor); the backward redraws the
 forward's dropout keep mask from the same (seed, offset), which are op arguments, so a recomputed forward
 (activation checkpointing) and its backward agree. On CPU tensors the library's CPU reference computes the
-gradients (f64 inside; f32 and f64 tensors too, for torch.autograd.gradcheck); on CUDA tensors the call
-gets the library's answer (impl_unavailable until its GPU backward kernels exist: the drop-in does not
-route calls that need gradients here, functional.py).
+gradients (f64 inside; f32 and f64 tensors too, for torch.autograd.gradcheck); on CUDA tensors the
+library's portable backward kernels (kernels/sm80_backward; an additive mask's gradient is the CPU
+reference's only, for now). The drop-in does not route calls that need gradients here yet (functional.py).
 """
 
 from typing import Optional
@@ -75,6 +75,11 @@ def backward(
     if q.is_cuda:
         with torch.cuda.device(q.device):
             params.stream = ops.raw_stream(q.get_device())
+            # The kernels' workspace (delta) from torch's caching allocator (a graph's pool under capture).
+            workspace_bytes = _library.backward_workspace_size(params)
+            workspace = torch.empty(workspace_bytes, dtype=torch.uint8, device=q.device) if workspace_bytes else None
+            if workspace is not None:
+                params.workspace, params.workspace_bytes = workspace.data_ptr(), workspace_bytes
             _library.backward(params)
     else:
         _library.backward(params)

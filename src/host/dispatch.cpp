@@ -7,10 +7,13 @@
 #include "host/cuda_status.hpp"
 #include "host/fp8_forward.hpp"
 #include "host/memory_space.hpp"
+#include "host/workspace.hpp"
+#include "kernels/sm80_backward/family.hpp"
 #include "kernels/sm80_split_d/family.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
 #include "kernels/split_kv/combine.hpp"
 #include "reference/cpu_attention.hpp"
+#include "reference/cpu_attention_backward.hpp"
 
 namespace ffpa::detail {
 namespace {
@@ -340,56 +343,6 @@ int64_t workspace_bytes(const AttentionProblem& problem, const KernelChoice& cho
 
 namespace {
 
-// The call's temporary memory: the caller's workspace, or stream-ordered
-// memory that release() frees on the stream after the work queued there.
-class Workspace {
- public:
-  Workspace(void* given, size_t given_bytes, cudaStream_t stream)
-      : given_(given), given_bytes_(given_bytes), stream_(stream) {}
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-
-  // `bytes` of it for `what`, at *memory.
-  Status acquire(size_t bytes, const char* what, void** memory) {
-    if (given_ != nullptr) {
-      if (given_bytes_ < bytes) {
-        return {StatusCode::workspace_too_small, std::string(what) + " needs " + std::to_string(bytes) +
-                                                     " bytes of workspace, got " + std::to_string(given_bytes_)};
-      }
-      *memory = given_;
-      return {};
-    }
-    if (const cudaError_t error = cudaMallocAsync(&allocated_, bytes, stream_); error != cudaSuccess) {
-      (void)cudaGetLastError();
-      allocated_ = nullptr;
-      return error == cudaErrorMemoryAllocation
-                 ? Status{StatusCode::out_of_memory,
-                          std::string(what) + ": no device memory for its " + std::to_string(bytes) + " bytes"}
-                 : cuda_status(error, "cudaMallocAsync");
-    }
-    *memory = allocated_;
-    return {};
-  }
-
-  // Frees what acquire allocated; `status`, or the free's failure if it was ok.
-  Status release(Status status) {
-    if (allocated_ != nullptr) {
-      if (const cudaError_t error = cudaFreeAsync(allocated_, stream_); error != cudaSuccess && status.ok()) {
-        (void)cudaGetLastError();
-        status = cuda_status(error, "cudaFreeAsync");
-      }
-      allocated_ = nullptr;
-    }
-    return status;
-  }
-
- private:
-  void* given_;
-  size_t given_bytes_;
-  cudaStream_t stream_;
-  void* allocated_ = nullptr;
-};
-
 // Precision::fp8: the pre-pass's buffers in the workspace, then the kernels.
 Status run_fp8(const AttentionProblem& problem, void* workspace, size_t workspace_size, cudaStream_t stream) {
   const size_t bytes = fp8_workspace_bytes(problem, problem.quantization);
@@ -451,6 +404,76 @@ Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, 
   }
   return {StatusCode::impl_unavailable,
           std::string("no runner for impl ") + impl_name(choice.impl)};
+}
+
+// --- the backward ------------------------------------------------------------------
+
+namespace {
+
+// The tensors of a backward call, for the memory-space check.
+Status backward_memory_space(const BackwardProblem& b, MemorySpace* space) {
+  const AttentionProblem& f = b.forward;
+  const NamedPointer tensors[] = {{"q", f.q},         {"k", f.k},         {"v", f.v},         {"o", f.o},
+                                  {"mask", f.mask},   {"lse", f.lse},     {"d_o", b.d_o},     {"d_q", b.d_q},
+                                  {"d_k", b.d_k},     {"d_v", b.d_v},     {"d_mask", b.d_mask}, {"d_lse", b.d_lse}};
+  return common_memory_space(tensors, static_cast<int>(sizeof tensors / sizeof tensors[0]), space);
+}
+
+}  // namespace
+
+Status plan_backward(const BackwardProblem& problem, Impl requested, BackwardChoice* choice) {
+  *choice = BackwardChoice{};
+  MemorySpace space = MemorySpace::host;
+  if (Status status = backward_memory_space(problem, &space); !status.ok()) return status;
+  if (Status status = reference_only_dtypes(problem.forward, requested, space); !status.ok()) return status;
+  switch (requested) {
+    case Impl::cpu_reference: {
+      KernelChoice forward_choice;
+      if (Status status = plan_cpu_reference(space, &forward_choice); !status.ok()) return status;
+      choice->impl = Impl::cpu_reference;
+      return {};
+    }
+    case Impl::sm90_wgmma:
+      return {StatusCode::impl_unavailable,
+              "impl sm90_wgmma has no backward kernels yet (issue 13); impl sm80_split_d (or auto) runs the portable "
+              "ones"};
+    case Impl::automatic:
+      if (space == MemorySpace::host) {
+        choice->impl = Impl::cpu_reference;
+        return {};
+      }
+      break;
+    case Impl::sm80_split_d: break;
+  }
+  DeviceInfo info;
+  if (Status status = current_device(Impl::sm80_split_d, space, &info); !status.ok()) return status;
+  if (Status status = sm80_capability(info); !status.ok()) return status;
+  if (Status status = sm80_backward::check(problem); !status.ok()) return status;
+  if (Status status = sm80_backward::runnable(problem.forward.dtype, info.device); !status.ok()) return status;
+  choice->impl = Impl::sm80_split_d;
+  return {};
+}
+
+size_t backward_workspace_bytes(const BackwardProblem& problem, const BackwardChoice& choice) {
+  return choice.impl == Impl::sm80_split_d ? sm80_backward::workspace_bytes(problem) : 0;
+}
+
+Status run_backward(const BackwardProblem& problem, const BackwardChoice& choice, void* workspace,
+                    size_t workspace_size, cudaStream_t stream) {
+  if (choice.impl == Impl::cpu_reference) {
+    try {
+      cpu_attention_backward(problem);
+    } catch (const std::bad_alloc&) {
+      return {StatusCode::out_of_memory, "impl cpu_reference: out of host memory for the backward's fp64 buffers"};
+    }
+    return {};
+  }
+  const size_t bytes = sm80_backward::workspace_bytes(problem);
+  if (bytes == 0) return sm80_backward::run(problem, nullptr, stream);
+  Workspace memory(workspace, workspace_size, stream);
+  void* delta = nullptr;
+  if (Status status = memory.acquire(bytes, "the backward's delta", &delta); !status.ok()) return status;
+  return memory.release(sm80_backward::run(problem, delta, stream));
 }
 
 }  // namespace ffpa::detail

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/attention_problem.hpp"
+#include "common/backward_problem.hpp"
 #include "ffpa/ffpa.hpp"
 
 namespace ffpa::detail {
@@ -38,5 +39,19 @@ int64_t workspace_bytes(const AttentionProblem& problem, const KernelChoice& cho
 // its temporary memory from `workspace` when given, else stream-ordered.
 Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
                    size_t workspace_size, cudaStream_t stream);
+
+// The backward's implementation: the CPU reference for host tensors; the
+// portable kernels (sm80_backward) for device tensors under auto and
+// sm80_split_d. Fails like plan_forward (never substitutes).
+struct BackwardChoice {
+  Impl impl = Impl::automatic;
+};
+Status plan_backward(const BackwardProblem& problem, Impl requested, BackwardChoice* choice);
+
+// The workspace bytes of a planned backward (the GPU kernels' delta).
+size_t backward_workspace_bytes(const BackwardProblem& problem, const BackwardChoice& choice);
+
+Status run_backward(const BackwardProblem& problem, const BackwardChoice& choice, void* workspace,
+                    size_t workspace_size, cudaStream_t stream);
 
 }  // namespace ffpa::detail

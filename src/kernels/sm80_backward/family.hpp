@@ -1,0 +1,36 @@
+// Host-side interface of the portable backward kernels (sm80 .. sm120):
+// preprocess (delta), dK/dV and dQ (kernels.cuh), for any head dims D and Dv
+// (multiples of 8 up to 1024), fp16/bf16, every forward feature but an
+// additive mask's gradient.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <string>
+
+#include "common/backward_problem.hpp"
+#include "ffpa/ffpa.hpp"
+
+namespace ffpa::detail::sm80_backward {
+
+// The columns of the gradients one CTA owns; slices = ceil(max(D, Dv) / it).
+inline constexpr int kSliceCols = 128;
+
+// Workspace: delta, fp32 [B][Hq][Nq].
+size_t workspace_bytes(const BackwardProblem& problem);
+
+// Why these kernels cannot serve the call (impl_unavailable with the reason),
+// or ok: an additive mask's gradient, sequence lengths past the kernels'.
+Status check(const BackwardProblem& problem);
+
+// Whether the kernels for `dtype` run on `device` (the current device).
+Status runnable(DType dtype, int device);
+
+// e.g. "sm80_backward<bf16,slice128>x4".
+std::string kernel_name(const BackwardProblem& problem);
+
+// The gradients, on `stream`; `workspace` holds workspace_bytes(problem).
+Status run(const BackwardProblem& problem, void* workspace, cudaStream_t stream);
+
+}  // namespace ffpa::detail::sm80_backward

@@ -1,0 +1,237 @@
+// The portable backward kernels (sm80 .. sm120), after the preprocess:
+//
+// dkdv_kernel: one CTA per (batch, KV head, block of kBlockK keys, slice of
+//   kSliceCols gradient columns). For every query head of the KV head's group
+//   and every query block that attends the keys (causal: from the diagonal):
+//     S = Q K^T and dP = dO V^T over the whole head dims (ring steps of 64
+//     columns), P, Pd and dS (score_gradients.cuh) into shared memory, then
+//     dV += Pd^T dO and dK += dS^T Q on the slice's columns.
+//   GQA: the group's query heads are summed in the CTA's registers, in a fixed
+//   order: no atomics, deterministic.
+// dq_kernel: one CTA per (batch, query head, block of kBlockQ rows, slice):
+//   for every KV block the rows attend, S, dP, dS as above, dQ += dS K.
+// Each CTA recomputes S and dP over the whole head dim for its slice: the
+// price of D up to 1024 without atomics on a portable path (the sm90 kernels
+// of docs/kernels/backward_plan.md avoid it).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/compiler_hints.cuh"
+#include "kernels/common/shared_memory.cuh"
+#include "kernels/common/tile_schedule.hpp"
+#include "kernels/sm80_backward/epilogue.cuh"
+#include "kernels/sm80_backward/mma_steps.cuh"
+#include "kernels/sm80_backward/producer.cuh"
+#include "kernels/sm80_backward/score_gradients.cuh"
+#include "kernels/sm80_backward/traits.cuh"
+
+namespace ffpa::detail::sm80_backward {
+
+extern __shared__ __align__(128) unsigned char backward_smem[];
+
+template <class Traits>
+struct SharedTiles {
+  __device__ __forceinline__ static uint32_t stage(int slot) {
+    return smem_address(backward_smem) + static_cast<uint32_t>(slot * Traits::kStageBytes);
+  }
+  __device__ __forceinline__ static unsigned char* pd_tile() { return backward_smem + Traits::kRingBytes; }
+  __device__ __forceinline__ static unsigned char* ds_tile() {
+    return backward_smem + Traits::kRingBytes + Traits::kTileBytes;
+  }
+};
+
+template <class Element>
+__device__ __forceinline__ const Element* head_rows(const void* base, const int64_t (&stride)[3], int batch, int head) {
+  return static_cast<const Element*>(base) + batch * stride[0] + head * stride[1];
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1) dkdv_kernel(const Args args) {
+  using Element = typename Traits::Element;
+  using Tiles = SharedTiles<Traits>;
+  const AttentionProblem& p = args.p;
+  const unsigned tid = opaque(static_cast<unsigned>(threadIdx.x));
+  const int seq_q = static_cast<int>(p.seq_q), seq_kv = static_cast<int>(p.seq_kv);
+  const int dim = static_cast<int>(p.head_dim), value_dim = static_cast<int>(p.dv());
+
+  // Which CTA: slice fastest, then key block, KV head, batch.
+  int64_t linear = args.block_offset + blockIdx.x;
+  const int slice = static_cast<int>(linear % args.slices);
+  linear /= args.slices;
+  const int key_blocks = (seq_kv + Traits::kBlockK - 1) / Traits::kBlockK;
+  const int k0 = static_cast<int>(linear % key_blocks) * Traits::kBlockK;
+  linear /= key_blocks;
+  const int kv_head = static_cast<int>(linear % p.heads_kv);
+  const int batch = static_cast<int>(linear / p.heads_kv);
+  const int col0 = slice * Traits::kSliceCols;
+
+  // The query blocks that attend a key of the block: causal, row i sees key
+  // k0 once i + shift >= k0.
+  const int q_blocks = (seq_q + Traits::kBlockQ - 1) / Traits::kBlockQ;
+  const int shift = static_cast<int>(p.causal_shift());
+  const int first_q_block = p.causal == Causal::none ? 0 : max(0, k0 - shift) / Traits::kBlockQ;
+  const int blocks_per_head = max(0, q_blocks - first_q_block);
+  const int group = static_cast<int>(p.group_size());
+  const int pairs = group * blocks_per_head;
+  const int n_d = (dim + Traits::kChunk - 1) / Traits::kChunk, n_dv = (value_dim + Traits::kChunk - 1) / Traits::kChunk;
+  const int steps_per_pair = n_d + n_dv + Traits::kSliceChunks;
+
+  const Element* const k_rows = head_rows<Element>(p.k, p.k_stride, batch, kv_head);
+  const Element* const v_rows = head_rows<Element>(p.v, p.v_stride, batch, kv_head);
+  auto pair_head = [&](int pair) { return kv_head * group + pair / blocks_per_head; };
+  auto pair_q0 = [&](int pair) { return (first_q_block + pair % blocks_per_head) * Traits::kBlockQ; };
+
+  // The step program: per pair, n_d chunks of (Q, K), n_dv of (dO, V), then
+  // the slice's chunks of (dO, Q).
+  int load_pair = 0, load_step = 0;
+  auto issue = [&](int into_slot) {
+    if (load_pair < pairs) {
+      const int head = pair_head(load_pair), q0 = pair_q0(load_pair);
+      const Element* const q_rows = head_rows<Element>(p.q, p.q_stride, batch, head);
+      const Element* const d_o_rows = head_rows<Element>(args.d_o, args.d_o_stride, batch, head);
+      const uint32_t stage = Tiles::stage(into_slot);
+      if (load_step < n_d) {
+        const int c = load_step * Traits::kChunk;
+        copy_block<Traits>(stage, {q_rows, p.q_stride[2], q0, seq_q, c, dim}, tid);
+        copy_block<Traits>(stage + Traits::kHalfBytes, {k_rows, p.k_stride[2], k0, seq_kv, c, dim}, tid);
+      } else if (load_step < n_d + n_dv) {
+        const int c = (load_step - n_d) * Traits::kChunk;
+        copy_block<Traits>(stage, {d_o_rows, args.d_o_stride[2], q0, seq_q, c, value_dim}, tid);
+        copy_block<Traits>(stage + Traits::kHalfBytes, {v_rows, p.v_stride[2], k0, seq_kv, c, value_dim}, tid);
+      } else {
+        const int c = col0 + (load_step - n_d - n_dv) * Traits::kChunk;
+        copy_block<Traits>(stage, {d_o_rows, args.d_o_stride[2], q0, seq_q, c, value_dim}, tid);
+        copy_block<Traits>(stage + Traits::kHalfBytes, {q_rows, p.q_stride[2], q0, seq_q, c, dim}, tid);
+      }
+      if (++load_step == steps_per_pair) load_step = 0, ++load_pair;
+    }
+    cp_async_commit();
+  };
+
+  Ring<Traits> ring;
+  ring.prime(issue);
+  float d_k[Traits::SliceLayout::kElements] = {}, d_v[Traits::SliceLayout::kElements] = {};
+#pragma unroll 1
+  for (int pair = 0; pair < pairs; ++pair) {
+    float s[Traits::ScoreLayout::kElements] = {}, dp[Traits::ScoreLayout::kElements] = {};
+#pragma unroll 1
+    for (int c = 0; c < n_d; ++c) {
+      ring.advance(issue);
+      accumulate_scores<Traits>(s, Tiles::stage(ring.slot), tid);
+      ring.release();
+    }
+#pragma unroll 1
+    for (int c = 0; c < n_dv; ++c) {
+      ring.advance(issue);
+      accumulate_scores<Traits>(dp, Tiles::stage(ring.slot), tid);
+      ring.release();
+    }
+    const TileCoordinates tile = block_pair_tile(pair_q0(pair), pair_head(pair), batch, kv_head, Traits::kBlockQ);
+    write_score_gradients<Traits>(s, dp, p, args.delta, tile, k0, args.scale_log2, Tiles::pd_tile(), Tiles::ds_tile(),
+                                  tid);
+#pragma unroll
+    for (int j = 0; j < Traits::kSliceChunks; ++j) {
+      ring.advance(issue);  // its barrier also publishes the Pd and dS tiles
+      const uint32_t stage = Tiles::stage(ring.slot);
+      accumulate_tn<Traits>(d_v, j, smem_address(Tiles::pd_tile()), stage, tid);
+      accumulate_tn<Traits>(d_k, j, smem_address(Tiles::ds_tile()), stage + Traits::kHalfBytes, tid);
+      ring.release();
+    }
+  }
+  cp_async_wait<0>();
+
+  auto* const d_k_rows = static_cast<Element*>(args.d_k) + batch * args.d_k_stride[0] + kv_head * args.d_k_stride[1];
+  auto* const d_v_rows = static_cast<Element*>(args.d_v) + batch * args.d_v_stride[0] + kv_head * args.d_v_stride[1];
+  store_slice<Traits>(d_k, p.scale, d_k_rows, args.d_k_stride[2], k0, seq_kv, col0, dim, tid);
+  store_slice<Traits>(d_v, 1.0f, d_v_rows, args.d_v_stride[2], k0, seq_kv, col0, value_dim, tid);
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1) dq_kernel(const Args args) {
+  using Element = typename Traits::Element;
+  using Tiles = SharedTiles<Traits>;
+  const AttentionProblem& p = args.p;
+  const unsigned tid = opaque(static_cast<unsigned>(threadIdx.x));
+  const int seq_q = static_cast<int>(p.seq_q), seq_kv = static_cast<int>(p.seq_kv);
+  const int dim = static_cast<int>(p.head_dim), value_dim = static_cast<int>(p.dv());
+
+  // Which CTA: slice fastest, then query block, head, batch.
+  int64_t linear = args.block_offset + blockIdx.x;
+  const int slice = static_cast<int>(linear % args.slices);
+  linear /= args.slices;
+  const int q_blocks = (seq_q + Traits::kBlockQ - 1) / Traits::kBlockQ;
+  const int q0 = static_cast<int>(linear % q_blocks) * Traits::kBlockQ;
+  linear /= q_blocks;
+  const int head = static_cast<int>(linear % p.heads_q);
+  const int batch = static_cast<int>(linear / p.heads_q);
+  const int kv_head = head / static_cast<int>(p.group_size());
+  const int col0 = slice * Traits::kSliceCols;
+  const int kv_blocks = (attended_kv_end(p, q0, Traits::kBlockQ) + Traits::kBlockK - 1) / Traits::kBlockK;
+  const int n_d = (dim + Traits::kChunk - 1) / Traits::kChunk, n_dv = (value_dim + Traits::kChunk - 1) / Traits::kChunk;
+  const int steps_per_pair = n_d + n_dv + Traits::kSliceChunks;
+
+  const Element* const q_rows = head_rows<Element>(p.q, p.q_stride, batch, head);
+  const Element* const d_o_rows = head_rows<Element>(args.d_o, args.d_o_stride, batch, head);
+  const Element* const k_rows = head_rows<Element>(p.k, p.k_stride, batch, kv_head);
+  const Element* const v_rows = head_rows<Element>(p.v, p.v_stride, batch, kv_head);
+
+  // The step program: per KV block, n_d chunks of (Q, K), n_dv of (dO, V),
+  // then the slice's chunks of K.
+  int load_block = 0, load_step = 0;
+  auto issue = [&](int into_slot) {
+    if (load_block < kv_blocks) {
+      const int k0 = load_block * Traits::kBlockK;
+      const uint32_t stage = Tiles::stage(into_slot);
+      if (load_step < n_d) {
+        const int c = load_step * Traits::kChunk;
+        copy_block<Traits>(stage, {q_rows, p.q_stride[2], q0, seq_q, c, dim}, tid);
+        copy_block<Traits>(stage + Traits::kHalfBytes, {k_rows, p.k_stride[2], k0, seq_kv, c, dim}, tid);
+      } else if (load_step < n_d + n_dv) {
+        const int c = (load_step - n_d) * Traits::kChunk;
+        copy_block<Traits>(stage, {d_o_rows, args.d_o_stride[2], q0, seq_q, c, value_dim}, tid);
+        copy_block<Traits>(stage + Traits::kHalfBytes, {v_rows, p.v_stride[2], k0, seq_kv, c, value_dim}, tid);
+      } else {
+        const int c = col0 + (load_step - n_d - n_dv) * Traits::kChunk;
+        copy_block<Traits>(stage, {k_rows, p.k_stride[2], k0, seq_kv, c, dim}, tid);
+      }
+      if (++load_step == steps_per_pair) load_step = 0, ++load_block;
+    }
+    cp_async_commit();
+  };
+
+  Ring<Traits> ring;
+  ring.prime(issue);
+  float d_q[Traits::SliceLayout::kElements] = {};
+  const TileCoordinates tile = block_pair_tile(q0, head, batch, kv_head, Traits::kBlockQ);
+#pragma unroll 1
+  for (int block = 0; block < kv_blocks; ++block) {
+    float s[Traits::ScoreLayout::kElements] = {}, dp[Traits::ScoreLayout::kElements] = {};
+#pragma unroll 1
+    for (int c = 0; c < n_d; ++c) {
+      ring.advance(issue);
+      accumulate_scores<Traits>(s, Tiles::stage(ring.slot), tid);
+      ring.release();
+    }
+#pragma unroll 1
+    for (int c = 0; c < n_dv; ++c) {
+      ring.advance(issue);
+      accumulate_scores<Traits>(dp, Tiles::stage(ring.slot), tid);
+      ring.release();
+    }
+    write_score_gradients<Traits>(s, dp, p, args.delta, tile, block * Traits::kBlockK, args.scale_log2, nullptr,
+                                  Tiles::ds_tile(), tid);
+#pragma unroll
+    for (int j = 0; j < Traits::kSliceChunks; ++j) {
+      ring.advance(issue);  // its barrier also publishes the dS tile
+      accumulate_nn<Traits>(d_q, j, smem_address(Tiles::ds_tile()), Tiles::stage(ring.slot), tid);
+      ring.release();
+    }
+  }
+  cp_async_wait<0>();
+
+  auto* const d_q_rows = static_cast<Element*>(args.d_q) + batch * args.d_q_stride[0] + head * args.d_q_stride[1];
+  store_slice<Traits>(d_q, p.scale, d_q_rows, args.d_q_stride[2], q0, seq_q, col0, dim, tid);
+}
+
+}  // namespace ffpa::detail::sm80_backward

@@ -1,0 +1,130 @@
+// The middle of the backward, per block pair (kBlockQ query rows of one head
+// x kBlockK keys): the softmax P recomputed from the forward's LSE (the
+// limits, causal alignment, mask and dropout of the forward, from the shared
+// attention pieces), then
+//   Pd = P z            (z = dropout_scale where kept, 0 where dropped; 1 without dropout)
+//   dS = P (z dP - delta)
+// written as 16-bit [kBlockQ][kBlockK] tiles (128-byte swizzled rows) for the
+// products: Pd^T dO (dV), dS^T Q (dK), dS K (dQ). dS is the gradient of the
+// scaled, masked scores; the products' scale is applied in the epilogue.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "common/attention_problem.hpp"
+#include "kernels/common/dropout.cuh"
+#include "kernels/common/element.cuh"
+#include "kernels/common/math_constants.hpp"
+#include "kernels/common/online_softmax.cuh"
+#include "kernels/common/score_mask.cuh"
+#include "kernels/common/swizzle.hpp"
+#include "kernels/common/tile_schedule.hpp"
+#include "kernels/sm80_backward/traits.cuh"
+
+namespace ffpa::detail::sm80_backward {
+
+// The tile rows of a score warp's registers (accumulator_layout.cuh).
+struct ScoreCoordinates {
+  int first_row;  // the warp's first row + g
+  __device__ __forceinline__ int row(int r) const { return first_row + 8 * r; }
+};
+
+// The coordinates the shared masking pieces read for a block pair: q0 and
+// the head of the query rows (no head packing: row_shift covers kBlockQ).
+__device__ __forceinline__ TileCoordinates block_pair_tile(int q0, int head, int batch, int kv_head, int block_q) {
+  TileCoordinates tile{};
+  tile.q0 = q0;
+  tile.head = head;
+  tile.batch = batch;
+  tile.kv_head = kv_head;
+  tile.row_shift = log2_of_power_of_two(block_q);
+  return tile;
+}
+
+// s and dp: this thread's raw Q K^T and dO V^T sums of the pair (ScoreLayout);
+// k0 the pair's first key. Writes Pd to pd_tile (when not null) and dS to
+// ds_tile, visible to the other warps after the caller's next barrier.
+template <class Traits>
+__device__ __forceinline__ void write_score_gradients(float (&s)[Traits::ScoreLayout::kElements],
+                                                      const float (&dp)[Traits::ScoreLayout::kElements],
+                                                      const AttentionProblem& p, const float* delta,
+                                                      const TileCoordinates& tile, int k0, float scale_log2,
+                                                      unsigned char* pd_tile, unsigned char* ds_tile, unsigned tid) {
+  using Layout = typename Traits::ScoreLayout;
+  using Element = typename Traits::Element;
+  const int lane = static_cast<int>(tid % 32), warp = static_cast<int>(tid / 32);
+  const int g = lane / 4, t = lane % 4;
+  const int warp_row = (warp / Traits::kScoreWarpsN) * 16, warp_key = (warp % Traits::kScoreWarpsN) * Traits::kScoreWarpKeys;
+  const ScoreCoordinates coords{warp_row + g};
+  const int key0 = k0 + warp_key + 2 * t;
+
+#pragma unroll
+  for (int i = 0; i < Layout::kElements; ++i) s[i] *= scale_log2;
+  const KeyLimits limits(p, tile);
+  if (limits.block_needs_masking(k0, Traits::kBlockK)) mask_outside_limits<Layout>(s, limits, coords, key0);
+  if (p.mask_kind != MaskKind::none) add_mask<Layout>(s, p, tile, coords, key0);
+
+  // The row's log2-domain LSE and delta; a row past Nq, or one that attends
+  // no key (LSE -inf), gets +inf: every P of it is exp2(-inf) = 0.
+  const int seq_q = static_cast<int>(p.seq_q);
+  float lse_log2[2], row_delta[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int i = tile.query_row(coords.row(r));
+    lse_log2[r] = INFINITY;
+    row_delta[r] = 0.0f;
+    if (i < seq_q) {
+      const float lse = p.lse[tile.batch * p.lse_stride[0] + tile.head * p.lse_stride[1] + i * p.lse_stride[2]];
+      if (lse != -INFINITY) lse_log2[r] = lse * kLog2e;
+      row_delta[r] = delta[(static_cast<int64_t>(tile.batch) * p.heads_q + tile.head) * p.seq_q + i];
+    }
+  }
+
+  float pd[Layout::kElements];
+#pragma unroll
+  for (int i = 0; i < Layout::kElements; ++i) {
+    const int r = (i / 2) % 2;
+    const float probability = fast_exp2(s[i] - lse_log2[r]);
+    pd[i] = probability;
+    s[i] = probability * (dp[i] - row_delta[r]);  // dS without dropout
+  }
+  if (p.dropout_p > 0.0f) {
+    // Bit Layout::index(r, b, e) of dropped: whether that element is dropped.
+    // The Philox rounds run in a rolled loop (register pressure), the bits are
+    // applied in unrolled ones (registers are indexed at compile time only).
+    static_assert(Layout::kElements <= 32, "one bit per element in a 32-bit mask");
+    const uint64_t head_word = dropout_head_word(p, static_cast<int64_t>(tile.batch) * p.heads_q + tile.head);
+    uint32_t dropped = 0;
+#pragma unroll 1
+    for (int b = 0; b < Layout::kColBlocks; ++b) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const DroppedPair pair = dropped_pair(p, head_word, tile.query_row(coords.row(r)), key0 + 8 * b, t);
+        dropped |= (uint32_t{pair.first} | (uint32_t{pair.second} << 1)) << (4 * b + 2 * r);
+      }
+    }
+    const float keep_scale = p.dropout_scale;
+#pragma unroll
+    for (int i = 0; i < Layout::kElements; ++i) {
+      const bool drop = (dropped >> i) & 1;
+      const float probability = pd[i];
+      const float kept_dp = drop ? 0.0f : dp[i] * keep_scale;
+      pd[i] = drop ? 0.0f : probability * keep_scale;
+      s[i] = probability * (kept_dp - row_delta[(i / 2) % 2]);
+    }
+  }
+
+#pragma unroll
+  for (int b = 0; b < Layout::kColBlocks; ++b)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const uint32_t at = swizzle128<Traits::kElementBytes>(coords.row(r), warp_key + 8 * b + 2 * t);
+      if (pd_tile != nullptr)
+        *reinterpret_cast<uint32_t*>(pd_tile + at) =
+            pack2<Element>(pd[Layout::index(r, b, 0)], pd[Layout::index(r, b, 1)]);
+      *reinterpret_cast<uint32_t*>(ds_tile + at) = pack2<Element>(s[Layout::index(r, b, 0)], s[Layout::index(r, b, 1)]);
+    }
+}
+
+}  // namespace ffpa::detail::sm80_backward
