@@ -133,10 +133,7 @@ CASES: tuple[Case, ...] = (
 QUICK_CASES = ("d128", "d512", "d512-causal", "d512-mask-bool-keypad", "decode-b1-n8k", "specdec-b4-q4-gqa32-8",
                "fp8-d512", "bwd-d512")
 
-NOT_YET = {
-    "bwd": "no backward in the library yet: ffpa_attn_func hands calls that need grad to SDPA "
-           "(SDPA's backward alone timed)",
-}
+NOT_YET: dict[str, str] = {}
 SDPA_COLUMNS = ("sdpa_default", *bc.SDPA_BACKENDS)
 FAST_BACKENDS = ("flash", "efficient", "cudnn")
 KV_EXPANDED = " (K/V expanded)"
@@ -285,7 +282,8 @@ def measure_forward(gpu: bc.GpuSession, case: Case, args: argparse.Namespace, ro
 
 
 def measure_backward(gpu: bc.GpuSession, case: Case, args: argparse.Namespace, row: dict[str, Any]) -> None:
-    """SDPA's backward alone (dq, dk, dv from a saved forward, retain_graph), per backend and default."""
+    """The backward alone (dq, dk, dv from a saved forward, retain_graph): ffpa's (the op's autograd, the
+    library's GPU backward kernels) and SDPA's per backend and default."""
     torch = gpu.torch
     sets, _, _ = case_inputs(gpu, case, args)
     q, k, v = (t.requires_grad_() for t in sets[0])
@@ -294,6 +292,30 @@ def measure_backward(gpu: bc.GpuSession, case: Case, args: argparse.Namespace, r
     sdpa = gpu.original_sdpa
     results, active = {}, {}
     graphs: dict[str, Any] = {}
+    library = gpu.ffpa_attn._library
+    causal = library.Causal.TOP_LEFT if case.causal == TOP_LEFT else library.Causal.NONE
+
+    def ffpa_forward(_: int) -> Any:
+        out, _lse = torch.ops.ffpa_attn.forward(q, k, v, None, 0.0, causal, case.D ** -0.5, library.Accumulation.F32,
+                                                library.Impl.AUTO, 0, 0, True)
+        return out
+
+    out, reason = gpu.first_call(ffpa_forward, gpu.backend_context("ffpa"), False)
+    if reason is not None:
+        results["ffpa"] = {"ms": None, "reason": reason[:400]}
+    else:
+        graphs["ffpa"] = out
+
+        def ffpa_backward(_: int, out: Any = out) -> Any:
+            return torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+
+        _, reason = gpu.first_call(ffpa_backward, gpu.backend_context("ffpa"), False)
+        if reason is not None:
+            results["ffpa"] = {"ms": None, "reason": f"backward: {reason}"[:400]}
+            del graphs["ffpa"]
+        else:
+            results["ffpa"] = {}
+            active["ffpa"] = (ffpa_backward, gpu.backend_context("ffpa"))
     for column in SDPA_COLUMNS:
         context = gpu.backend_context(column)
         skip = column_skip(column, case)
