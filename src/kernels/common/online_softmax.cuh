@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "kernels/common/accumulator_layout.cuh"
+#include "kernels/common/fast_math.cuh"
 #include "kernels/common/softmax_state.hpp"
 
 namespace ffpa::detail {
@@ -46,15 +47,6 @@ __device__ __forceinline__ RowRescale rescale_row(float old_max, float block_max
   rescale.base = exponent_base(rescale.new_max);
   rescale.scale = rescale_factor(old_max, rescale.new_max);
   return rescale;
-}
-
-// exp2 on the MUFU unit alone: exp2f adds a subnormal fix-up around it (a
-// compare and two predicated multiplies, 5 instructions an element instead of
-// 2); here results below 2^-126 flush to 0, which no softmax sum misses.
-__device__ __forceinline__ float fast_exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 // s = exp2(s - base) over thread row r, each value added to sum in column order.

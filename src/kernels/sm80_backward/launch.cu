@@ -12,8 +12,8 @@
 #include "host/kernel_image.hpp"
 #include "kernels/common/math_constants.hpp"
 #include "kernels/sm80_backward/family.hpp"
+#include "kernels/sm80_backward/arguments.cuh"
 #include "kernels/sm80_backward/kernels.cuh"
-#include "kernels/sm80_backward/preprocess.cuh"
 
 namespace ffpa::detail::sm80_backward {
 namespace {
@@ -21,33 +21,15 @@ namespace {
 constexpr const char* kImpl = "sm80_split_d (backward)";
 constexpr int64_t kMaxBlocksPerLaunch = int64_t{1} << 30;  // below gridDim.x's 2^31 - 1
 
-int slices_of(const AttentionProblem& p) {
-  return static_cast<int>(ceil_div(std::max(p.head_dim, p.dv()), int64_t{kSliceCols}));
-}
-
 template <class Element>
 Status launch_preprocess(const BackwardProblem& b, float* delta, cudaStream_t stream) {
-  const AttentionProblem& p = b.forward;
-  PreprocessArgs args{};
-  args.o = p.o;
-  args.d_o = b.d_o;
-  args.d_lse = b.d_lse;
-  for (int i = 0; i < 3; ++i) {
-    args.o_stride[i] = p.o_stride[i];
-    args.d_o_stride[i] = b.d_o_stride[i];
-    args.d_lse_stride[i] = b.d_lse_stride[i];
-  }
-  args.delta = delta;
-  args.heads_q = p.heads_q;
-  args.seq_q = p.seq_q;
-  args.rows = p.batch * p.heads_q * p.seq_q;
-  args.value_dim = static_cast<int>(p.dv());
-  const int64_t blocks = ceil_div(args.rows, int64_t{8});
+  const int64_t blocks = preprocess_blocks(b);
   if (blocks == 0) return {};
   if (blocks > kMaxBlocksPerLaunch) {
     return {StatusCode::impl_unavailable, std::string(kImpl) + ": more than 2^33 query rows"};
   }
-  preprocess_kernel<Element><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(args);
+  preprocess_kernel<Element><<<static_cast<unsigned>(blocks), 32 * kPreprocessRows, 0, stream>>>(
+      preprocess_args(b, delta));
   FFPA_RETURN_IF_DEVICE_ERROR(kImpl, cudaGetLastError());
   return {};
 }
@@ -72,28 +54,9 @@ Status run_typed(const BackwardProblem& b, void* workspace, cudaStream_t stream)
   const AttentionProblem& p = b.forward;
   float* const delta = static_cast<float*>(workspace);
   if (Status status = launch_preprocess<Element>(b, delta, stream); !status.ok()) return status;
-  Args args{};
-  args.p = p;
-  args.delta = delta;
-  args.d_q = b.d_q;
-  args.d_k = b.d_k;
-  args.d_v = b.d_v;
-  args.d_o = b.d_o;
-  for (int i = 0; i < 3; ++i) {
-    args.d_q_stride[i] = b.d_q_stride[i];
-    args.d_k_stride[i] = b.d_k_stride[i];
-    args.d_v_stride[i] = b.d_v_stride[i];
-    args.d_o_stride[i] = b.d_o_stride[i];
-  }
-  args.slices = slices_of(p);
-  args.scale_log2 = p.scale * kLog2e;
-  const int64_t key_blocks = ceil_div(p.seq_kv, int64_t{T::kBlockK});
-  const int64_t query_blocks = ceil_div(p.seq_q, int64_t{T::kBlockQ});
-  if (Status status = launch_grid<T>(dkdv_kernel<T>, args, p.batch * p.heads_kv * key_blocks * args.slices, stream);
-      !status.ok()) {
-    return status;
-  }
-  return launch_grid<T>(dq_kernel<T>, args, p.batch * p.heads_q * query_blocks * args.slices, stream);
+  const Args args = kernel_args(b, delta);
+  if (Status status = launch_grid<T>(dkdv_kernel<T>, args, dkdv_ctas<T>(p), stream); !status.ok()) return status;
+  return launch_grid<T>(dq_kernel<T>, args, dq_ctas<T>(p), stream);
 }
 
 template <class Element>
@@ -103,7 +66,7 @@ Status runnable_typed(int device) {
   for (auto [kernel, threads, memo] :
        {std::tuple{reinterpret_cast<const void*>(&dkdv_kernel<T>), T::kThreads, &dkdv_memo},
         std::tuple{reinterpret_cast<const void*>(&dq_kernel<T>), T::kThreads, &dq_memo},
-        std::tuple{reinterpret_cast<const void*>(&preprocess_kernel<Element>), 256, &preprocess_memo}}) {
+        std::tuple{reinterpret_cast<const void*>(&preprocess_kernel<Element>), 32 * kPreprocessRows, &preprocess_memo}}) {
     if (Status status = kernel_runnable(kernel, threads, kImpl, device, memo); !status.ok()) return status;
   }
   int smem_optin = 0;

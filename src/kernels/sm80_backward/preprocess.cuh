@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "common/attention_problem.hpp"
 #include "kernels/common/element.cuh"
@@ -20,9 +21,12 @@ struct PreprocessArgs {
   int value_dim;
 };
 
+// Rows (warps) per block of the preprocess.
+inline constexpr int kPreprocessRows = 8;
+
 template <class Element>
-__global__ void __launch_bounds__(256) preprocess_kernel(const PreprocessArgs args) {
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
+__global__ void __launch_bounds__(32 * kPreprocessRows) preprocess_kernel(const PreprocessArgs args) {
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kPreprocessRows + threadIdx.x / 32;
   if (row >= args.rows) return;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int64_t i = row % args.seq_q, bh = row / args.seq_q;
@@ -33,8 +37,9 @@ __global__ void __launch_bounds__(256) preprocess_kernel(const PreprocessArgs ar
   float sum = 0.0f;
   for (int c = 8 * lane; c < args.value_dim; c += 8 * 32) {
     const uint4 ov = *reinterpret_cast<const uint4*>(o + c), gv = *reinterpret_cast<const uint4*>(d_o + c);
-    const Element* oe = reinterpret_cast<const Element*>(&ov);
-    const Element* ge = reinterpret_cast<const Element*>(&gv);
+    Element oe[8], ge[8];  // memcpy, not a cast: the bytes of a uint4 read as elements without aliasing
+    memcpy(oe, &ov, sizeof oe);
+    memcpy(ge, &gv, sizeof ge);
 #pragma unroll
     for (int e = 0; e < 8; ++e) sum += static_cast<float>(oe[e]) * static_cast<float>(ge[e]);
   }

@@ -1,0 +1,76 @@
+// The kernels' arguments and grids for a validated backward call: shared by
+// the launcher (launch.cu) and the CPU emulation of the kernels
+// (tests/emulation/).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/backward_problem.hpp"
+#include "common/ceil_div.hpp"
+#include "kernels/common/math_constants.hpp"
+#include "kernels/sm80_backward/family.hpp"
+#include "kernels/sm80_backward/preprocess.cuh"
+#include "kernels/sm80_backward/traits.cuh"
+
+namespace ffpa::detail::sm80_backward {
+
+// CTAs per block of rows: slices of kSliceCols columns of max(D, Dv).
+inline int slices_of(const AttentionProblem& p) {
+  return static_cast<int>(ceil_div(std::max(p.head_dim, p.dv()), int64_t{kSliceCols}));
+}
+
+inline PreprocessArgs preprocess_args(const BackwardProblem& b, float* delta) {
+  const AttentionProblem& p = b.forward;
+  PreprocessArgs args{};
+  args.o = p.o;
+  args.d_o = b.d_o;
+  args.d_lse = b.d_lse;
+  for (int i = 0; i < 3; ++i) {
+    args.o_stride[i] = p.o_stride[i];
+    args.d_o_stride[i] = b.d_o_stride[i];
+    args.d_lse_stride[i] = b.d_lse_stride[i];
+  }
+  args.delta = delta;
+  args.heads_q = p.heads_q;
+  args.seq_q = p.seq_q;
+  args.rows = p.batch * p.heads_q * p.seq_q;
+  args.value_dim = static_cast<int>(p.dv());
+  return args;
+}
+
+// Blocks of kPreprocessRows rows (one warp each).
+inline int64_t preprocess_blocks(const BackwardProblem& b) {
+  return ceil_div(b.forward.batch * b.forward.heads_q * b.forward.seq_q, int64_t{kPreprocessRows});
+}
+
+inline Args kernel_args(const BackwardProblem& b, const float* delta) {
+  Args args{};
+  args.p = b.forward;
+  args.delta = delta;
+  args.d_q = b.d_q;
+  args.d_k = b.d_k;
+  args.d_v = b.d_v;
+  args.d_o = b.d_o;
+  for (int i = 0; i < 3; ++i) {
+    args.d_q_stride[i] = b.d_q_stride[i];
+    args.d_k_stride[i] = b.d_k_stride[i];
+    args.d_v_stride[i] = b.d_v_stride[i];
+    args.d_o_stride[i] = b.d_o_stride[i];
+  }
+  args.slices = slices_of(b.forward);
+  args.scale_log2 = b.forward.scale * kLog2e;
+  return args;
+}
+
+template <class Traits>
+int64_t dkdv_ctas(const AttentionProblem& p) {
+  return p.batch * p.heads_kv * ceil_div(p.seq_kv, int64_t{Traits::kBlockK}) * slices_of(p);
+}
+
+template <class Traits>
+int64_t dq_ctas(const AttentionProblem& p) {
+  return p.batch * p.heads_q * ceil_div(p.seq_q, int64_t{Traits::kBlockQ}) * slices_of(p);
+}
+
+}  // namespace ffpa::detail::sm80_backward

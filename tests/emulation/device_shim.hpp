@@ -1,0 +1,65 @@
+// Included before the kernel sources when they are compiled as host code for
+// the CPU emulation (sm80_emulator.hpp): the CUDA built-ins they use, mapped
+// to the emulator. The CUDA headers come first (their host declarations), the
+// macros after them.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+#include <vector_types.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "emulation/sm80_emulator.hpp"
+
+#undef __launch_bounds__
+#define __launch_bounds__(...)
+#define threadIdx (::ffpa::emulation::thread_index())
+#define blockIdx (::ffpa::emulation::block_index())
+#define blockDim (::ffpa::emulation::block_dim())
+
+inline void __syncthreads() { ::ffpa::emulation::sync_threads(); }
+
+template <typename T>
+T __shfl_sync(unsigned, T value, int source_lane, int width = 32) {
+  static_assert(sizeof(T) == 4, "32-bit shuffles");
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  bits = ::ffpa::emulation::shuffle(bits, source_lane, width);
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
+
+template <typename T>
+T __shfl_xor_sync(unsigned, T value, int lane_mask, int width = 32) {
+  static_assert(sizeof(T) == 4, "32-bit shuffles");
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  bits = ::ffpa::emulation::shuffle_xor(bits, lane_mask, width);
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
+
+inline int __any_sync(unsigned, int predicate) { return ::ffpa::emulation::any(predicate != 0); }
+
+inline unsigned __float_as_uint(float x) {
+  unsigned u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+inline float __uint_as_float(unsigned u) {
+  float x;
+  std::memcpy(&x, &u, 4);
+  return x;
+}
+template <typename T>
+T __ldg(const T* p) {
+  return *p;
+}
+
+using std::max;
+using std::min;

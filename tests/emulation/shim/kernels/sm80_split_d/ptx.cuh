@@ -1,0 +1,46 @@
+// Emulation shim of src/kernels/sm80_split_d/ptx.cuh: the same wrappers on the
+// emulator (cp.async copies at once).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "emulation/sm80_emulator.hpp"
+
+namespace ffpa::detail::sm80_split_d {
+
+inline void cp_async_16(uint32_t dst, const void* src, bool valid) {
+  unsigned char* to = ::ffpa::emulation::shared_memory_base() + dst;
+  if (valid) {
+    std::memcpy(to, src, 16);
+  } else {
+    std::memset(to, 0, 16);
+  }
+}
+
+inline void cp_async_commit() {}
+
+template <int kPending>
+inline void cp_async_wait() {}
+
+inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) { ::ffpa::emulation::ldmatrix_x4(r, addr, false); }
+inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) { ::ffpa::emulation::ldmatrix_x4(r, addr, true); }
+
+template <typename Element>
+inline void mma_f32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  ::ffpa::emulation::mma_m16n8k16(
+      d, a, b0, b1,
+      std::is_same_v<Element, __nv_bfloat16> ? ::ffpa::emulation::MmaType::bf16 : ::ffpa::emulation::MmaType::f16);
+}
+
+inline float2 unpack_half2(uint32_t r) {
+  __half2 h;
+  std::memcpy(&h, &r, 4);
+  return __half22float2(h);
+}
+
+}  // namespace ffpa::detail::sm80_split_d

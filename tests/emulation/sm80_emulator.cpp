@@ -1,0 +1,295 @@
+// The CPU emulation of a CTA (sm80_emulator.hpp): fibers on ucontext, one
+// rendezvous per warp for the warp collectives and one per CTA for the
+// barrier. A collective's last arriving lane computes every lane's result
+// into that lane's own slot, so lanes may run on to their next collective
+// before the others have read theirs.
+#include "emulation/sm80_emulator.hpp"
+
+#include <ucontext.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace ffpa::emulation {
+namespace {
+
+constexpr size_t kStackBytes = size_t{1} << 19;
+
+enum class Op { none, shuffle, shuffle_xor, any, ldmatrix, ldmatrix_trans, mma_f16, mma_bf16 };
+
+struct LaneInput {
+  uint32_t u[6];
+  float f[4];
+  int i[2];
+};
+
+struct LaneOutput {
+  uint32_t u[4];
+  float f[4];
+};
+
+struct Fiber {
+  ucontext_t context;
+  std::unique_ptr<char[]> stack;
+  bool done = false;
+  const uint64_t* wait_generation = nullptr;  // blocked until *wait_generation >= wait_until
+  uint64_t wait_until = 0;
+  LaneOutput out{};
+};
+
+struct Rendezvous {
+  int arrived = 0;
+  uint64_t generation = 0;
+  Op op = Op::none;
+  LaneInput in[32];
+};
+
+struct Cta {
+  Index3 block;
+  int threads = 0;
+  unsigned char* shared = nullptr;
+  std::vector<Fiber> fibers;
+  std::vector<Rendezvous> warps;
+  Rendezvous barrier;
+  ucontext_t scheduler;
+  int current = -1;
+  const std::function<void()>* body = nullptr;
+};
+
+Cta* g_cta = nullptr;
+
+[[noreturn]] void fail(const char* what) {
+  std::fprintf(stderr, "sm80 emulator: %s\n", what);
+  std::abort();
+}
+
+Fiber& me() { return g_cta->fibers[static_cast<size_t>(g_cta->current)]; }
+
+void fiber_main(int index) {
+  (void)index;
+  (*g_cta->body)();
+  me().done = true;
+  // Returning resumes the scheduler (uc_link).
+}
+
+// Parks the current fiber until `generation` passes `until`.
+void block_on(const uint64_t* generation, uint64_t until) {
+  Fiber& fiber = me();
+  fiber.wait_generation = generation;
+  fiber.wait_until = until;
+  swapcontext(&fiber.context, &g_cta->scheduler);
+}
+
+uint16_t half_word(uint32_t word, int which) { return static_cast<uint16_t>(which == 0 ? word & 0xFFFFu : word >> 16); }
+
+float to_float(uint16_t bits, Op op) {
+  if (op == Op::mma_bf16) {
+    __nv_bfloat16_raw raw;
+    raw.x = bits;
+    return __bfloat162float(__nv_bfloat16(raw));
+  }
+  __half_raw raw;
+  raw.x = bits;
+  return __half2float(__half(raw));
+}
+
+uint16_t load16(uint32_t address) {
+  uint16_t v;
+  std::memcpy(&v, g_cta->shared + address, 2);
+  return v;
+}
+
+// Computes a completed warp collective: every lane's output slot.
+void complete(Rendezvous& r, int warp) {
+  Fiber* lanes[32];
+  for (int l = 0; l < 32; ++l) lanes[l] = &g_cta->fibers[static_cast<size_t>(warp * 32 + l)];
+  switch (r.op) {
+    case Op::shuffle:
+    case Op::shuffle_xor:
+      for (int l = 0; l < 32; ++l) {
+        const int width = r.in[l].i[1];
+        const int base = l / width * width;
+        const int source = r.op == Op::shuffle ? base + r.in[l].i[0] % width : base + ((l % width) ^ r.in[l].i[0]) % width;
+        lanes[l]->out.u[0] = r.in[source].u[0];
+      }
+      break;
+    case Op::any: {
+      uint32_t any = 0;
+      for (int l = 0; l < 32; ++l) any |= r.in[l].u[0];
+      for (int l = 0; l < 32; ++l) lanes[l]->out.u[0] = any;
+      break;
+    }
+    case Op::ldmatrix:
+    case Op::ldmatrix_trans:
+      // Matrix m's row j is at the address lane 8 m + j gave.
+      for (int l = 0; l < 32; ++l)
+        for (int m = 0; m < 4; ++m) {
+          uint16_t lo, hi;
+          if (r.op == Op::ldmatrix) {
+            const uint32_t row = r.in[8 * m + l / 4].u[0];
+            lo = load16(row + 4 * (l % 4));
+            hi = load16(row + 4 * (l % 4) + 2);
+          } else {
+            lo = load16(r.in[8 * m + 2 * (l % 4)].u[0] + 2 * (l / 4));
+            hi = load16(r.in[8 * m + 2 * (l % 4) + 1].u[0] + 2 * (l / 4));
+          }
+          lanes[l]->out.u[m] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+        }
+      break;
+    case Op::mma_f16:
+    case Op::mma_bf16: {
+      float a[16][16], b[16][8];
+      for (int l = 0; l < 32; ++l) {
+        const int g = l / 4, t = l % 4;
+        const uint32_t* ar = r.in[l].u;
+        for (int e = 0; e < 2; ++e) {
+          a[g][2 * t + e] = to_float(half_word(ar[0], e), r.op);
+          a[g + 8][2 * t + e] = to_float(half_word(ar[1], e), r.op);
+          a[g][2 * t + 8 + e] = to_float(half_word(ar[2], e), r.op);
+          a[g + 8][2 * t + 8 + e] = to_float(half_word(ar[3], e), r.op);
+          b[2 * t + e][g] = to_float(half_word(ar[4], e), r.op);
+          b[2 * t + 8 + e][g] = to_float(half_word(ar[5], e), r.op);
+        }
+      }
+      for (int l = 0; l < 32; ++l) {
+        const int g = l / 4, t = l % 4;
+        for (int e = 0; e < 4; ++e) {
+          const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+          float sum = r.in[l].f[e];
+          for (int k = 0; k < 16; ++k) sum += a[row][k] * b[k][col];
+          lanes[l]->out.f[e] = sum;
+        }
+      }
+      break;
+    }
+    case Op::none: fail("a collective without an operation");
+  }
+}
+
+// Arrives at the current warp's rendezvous with `in` for `op`; returns this
+// lane's output once every lane has arrived.
+LaneOutput warp_collective(Op op, const LaneInput& in) {
+  const int thread = g_cta->current;
+  const int warp = thread / 32, lane = thread % 32;
+  Rendezvous& r = g_cta->warps[static_cast<size_t>(warp)];
+  if (r.arrived == 0) {
+    r.op = op;
+  } else if (r.op != op) {
+    fail("the lanes of a warp reached different collectives (divergence)");
+  }
+  r.in[lane] = in;
+  const uint64_t generation = r.generation;
+  if (++r.arrived == 32) {
+    complete(r, warp);
+    r.arrived = 0;
+    ++r.generation;
+  } else {
+    block_on(&r.generation, generation + 1);
+  }
+  return me().out;
+}
+
+}  // namespace
+
+Index3 thread_index() { return {static_cast<unsigned>(g_cta->current), 0, 0}; }
+Index3 block_index() { return g_cta->block; }
+Index3 block_dim() { return {static_cast<unsigned>(g_cta->threads), 1, 1}; }
+unsigned char* shared_memory_base() { return g_cta->shared; }
+
+void run_cta(Index3 block, int threads, unsigned char* shared, const std::function<void()>& body) {
+  if (threads % 32 != 0 || threads <= 0) fail("a CTA of whole warps");
+  Cta cta;
+  cta.block = block;
+  cta.threads = threads;
+  cta.shared = shared;
+  cta.body = &body;
+  cta.fibers.resize(static_cast<size_t>(threads));
+  cta.warps.resize(static_cast<size_t>(threads / 32));
+  g_cta = &cta;
+  for (int i = 0; i < threads; ++i) {
+    Fiber& fiber = cta.fibers[static_cast<size_t>(i)];
+    fiber.stack.reset(new char[kStackBytes]);
+    getcontext(&fiber.context);
+    fiber.context.uc_stack.ss_sp = fiber.stack.get();
+    fiber.context.uc_stack.ss_size = kStackBytes;
+    fiber.context.uc_link = &cta.scheduler;
+    makecontext(&fiber.context, reinterpret_cast<void (*)()>(fiber_main), 1, i);
+  }
+  for (;;) {
+    bool all_done = true, progress = false;
+    for (int i = 0; i < threads; ++i) {
+      Fiber& fiber = cta.fibers[static_cast<size_t>(i)];
+      if (fiber.done) continue;
+      all_done = false;
+      if (fiber.wait_generation != nullptr && *fiber.wait_generation < fiber.wait_until) continue;
+      fiber.wait_generation = nullptr;
+      cta.current = i;
+      swapcontext(&cta.scheduler, &fiber.context);
+      progress = true;
+    }
+    if (all_done) break;
+    if (!progress) fail("deadlock: every live thread waits at a collective the others do not reach");
+  }
+  for (const Rendezvous& r : cta.warps)
+    if (r.arrived != 0) fail("a warp collective left incomplete");
+  if (cta.barrier.arrived != 0) fail("threads finished while others waited at __syncthreads");
+  g_cta = nullptr;
+}
+
+void sync_threads() {
+  Rendezvous& r = g_cta->barrier;
+  const uint64_t generation = r.generation;
+  if (++r.arrived == g_cta->threads) {
+    r.arrived = 0;
+    ++r.generation;
+  } else {
+    block_on(&r.generation, generation + 1);
+  }
+}
+
+uint32_t shuffle(uint32_t value, int source_lane, int width) {
+  LaneInput in{};
+  in.u[0] = value;
+  in.i[0] = source_lane;
+  in.i[1] = width;
+  return warp_collective(Op::shuffle, in).u[0];
+}
+
+uint32_t shuffle_xor(uint32_t value, int lane_mask, int width) {
+  LaneInput in{};
+  in.u[0] = value;
+  in.i[0] = lane_mask;
+  in.i[1] = width;
+  return warp_collective(Op::shuffle_xor, in).u[0];
+}
+
+bool any(bool predicate) {
+  LaneInput in{};
+  in.u[0] = predicate ? 1u : 0u;
+  return warp_collective(Op::any, in).u[0] != 0;
+}
+
+void ldmatrix_x4(uint32_t (&r)[4], uint32_t address, bool transposed) {
+  if (address % 16 != 0) fail("ldmatrix: a row address that is not 16-byte aligned");
+  LaneInput in{};
+  in.u[0] = address;
+  const LaneOutput out = warp_collective(transposed ? Op::ldmatrix_trans : Op::ldmatrix, in);
+  for (int m = 0; m < 4; ++m) r[m] = out.u[m];
+}
+
+void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, MmaType type) {
+  LaneInput in{};
+  for (int i = 0; i < 4; ++i) in.u[i] = a[i], in.f[i] = d[i];
+  in.u[4] = b0;
+  in.u[5] = b1;
+  const LaneOutput out = warp_collective(type == MmaType::bf16 ? Op::mma_bf16 : Op::mma_f16, in);
+  for (int i = 0; i < 4; ++i) d[i] = out.f[i];
+}
+
+}  // namespace ffpa::emulation

@@ -1,0 +1,47 @@
+// A CPU emulation of the sm80 kernels' execution model, for tests on a
+// machine without a GPU: one CTA at a time, each thread a fiber (ucontext),
+// the warp-collective instructions the portable kernels use (ldmatrix,
+// mma.sync m16n8k16, shuffles, vote) and __syncthreads computed once all
+// their participants have arrived. cp.async copies at once (stricter than
+// the hardware: a stage overwritten while another warp still reads it shows).
+// The kernel sources compile unchanged as host code through the shims in
+// shim/ (ptx.cuh, compiler_hints.cuh, shared_memory.cuh, fast_math.cuh) and
+// device_shim.hpp (threadIdx, __shfl_sync, ...). Timing means nothing here;
+// fragment layouts, indexing, masking, synchronization and results do.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+namespace ffpa::emulation {
+
+struct Index3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+
+// The current fiber's thread and block index, the block's size.
+Index3 thread_index();
+Index3 block_index();
+Index3 block_dim();
+
+// The base of the running CTA's shared memory (shared-window addresses are
+// offsets from it).
+unsigned char* shared_memory_base();
+
+// Runs `body` as a CTA of `threads` threads (a multiple of 32) with index
+// `block` whose dynamic shared memory is `shared` (the kernel's extern array).
+// Aborts with a message on a deadlock (threads waiting at different barriers).
+void run_cta(Index3 block, int threads, unsigned char* shared, const std::function<void()>& body);
+
+// Collectives: every lane of the warp (every thread of the CTA for
+// sync_threads) calls them, converged.
+void sync_threads();
+uint32_t shuffle(uint32_t value, int source_lane, int width);
+uint32_t shuffle_xor(uint32_t value, int lane_mask, int width);
+bool any(bool predicate);
+void ldmatrix_x4(uint32_t (&r)[4], uint32_t address, bool transposed);
+enum class MmaType { f16, bf16 };
+void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, MmaType type);
+
+}  // namespace ffpa::emulation
