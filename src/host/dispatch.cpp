@@ -115,7 +115,7 @@ Status split_d_shared_memory_route(const AttentionProblem& problem, const Device
       error != cudaSuccess) {
     return no_device(Impl::sm80_split_d, error, "cudaDeviceGetAttribute");
   }
-  *route = sm80_split_d::route(problem.head_dim, smem_limit);
+  *route = sm80_split_d::route(problem.dv(), smem_limit);  // instances hold Dv columns of O; D is streamed
   if (route->out_cols == 0) {
     return {StatusCode::impl_unavailable,
             "impl sm80_split_d: no kernel of this build fits the " + std::to_string(smem_limit) +
@@ -132,11 +132,6 @@ Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
   if (problem.seq_q > kMaxSequenceLength || problem.seq_kv > kMaxSequenceLength) {
     return {StatusCode::impl_unavailable,
             "impl sm80_split_d serves sequence lengths up to " + std::to_string(kMaxSequenceLength)};
-  }
-  if (problem.dv() != problem.head_dim) {
-    return {StatusCode::impl_unavailable, "impl sm80_split_d: Dv = " + std::to_string(problem.dv()) +
-                                              " differs from D = " + std::to_string(problem.head_dim) +
-                                              "; its kernels are built for Dv == D (D_qk != D_v is issue 14)"};
   }
   sm80_split_d::Route route;
   if (Status status = split_d_shared_memory_route(problem, info, &route); !status.ok()) return status;

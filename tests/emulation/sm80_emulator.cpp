@@ -21,7 +21,7 @@ namespace {
 
 constexpr size_t kStackBytes = size_t{1} << 19;
 
-enum class Op { none, shuffle, shuffle_xor, any, ldmatrix, ldmatrix_trans, mma_f16, mma_bf16 };
+enum class Op { none, shuffle, shuffle_xor, any, ldmatrix, ldmatrix_trans, mma_f16, mma_bf16, mma_f16_f16 };
 
 struct LaneInput {
   uint32_t u[6];
@@ -143,27 +143,30 @@ void complete(Rendezvous& r, int warp) {
         }
       break;
     case Op::mma_f16:
-    case Op::mma_bf16: {
+    case Op::mma_bf16:
+    case Op::mma_f16_f16: {
+      const Op element = r.op == Op::mma_bf16 ? Op::mma_bf16 : Op::mma_f16;
       float a[16][16], b[16][8];
       for (int l = 0; l < 32; ++l) {
         const int g = l / 4, t = l % 4;
         const uint32_t* ar = r.in[l].u;
         for (int e = 0; e < 2; ++e) {
-          a[g][2 * t + e] = to_float(half_word(ar[0], e), r.op);
-          a[g + 8][2 * t + e] = to_float(half_word(ar[1], e), r.op);
-          a[g][2 * t + 8 + e] = to_float(half_word(ar[2], e), r.op);
-          a[g + 8][2 * t + 8 + e] = to_float(half_word(ar[3], e), r.op);
-          b[2 * t + e][g] = to_float(half_word(ar[4], e), r.op);
-          b[2 * t + 8 + e][g] = to_float(half_word(ar[5], e), r.op);
+          a[g][2 * t + e] = to_float(half_word(ar[0], e), element);
+          a[g + 8][2 * t + e] = to_float(half_word(ar[1], e), element);
+          a[g][2 * t + 8 + e] = to_float(half_word(ar[2], e), element);
+          a[g + 8][2 * t + 8 + e] = to_float(half_word(ar[3], e), element);
+          b[2 * t + e][g] = to_float(half_word(ar[4], e), element);
+          b[2 * t + 8 + e][g] = to_float(half_word(ar[5], e), element);
         }
       }
       for (int l = 0; l < 32; ++l) {
         const int g = l / 4, t = l % 4;
         for (int e = 0; e < 4; ++e) {
           const int row = g + 8 * (e / 2), col = 2 * t + e % 2;
-          float sum = r.in[l].f[e];
+          float sum = r.op == Op::mma_f16_f16 ? to_float(half_word(r.in[l].i[e / 2] , e % 2), Op::mma_f16)
+                                              : r.in[l].f[e];
           for (int k = 0; k < 16; ++k) sum += a[row][k] * b[k][col];
-          lanes[l]->out.f[e] = sum;
+          lanes[l]->out.f[e] = r.op == Op::mma_f16_f16 ? __half2float(__float2half_rn(sum)) : sum;
         }
       }
       break;
@@ -290,6 +293,21 @@ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b
   in.u[5] = b1;
   const LaneOutput out = warp_collective(type == MmaType::bf16 ? Op::mma_bf16 : Op::mma_f16, in);
   for (int i = 0; i < 4; ++i) d[i] = out.f[i];
+}
+
+void mma_m16n8k16_f16(uint32_t (&d)[2], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  LaneInput in{};
+  for (int i = 0; i < 4; ++i) in.u[i] = a[i];
+  in.u[4] = b0;
+  in.u[5] = b1;
+  in.i[0] = static_cast<int>(d[0]);
+  in.i[1] = static_cast<int>(d[1]);
+  const LaneOutput out = warp_collective(Op::mma_f16_f16, in);
+  for (int h = 0; h < 2; ++h) {
+    const uint16_t lo = static_cast<__half_raw>(__float2half_rn(out.f[2 * h])).x;
+    const uint16_t hi = static_cast<__half_raw>(__float2half_rn(out.f[2 * h + 1])).x;
+    d[h] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+  }
 }
 
 }  // namespace ffpa::emulation

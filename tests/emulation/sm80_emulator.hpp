@@ -43,5 +43,9 @@ bool any(bool predicate);
 void ldmatrix_x4(uint32_t (&r)[4], uint32_t address, bool transposed);
 enum class MmaType { f16, bf16 };
 void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, MmaType type);
+// fp16 inputs and fp16 accumulators (two half2 registers: rows g and g + 8);
+// each product sum is rounded to fp16 once (the hardware's internal order is
+// not modelled).
+void mma_m16n8k16_f16(uint32_t (&d)[2], const uint32_t (&a)[4], uint32_t b0, uint32_t b1);
 
 }  // namespace ffpa::emulation

@@ -53,8 +53,8 @@ struct Cta {
   TileCoordinates tile;
   // Sequence positions fit in 32 bits (routing checks); addresses use 64.
   const int seq_q, seq_kv, head_dim;
-  int dv0;             // first column of the O slice
-  int n_qk;            // 64-column chunks of the head dim
+  int dv0;             // first column of the O slice (of Dv, V's and O's head dim)
+  int n_qk;            // 64-column chunks of D, Q's and K's head dim
   int out_cols;        // valid columns of the O slice
   int steps_per_tile;  // ring steps per KV tile: n_qk chunks of Q/K, then the P V steps
 
@@ -80,7 +80,7 @@ struct Cta {
     tile = tile_coordinates<int64_t>(p, block, args.row_blocks, Traits::kBlockM, Traits::kBlockN);
     dv0 = split * Traits::kOutCols;
     n_qk = (head_dim + Traits::kChunk - 1) / Traits::kChunk;
-    out_cols = min(Traits::kOutCols, head_dim - dv0);
+    out_cols = min(Traits::kOutCols, static_cast<int>(p.dv()) - dv0);
     steps_per_tile = n_qk + Traits::kPVSteps;
   }
 

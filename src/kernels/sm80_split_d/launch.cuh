@@ -33,13 +33,8 @@ Status launch(const AttentionProblem& problem, int value_splits, cudaStream_t st
   FFPA_RETURN_IF_DEVICE_ERROR("sm80_split_d", cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
 
-  Args args{};
-  args.p = problem;
-  args.value_splits = value_splits;
-  args.row_blocks = static_cast<int>((problem.seq_q + Traits::kBlockM - 1) / Traits::kBlockM);
-  args.scale_log2 = problem.scale * kLog2e;
-  const int64_t total_blocks =
-      problem.batch * problem.heads_q * args.row_blocks * static_cast<int64_t>(value_splits);
+  Args args = forward_args<Traits>(problem, value_splits);
+  const int64_t total_blocks = forward_ctas<Traits>(args);
   constexpr int64_t kMaxBlocksPerLaunch = int64_t{1} << 30;  // below gridDim.x's 2^31 - 1
   for (int64_t first = 0; first < total_blocks; first += kMaxBlocksPerLaunch) {
     args.block_offset = first;

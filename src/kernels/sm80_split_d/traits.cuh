@@ -8,6 +8,7 @@
 #include <type_traits>
 
 #include "common/attention_problem.hpp"
+#include "kernels/common/math_constants.hpp"
 #include "kernels/common/accumulator_layout.cuh"
 #include "kernels/common/element.cuh"
 #include "kernels/common/swizzle.hpp"
@@ -78,5 +79,22 @@ struct Args {
   int64_t block_offset;  // first linear CTA index of this launch
   float scale_log2;      // scale * log2(e)
 };
+
+// The arguments and CTA count of a call (shared by the launcher and the CPU
+// emulation of the kernel, tests/emulation/).
+template <class Traits>
+inline Args forward_args(const AttentionProblem& problem, int value_splits) {
+  Args args{};
+  args.p = problem;
+  args.value_splits = value_splits;
+  args.row_blocks = static_cast<int>((problem.seq_q + Traits::kBlockM - 1) / Traits::kBlockM);
+  args.scale_log2 = problem.scale * kLog2e;
+  return args;
+}
+
+template <class Traits>
+inline int64_t forward_ctas(const Args& args) {
+  return args.p.batch * args.p.heads_q * args.row_blocks * static_cast<int64_t>(args.value_splits);
+}
 
 }  // namespace ffpa::detail::sm80_split_d

@@ -37,6 +37,10 @@ inline void mma_f32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t
       std::is_same_v<Element, __nv_bfloat16> ? ::ffpa::emulation::MmaType::bf16 : ::ffpa::emulation::MmaType::f16);
 }
 
+inline void mma_f16(uint32_t (&d)[2], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  ::ffpa::emulation::mma_m16n8k16_f16(d, a, b0, b1);
+}
+
 inline float2 unpack_half2(uint32_t r) {
   __half2 h;
   std::memcpy(&h, &r, 4);

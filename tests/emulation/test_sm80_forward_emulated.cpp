@@ -1,0 +1,145 @@
+// The sm80 split-D forward kernel (kernels/sm80_split_d) on the CPU emulator
+// (sm80_emulator.hpp) against the CPU reference: every tile shape of its
+// routing table (tiles.hpp: out_cols 64 to 1024, warps_n 1 to 8, value
+// splits), masks, causal alignments, dropout, GQA, LSE, fp16 accumulation,
+// D_qk != D_v. The same kernel source the GPU runs, compiled as host code;
+// tests/gpu/test_gpu_forward.cpp checks the GPU.
+#include "emulation/device_shim.hpp"  // first: the CUDA built-ins as the emulator's
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "ffpa/ffpa.hpp"
+#include "gpu/forward_case.hpp"
+#include "host/validate.hpp"
+#include "kernels/sm80_split_d/kernel.cuh"
+#include "reference/cpu_attention.hpp"
+#include "support/error_metrics.hpp"
+#include "support/host_tensors.hpp"
+
+namespace ffpa::detail::sm80_split_d {
+// The kernel's dynamic shared memory (an extern array on the GPU).
+alignas(128) unsigned char cta_smem[232448];
+}  // namespace ffpa::detail::sm80_split_d
+
+namespace ffpa::testing {
+namespace {
+
+namespace split_d = detail::sm80_split_d;
+
+template <typename Element, bool kAccumF16, int kOutCols>
+using TileTraits = split_d::Traits<Element, kAccumF16, kOutCols, split_d::tile_shape(kOutCols).warp_rows,
+                                   split_d::tile_shape(kOutCols).warps_m, split_d::tile_shape(kOutCols).warps_n,
+                                   split_d::tile_shape(kOutCols).block_n, split_d::tile_shape(kOutCols).pv_keys,
+                                   split_d::tile_shape(kOutCols).stages>;
+
+template <class Traits>
+void run_emulated(const detail::AttentionProblem& problem, int value_splits) {
+  static_assert(Traits::kSmemBytes <= sizeof split_d::cta_smem);
+  const split_d::Args args = split_d::forward_args<Traits>(problem, value_splits);
+  for (int64_t cta = 0; cta < split_d::forward_ctas<Traits>(args); ++cta)
+    emulation::run_cta({static_cast<unsigned>(cta), 0, 0}, Traits::kThreads, split_d::cta_smem,
+                       [&] { split_d::forward_kernel<Traits>(args); });
+}
+
+// Runs the kernel of instance kOutCols (value splits as routing would give
+// them) on the case and compares o and lse with the fp64 reference.
+template <int kOutCols>
+void check(const std::string& name, const ForwardCase& c, int64_t value_dim = 0) {
+  SCOPED_TRACE(name);
+  const uint64_t seed = splitmix64(std::hash<std::string>{}(name));
+  const int64_t dv = value_dim > 0 ? value_dim : c.head_dim;
+  HostView q = make_input(c.dtype, {c.batch, c.heads_q, c.seq_q, c.head_dim}, c, derive_seed(seed, seed_q), -2.0f, 2.0f);
+  HostView k = make_input(c.dtype, {c.batch, c.heads_kv, c.seq_kv, c.head_dim}, c, derive_seed(seed, seed_k), -1.0f, 1.0f);
+  HostView v = make_input(c.dtype, {c.batch, c.heads_kv, c.seq_kv, dv}, c, derive_seed(seed, seed_v), -1.0f, 1.0f);
+  HostView o = make_padded(c.dtype, {c.batch, c.heads_q, c.seq_q, dv}, c.layout, c.row_pad);
+  HostView lse = make_lse(c);
+  HostView mask = make_mask(c, derive_seed(seed, seed_mask));
+  fill_nan(o.buffer);
+  fill_nan(lse.buffer);
+  ForwardParams params;
+  params.q = q.view, params.k = k.view, params.v = v.view, params.o = o.view, params.mask = mask.view;
+  params.lse = lse.view;
+  params.options.scale = c.scale;
+  params.options.causal = c.causal;
+  params.options.dropout_p = c.dropout_p;
+  params.options.dropout_seed = derive_seed(seed, seed_dropout);
+  params.options.dropout_offset = derive_seed(seed, seed_dropout_offset);
+  params.options.accumulation = c.accumulation;
+  detail::AttentionProblem problem;
+  {
+    const Status status = detail::validate_forward(params, &problem);
+    ASSERT_TRUE(status.ok()) << status.message;
+  }
+  const size_t rows = static_cast<size_t>(c.batch * c.heads_q * c.seq_q);
+  std::vector<double> want_o(rows * static_cast<size_t>(dv)), want_lse(rows);
+  detail::cpu_attention_forward_f64(problem, {}, want_o.data(), want_lse.data());
+
+  const int value_splits = static_cast<int>((dv + kOutCols - 1) / kOutCols);
+  if (c.dtype == DType::bf16) {
+    run_emulated<TileTraits<__nv_bfloat16, false, kOutCols>>(problem, value_splits);
+  } else if (c.accumulation == Accumulation::f16) {
+    run_emulated<TileTraits<__half, true, kOutCols>>(problem, value_splits);
+  } else {
+    run_emulated<TileTraits<__half, false, kOutCols>>(problem, value_splits);
+  }
+
+  std::vector<double> got_o, got_lse;
+  for_each_index(o.view, [&](const std::array<int64_t, 4>& i) { got_o.push_back(element_as_double(o.view, i)); });
+  for (int64_t b = 0; b < c.batch; ++b)
+    for (int64_t h = 0; h < c.heads_q; ++h)
+      for (int64_t i = 0; i < c.seq_q; ++i) got_lse.push_back(element_as_double(lse.view, {b, h, i, 0}));
+  int64_t not_finite = 0;
+  for (double x : got_o) not_finite += std::isfinite(x) ? 0 : 1;
+  EXPECT_EQ(not_finite, 0) << "o: elements left unwritten or not finite";
+  int64_t gaps_written = 0;
+  for_each_gap_element(o, [&](const std::array<int64_t, 4>& i) {
+    gaps_written += std::isnan(element_as_double(o.buffer.tensor, i)) ? 0 : 1;
+  });
+  EXPECT_EQ(gaps_written, 0) << "o: the gaps between padded rows were written";
+  const ErrorMetrics m = error_metrics(got_o, want_o);
+  std::cout << "[ emulated fwd ] " << name << " o relative L2 " << m.relative_l2 << "\n";
+  const double tolerance = c.accumulation == Accumulation::f16 ? 5e-3 : c.dtype == DType::bf16 ? 5e-3 : 1e-3;
+  EXPECT_LE(m.relative_l2, tolerance);
+  for (size_t r = 0; r < rows; ++r) {
+    if (std::isinf(want_lse[r])) {
+      EXPECT_EQ(got_lse[r], want_lse[r]) << "lse row " << r;
+    } else {
+      EXPECT_NEAR(got_lse[r], want_lse[r], 2e-3 * std::max(1.0, std::fabs(want_lse[r]))) << "lse row " << r;
+    }
+  }
+}
+
+TEST(EmulatedSm80Forward, Out64OneWarpColumn) { check<64>("out64", shape_case(DType::bf16, 1, 2, 1, 70, 77, 64)); }
+
+TEST(EmulatedSm80Forward, Out128CausalF16Accumulation) {
+  check<128>("out128 f16acc", shape_case(DType::f16, 1, 2, 2, 65, 90, 120)
+                                  .with_causal(Causal::bottom_right)
+                                  .with_f16_accumulation());
+}
+
+TEST(EmulatedSm80Forward, Out384TwoWarpColumnsMaskDropout) {
+  check<384>("out384", shape_case(DType::bf16, 2, 2, 2, 40, 150, 320)
+                           .with_mask(DType::f32, MaskShape::batch_rows, true)
+                           .with_dropout(0.2f));
+}
+
+TEST(EmulatedSm80Forward, Out512ValueSplitsGqa) {
+  check<512>("out512 split", shape_case(DType::bf16, 1, 4, 2, 33, 140, 96).with_causal(Causal::top_left), 1000);
+}
+
+TEST(EmulatedSm80Forward, Out1024EightWarpColumnsBnhd) {
+  check<1024>("out1024", shape_case(DType::f16, 1, 1, 1, 40, 300, 1024).with_layout(Layout::bnhd));
+}
+
+TEST(EmulatedSm80Forward, NarrowValueDim) {
+  check<128>("dv 128 < d 576", shape_case(DType::bf16, 1, 2, 1, 64, 100, 576).with_causal(Causal::bottom_right), 128);
+}
+
+}  // namespace
+}  // namespace ffpa::testing
