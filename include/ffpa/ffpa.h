@@ -152,8 +152,7 @@ FFPA_API ffpa_status ffpa_workspace_size(const ffpa_forward_params* params, size
 /* The gradients of a forward call (ffpa::BackwardParams): d_q, d_k, d_v (and
  * d_mask for an additive mask) of sum(o * d_o) + sum(lse * d_lse), from the
  * forward's q, k, v, mask, options, o and lse (required). Host tensors run on
- * the CPU reference; device tensors on the portable backward kernels (d_mask:
- * the CPU reference only, for now). */
+ * the CPU reference; device tensors on the portable backward kernels. */
 typedef struct ffpa_backward_params {
   ffpa_tensor q, k, v, o;
   ffpa_tensor lse;  /* the forward's, [B, Hq, Nq] f32 */

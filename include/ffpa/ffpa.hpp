@@ -172,7 +172,7 @@ FFPA_API Status workspace_size(const ForwardParams& params, size_t* bytes);
 // causal alignment and dropout (seed, offset), so the backward redraws the
 // forward's keep mask), from its o and lse. Host pointers: the CPU
 // reference; device pointers: the portable backward kernels (impl auto or
-// sm80_split_d; an additive mask's gradient is the CPU reference's only).
+// sm80_split_d).
 struct BackwardParams {
   Tensor q, k, v;  // the forward's inputs
   Tensor o;        // the forward's output

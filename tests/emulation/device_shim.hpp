@@ -56,6 +56,13 @@ inline float __uint_as_float(unsigned u) {
   std::memcpy(&x, &u, 4);
   return x;
 }
+// Fibers switch only at collectives: a read-modify-write is atomic here.
+inline float atomicAdd(float* address, float value) {
+  const float old = *address;
+  *address = old + value;
+  return old;
+}
+
 template <typename T>
 T __ldg(const T* p) {
   return *p;

@@ -10,6 +10,7 @@
 #include "common/ceil_div.hpp"
 #include "kernels/common/math_constants.hpp"
 #include "kernels/sm80_backward/family.hpp"
+#include "kernels/sm80_backward/mask_gradient.cuh"
 #include "kernels/sm80_backward/preprocess.cuh"
 #include "kernels/sm80_backward/traits.cuh"
 
@@ -18,6 +19,39 @@ namespace ffpa::detail::sm80_backward {
 // CTAs per block of rows: slices of kSliceCols columns of max(D, Dv).
 inline int slices_of(const AttentionProblem& p) {
   return static_cast<int>(ceil_div(std::max(p.head_dim, p.dv()), int64_t{kSliceCols}));
+}
+
+// The workspace: delta (fp32 [B][Hq][Nq]), then, for an additive mask's
+// gradient, its dense fp32 sum, each on a 256-byte boundary.
+struct WorkspaceLayout {
+  size_t delta = 0, d_mask_sum = 0, bytes = 0;
+  int64_t d_mask_elements = 0;
+};
+
+inline WorkspaceLayout workspace_layout(const BackwardProblem& b) {
+  constexpr size_t kAlignment = 256;
+  const AttentionProblem& p = b.forward;
+  WorkspaceLayout w;
+  w.bytes = (static_cast<size_t>(p.batch * p.heads_q * p.seq_q) * sizeof(float) + kAlignment - 1) / kAlignment * kAlignment;
+  if (b.d_mask != nullptr) {
+    w.d_mask_elements = b.d_mask_shape[0] * b.d_mask_shape[1] * b.d_mask_shape[2] * b.d_mask_shape[3];
+    w.d_mask_sum = w.bytes;
+    w.bytes += static_cast<size_t>(w.d_mask_elements) * sizeof(float);
+  }
+  return w;
+}
+
+inline MaskGradientArgs mask_gradient_args(const BackwardProblem& b, const float* sum) {
+  MaskGradientArgs args{};
+  args.sum = sum;
+  args.d_mask = b.d_mask;
+  args.elements = 1;
+  for (int d = 0; d < 4; ++d) {
+    args.shape[d] = b.d_mask_shape[d];
+    args.stride[d] = b.d_mask_stride[d];
+    args.elements *= b.d_mask_shape[d];
+  }
+  return args;
 }
 
 inline PreprocessArgs preprocess_args(const BackwardProblem& b, float* delta) {
@@ -44,8 +78,10 @@ inline int64_t preprocess_blocks(const BackwardProblem& b) {
   return ceil_div(b.forward.batch * b.forward.heads_q * b.forward.seq_q, int64_t{kPreprocessRows});
 }
 
-inline Args kernel_args(const BackwardProblem& b, const float* delta) {
+inline Args kernel_args(const BackwardProblem& b, const float* delta, float* d_mask_sum = nullptr) {
   Args args{};
+  args.d_mask_sum = b.d_mask != nullptr ? d_mask_sum : nullptr;
+  for (int d = 0; d < 4; ++d) args.mask_shape[d] = b.d_mask_shape[d];
   args.p = b.forward;
   args.delta = delta;
   args.d_q = b.d_q;

@@ -1,7 +1,8 @@
 // Host-side interface of the portable backward kernels (sm80 .. sm120):
 // preprocess (delta), dK/dV and dQ (kernels.cuh), for any head dims D and Dv
-// (multiples of 8 up to 1024), fp16/bf16, every forward feature but an
-// additive mask's gradient.
+// (multiples of 8 up to 1024), fp16/bf16, every forward feature, an additive
+// mask's gradient (summed over its broadcast dims with fp32 atomics: its bits
+// may vary from run to run where the mask broadcasts; dQ, dK, dV do not).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -17,11 +18,11 @@ namespace ffpa::detail::sm80_backward {
 // The columns of the gradients one CTA owns; slices = ceil(max(D, Dv) / it).
 inline constexpr int kSliceCols = 128;
 
-// Workspace: delta, fp32 [B][Hq][Nq].
+// Workspace: delta, fp32 [B][Hq][Nq], and an additive mask's fp32 gradient sum.
 size_t workspace_bytes(const BackwardProblem& problem);
 
 // Why these kernels cannot serve the call (impl_unavailable with the reason),
-// or ok: an additive mask's gradient, sequence lengths past the kernels'.
+// or ok: sequence lengths past the kernels', inputs other than f16 / bf16.
 Status check(const BackwardProblem& problem);
 
 // Whether the kernels for `dtype` run on `device` (the current device).

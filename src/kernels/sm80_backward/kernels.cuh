@@ -219,8 +219,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dq_kernel(const Args args
       accumulate_scores<Traits>(dp, Tiles::stage(ring.slot), tid);
       ring.release();
     }
+    // Every slice computes the same dS: the first adds it to the mask's gradient.
     write_score_gradients<Traits>(s, dp, p, args.delta, tile, block * Traits::kBlockK, args.scale_log2, nullptr,
-                                  Tiles::ds_tile(), tid);
+                                  Tiles::ds_tile(), tid, slice == 0 ? args.d_mask_sum : nullptr, args.mask_shape);
 #pragma unroll
     for (int j = 0; j < Traits::kSliceChunks; ++j) {
       ring.advance(issue);  // its barrier also publishes the dS tile

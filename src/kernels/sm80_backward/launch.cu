@@ -48,15 +48,39 @@ Status launch_grid(Kernel kernel, Args args, int64_t ctas, cudaStream_t stream) 
   return {};
 }
 
+// An additive mask's gradient from its fp32 sum, in the mask's dtype.
+Status launch_mask_gradient(const BackwardProblem& b, const float* sum, cudaStream_t stream) {
+  const MaskGradientArgs args = mask_gradient_args(b, sum);
+  const int64_t blocks = ceil_div(args.elements, int64_t{256});
+  if (blocks == 0) return {};
+  if (blocks > kMaxBlocksPerLaunch) return {StatusCode::impl_unavailable, std::string(kImpl) + ": a mask of more than 2^38 elements"};
+  const auto grid = static_cast<unsigned>(blocks);
+  switch (b.forward.mask_kind) {
+    case MaskKind::additive_f16: mask_gradient_kernel<__half><<<grid, 256, 0, stream>>>(args); break;
+    case MaskKind::additive_bf16: mask_gradient_kernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(args); break;
+    default: mask_gradient_kernel<float><<<grid, 256, 0, stream>>>(args); break;
+  }
+  FFPA_RETURN_IF_DEVICE_ERROR(kImpl, cudaGetLastError());
+  return {};
+}
+
 template <class Element>
 Status run_typed(const BackwardProblem& b, void* workspace, cudaStream_t stream) {
   using T = Traits<Element, kSliceCols>;
   const AttentionProblem& p = b.forward;
-  float* const delta = static_cast<float*>(workspace);
+  const WorkspaceLayout layout = workspace_layout(b);
+  auto* const base = static_cast<unsigned char*>(workspace);
+  float* const delta = reinterpret_cast<float*>(base + layout.delta);
+  float* const d_mask_sum = b.d_mask != nullptr ? reinterpret_cast<float*>(base + layout.d_mask_sum) : nullptr;
+  if (d_mask_sum != nullptr) {
+    FFPA_RETURN_IF_DEVICE_ERROR(
+        kImpl, cudaMemsetAsync(d_mask_sum, 0, static_cast<size_t>(layout.d_mask_elements) * sizeof(float), stream));
+  }
   if (Status status = launch_preprocess<Element>(b, delta, stream); !status.ok()) return status;
-  const Args args = kernel_args(b, delta);
+  const Args args = kernel_args(b, delta, d_mask_sum);
   if (Status status = launch_grid<T>(dkdv_kernel<T>, args, dkdv_ctas<T>(p), stream); !status.ok()) return status;
-  return launch_grid<T>(dq_kernel<T>, args, dq_ctas<T>(p), stream);
+  if (Status status = launch_grid<T>(dq_kernel<T>, args, dq_ctas<T>(p), stream); !status.ok()) return status;
+  return d_mask_sum != nullptr ? launch_mask_gradient(b, d_mask_sum, stream) : Status{};
 }
 
 template <class Element>
@@ -81,18 +105,10 @@ Status runnable_typed(int device) {
 
 }  // namespace
 
-size_t workspace_bytes(const BackwardProblem& b) {
-  const AttentionProblem& p = b.forward;
-  return static_cast<size_t>(p.batch * p.heads_q * p.seq_q) * sizeof(float);
-}
+size_t workspace_bytes(const BackwardProblem& b) { return workspace_layout(b).bytes; }
 
 Status check(const BackwardProblem& b) {
   const AttentionProblem& p = b.forward;
-  if (b.d_mask != nullptr) {
-    return {StatusCode::impl_unavailable,
-            std::string(kImpl) + ": an additive mask's gradient (d_mask) is computed by the CPU reference only, "
-                                 "for now"};
-  }
   if (p.seq_q > kMaxSequenceLength || p.seq_kv > kMaxSequenceLength) {
     return {StatusCode::impl_unavailable, std::string(kImpl) + ": Nq and Nkv up to " +
                                               std::to_string(kMaxSequenceLength) + " (32-bit positions)"};

@@ -42,15 +42,42 @@ __device__ __forceinline__ TileCoordinates block_pair_tile(int q0, int head, int
   return tile;
 }
 
+// Adds this thread's dS values to the dense fp32 [mask shape] sum of an
+// additive mask's gradient: element (b, h, i, j) lands on the mask element it
+// read (index 0 along a broadcast dim). Rows past Nq and keys past Nkv add
+// nothing; masked and unattended elements have dS = 0.
+template <class Layout, class Coordinates>
+__device__ __forceinline__ void add_to_mask_gradient(const float (&ds)[Layout::kElements], const AttentionProblem& p,
+                                                     const TileCoordinates& tile, const Coordinates& coords, int key0,
+                                                     float* sum, const int64_t* shape) {
+  const int seq_q = static_cast<int>(p.seq_q), seq_kv = static_cast<int>(p.seq_kv);
+  const int64_t b = shape[0] == 1 ? 0 : tile.batch, h = shape[1] == 1 ? 0 : tile.head;
+#pragma unroll
+  for (int r = 0; r < Layout::kRows; ++r) {
+    const int i = tile.query_row(coords.row(r));
+    if (i >= seq_q) continue;
+    float* const row = sum + ((b * shape[1] + h) * shape[2] + (shape[2] == 1 ? 0 : i)) * shape[3];
+#pragma unroll
+    for (int c = 0; c < Layout::kColBlocks; ++c)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = key0 + Layout::col_offset(c) + e;
+        if (j < seq_kv) atomicAdd(row + (shape[3] == 1 ? 0 : j), ds[Layout::index(r, c, e)]);
+      }
+  }
+}
+
 // s and dp: this thread's raw Q K^T and dO V^T sums of the pair (ScoreLayout);
 // k0 the pair's first key. Writes Pd to pd_tile (when not null) and dS to
-// ds_tile, visible to the other warps after the caller's next barrier.
+// ds_tile, visible to the other warps after the caller's next barrier, and
+// adds dS to d_mask_sum (when not null: add_to_mask_gradient).
 template <class Traits>
 __device__ __forceinline__ void write_score_gradients(float (&s)[Traits::ScoreLayout::kElements],
                                                       const float (&dp)[Traits::ScoreLayout::kElements],
                                                       const AttentionProblem& p, const float* delta,
                                                       const TileCoordinates& tile, int k0, float scale_log2,
-                                                      unsigned char* pd_tile, unsigned char* ds_tile, unsigned tid) {
+                                                      unsigned char* pd_tile, unsigned char* ds_tile, unsigned tid,
+                                                      float* d_mask_sum = nullptr, const int64_t* mask_shape = nullptr) {
   using Layout = typename Traits::ScoreLayout;
   using Element = typename Traits::Element;
   const int lane = static_cast<int>(tid % 32), warp = static_cast<int>(tid / 32);
@@ -114,6 +141,8 @@ __device__ __forceinline__ void write_score_gradients(float (&s)[Traits::ScoreLa
       s[i] = probability * (kept_dp - row_delta[(i / 2) % 2]);
     }
   }
+
+  if (d_mask_sum != nullptr) add_to_mask_gradient<Layout>(s, p, tile, coords, key0, d_mask_sum, mask_shape);
 
 #pragma unroll
   for (int b = 0; b < Layout::kColBlocks; ++b)

@@ -70,6 +70,11 @@ struct Args {
   int64_t d_q_stride[3], d_k_stride[3], d_v_stride[3];  // b, h, n
   const void* d_o;
   int64_t d_o_stride[3];
+  // An additive mask's gradient: dS summed into a dense fp32 [mask shape]
+  // buffer (size-1 dims where the mask broadcasts) by the dQ kernel's first
+  // slice; null when not requested.
+  float* d_mask_sum;
+  int64_t mask_shape[4];
   int slices;                 // CTAs per block of rows, each one slice of the gradient columns
   int64_t block_offset;       // first linear CTA index of this launch
   float scale_log2;           // scale * log2(e)
