@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "host/call_workspace.hpp"
 #include "host/cuda_status.hpp"
 #include "host/fp8_forward.hpp"
 #include "host/memory_space.hpp"
@@ -38,6 +39,25 @@ Status reference_only_dtypes(const AttentionProblem& problem, Impl requested, Me
                                   : "mask.dtype = f64") +
               ": f32 and f64 inputs and f64 masks run on the CPU reference only (host tensors, impl auto or "
               "cpu_reference, the inputs' precision)"};
+}
+
+// Where the call's tensors live, an FP8 KV cache's with them (k and v may be
+// null beside one: the cache holds them).
+Status call_memory_space(const AttentionProblem& problem, const Fp8KvCache* kv_cache, MemorySpace* space) {
+  if (kv_cache == nullptr) return common_memory_space(problem, space);
+  const NamedPointer tensors[] = {{"q", problem.q},
+                                  {"k", problem.k},
+                                  {"v", problem.v},
+                                  {"o", problem.o},
+                                  {"mask", problem.mask},
+                                  {"lse", problem.lse},
+                                  {"fp8_kv_cache.k_codes", kv_cache->k_codes.data},
+                                  {"fp8_kv_cache.k_scales", kv_cache->k_scales.data},
+                                  {"fp8_kv_cache.k_mean", kv_cache->k_mean.data},
+                                  {"fp8_kv_cache.v_codes", kv_cache->v_codes.data},
+                                  {"fp8_kv_cache.v_scales", kv_cache->v_scales.data},
+                                  {"fp8_kv_cache.v_mean", kv_cache->v_mean.data}};
+  return common_memory_space(tensors, 12, space);
 }
 
 Status plan_cpu_reference(MemorySpace space, KernelChoice* choice) {
@@ -234,10 +254,10 @@ std::string kernel_name(const AttentionProblem& problem, const KernelChoice& cho
   return "none";
 }
 
-Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoice* choice) {
+Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoice* choice, const Fp8KvCache* kv_cache) {
   *choice = KernelChoice{};
   MemorySpace space = MemorySpace::host;
-  if (Status status = common_memory_space(problem, &space); !status.ok()) return status;
+  if (Status status = call_memory_space(problem, kv_cache, &space); !status.ok()) return status;
   if (Status status = reference_only_dtypes(problem, requested, space); !status.ok()) return status;
   if (problem.fp8) return plan_fp8(problem, requested, space, choice);
   switch (requested) {
@@ -333,70 +353,23 @@ Status with_kv_splits(const AttentionProblem& problem, int wanted, KernelChoice*
   return {};
 }
 
-int64_t workspace_bytes(const AttentionProblem& problem, const KernelChoice& choice) {
-  if (choice.precision == Precision::fp8) return static_cast<int64_t>(fp8_workspace_bytes(problem, problem.quantization));
+int64_t workspace_bytes(const AttentionProblem& problem, const KernelChoice& choice, const Fp8KvCache* kv_cache) {
+  if (choice.precision == Precision::fp8) {
+    return static_cast<int64_t>(fp8_workspace_bytes(problem, problem.quantization, kv_cache));
+  }
   return choice.kv_splits > 1 ? split_kv::partial_layout(problem, choice.kv_splits).bytes : 0;
 }
 
 namespace {
 
-// The call's temporary memory: the caller's workspace, or stream-ordered
-// memory that release() frees on the stream after the work queued there.
-class Workspace {
- public:
-  Workspace(void* given, size_t given_bytes, cudaStream_t stream)
-      : given_(given), given_bytes_(given_bytes), stream_(stream) {}
-  Workspace(const Workspace&) = delete;
-  Workspace& operator=(const Workspace&) = delete;
-
-  // `bytes` of it for `what`, at *memory.
-  Status acquire(size_t bytes, const char* what, void** memory) {
-    if (given_ != nullptr) {
-      if (given_bytes_ < bytes) {
-        return {StatusCode::workspace_too_small, std::string(what) + " needs " + std::to_string(bytes) +
-                                                     " bytes of workspace, got " + std::to_string(given_bytes_)};
-      }
-      *memory = given_;
-      return {};
-    }
-    if (const cudaError_t error = cudaMallocAsync(&allocated_, bytes, stream_); error != cudaSuccess) {
-      (void)cudaGetLastError();
-      allocated_ = nullptr;
-      return error == cudaErrorMemoryAllocation
-                 ? Status{StatusCode::out_of_memory,
-                          std::string(what) + ": no device memory for its " + std::to_string(bytes) + " bytes"}
-                 : cuda_status(error, "cudaMallocAsync");
-    }
-    *memory = allocated_;
-    return {};
-  }
-
-  // Frees what acquire allocated; `status`, or the free's failure if it was ok.
-  Status release(Status status) {
-    if (allocated_ != nullptr) {
-      if (const cudaError_t error = cudaFreeAsync(allocated_, stream_); error != cudaSuccess && status.ok()) {
-        (void)cudaGetLastError();
-        status = cuda_status(error, "cudaFreeAsync");
-      }
-      allocated_ = nullptr;
-    }
-    return status;
-  }
-
- private:
-  void* given_;
-  size_t given_bytes_;
-  cudaStream_t stream_;
-  void* allocated_ = nullptr;
-};
-
 // Precision::fp8: the pre-pass's buffers in the workspace, then the kernels.
-Status run_fp8(const AttentionProblem& problem, void* workspace, size_t workspace_size, cudaStream_t stream) {
-  const size_t bytes = fp8_workspace_bytes(problem, problem.quantization);
+Status run_fp8(const AttentionProblem& problem, const Fp8KvCache* kv_cache, void* workspace, size_t workspace_size,
+               cudaStream_t stream) {
+  const size_t bytes = fp8_workspace_bytes(problem, problem.quantization, kv_cache);
   Workspace memory(workspace, workspace_size, stream);
   void* base = nullptr;
   if (Status status = memory.acquire(bytes, "fp8", &base); !status.ok()) return status;
-  return memory.release(fp8_forward(problem, problem.quantization, base, bytes, stream));
+  return memory.release(fp8_forward(problem, problem.quantization, base, bytes, stream, kv_cache));
 }
 
 // Split-KV: the partial rows in the caller's workspace, or in stream-ordered
@@ -428,7 +401,7 @@ Status run_sm90_split_kv(const AttentionProblem& problem, const KernelChoice& ch
 }  // namespace
 
 Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
-                   size_t workspace_size, cudaStream_t stream) {
+                   size_t workspace_size, cudaStream_t stream, const Fp8KvCache* kv_cache) {
   switch (choice.impl) {
     case Impl::cpu_reference:
       try {
@@ -443,7 +416,7 @@ Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, 
           problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits},
           stream);
     case Impl::sm90_wgmma:
-      if (choice.precision == Precision::fp8) return run_fp8(problem, workspace, workspace_size, stream);
+      if (choice.precision == Precision::fp8) return run_fp8(problem, kv_cache, workspace, workspace_size, stream);
       if (choice.kv_splits > 1) return run_sm90_split_kv(problem, choice, workspace, workspace_size, stream);
       return sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim),
                              sm90_wgmma::TileLaunch{choice.heads_per_tile}, stream);
