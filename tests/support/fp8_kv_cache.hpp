@@ -31,8 +31,14 @@ struct HostKvCache {
     return c;
   }
 
+  // Each tensor's bytes (its dense extent, from its data).
   std::vector<std::vector<unsigned char>> bytes() const {
-    return {k_codes.storage, k_scales.storage, k_mean.storage, v_codes.storage, v_scales.storage, v_mean.storage};
+    std::vector<std::vector<unsigned char>> out;
+    for (const HostTensor* t : {&k_codes, &k_scales, &k_mean, &v_codes, &v_scales, &v_mean}) {
+      const auto* data = static_cast<const unsigned char*>(t->tensor.data);
+      out.emplace_back(data, data == nullptr ? data : data + t->bytes());
+    }
+    return out;
   }
 
   void poison(unsigned char byte) {
