@@ -55,8 +55,14 @@ Status fp8_kv_cache_layout(int64_t batch, int64_t heads_kv, int64_t seq_kv, int6
                                             ", the longest sequence the GPU implementations serve"};
   }
   if (Status status = detail::validate_fp8_knobs(fp8, "fp8"); !status.ok()) return status;
-  *layout = detail::fp8_kv_cache_layout(batch, heads_kv, seq_kv, head_dim, head_dim,
-                                        detail::quantization_options(fp8, 0));
+  Fp8KvCache result;
+  if (!detail::fp8_kv_cache_layout(batch, heads_kv, seq_kv, head_dim, head_dim, detail::quantization_options(fp8, 0),
+                                   &result)) {
+    return {StatusCode::invalid_option, "the FP8 KV cache of K [" + std::to_string(batch) + ", " +
+                                            std::to_string(heads_kv) + ", " + std::to_string(seq_kv) + ", " +
+                                            std::to_string(head_dim) + "] would have 2^63 elements or more"};
+  }
+  *layout = result;
   return {};
 }
 

@@ -14,34 +14,33 @@
 namespace ffpa::detail {
 namespace {
 
-Tensor dense_tensor(DType dtype, std::initializer_list<int64_t> shape) {
-  Tensor t;
-  t.dtype = dtype;
-  t.rank = static_cast<int32_t>(shape.size());
+// A contiguous tensor of the shape; false when its elements do not fit in int64.
+bool dense_tensor(DType dtype, std::initializer_list<int64_t> shape, Tensor* t) {
+  t->dtype = dtype;
+  t->rank = static_cast<int32_t>(shape.size());
   int32_t d = 0;
-  for (int64_t extent : shape) t.shape[d++] = extent;
+  for (int64_t extent : shape) t->shape[d++] = extent;
   int64_t stride = 1;
-  for (d = t.rank - 1; d >= 0; --d) {
-    t.stride[d] = stride;
-    stride *= t.shape[d];
+  for (d = t->rank - 1; d >= 0; --d) {
+    t->stride[d] = stride;
+    if (__builtin_mul_overflow(stride, t->shape[d], &stride)) return false;
   }
-  return t;
+  return true;
 }
 
 }  // namespace
 
-Fp8KvCache fp8_kv_cache_layout(int64_t batch, int64_t heads_kv, int64_t seq_kv, int64_t head_dim, int64_t value_dim,
-                               const QuantizationOptions& options) {
+bool fp8_kv_cache_layout(int64_t batch, int64_t heads_kv, int64_t seq_kv, int64_t head_dim, int64_t value_dim,
+                         const QuantizationOptions& options, Fp8KvCache* layout) {
   const QuantizedKvLayout k = quantized_kv_layout(seq_kv, head_dim, options);
   const QuantizedKvLayout v = quantized_kv_layout(seq_kv, value_dim, options);
-  Fp8KvCache cache;
-  cache.k_codes = dense_tensor(DType::u8, {batch, heads_kv, seq_kv, k.k_pitch});
-  cache.k_scales = dense_tensor(DType::f32, {batch, heads_kv, k.k_scales});
-  cache.k_mean = dense_tensor(DType::f32, {batch, heads_kv, head_dim});
-  cache.v_codes = dense_tensor(DType::u8, {batch, heads_kv, value_dim, v.v_pitch});
-  cache.v_scales = dense_tensor(DType::f32, {batch, heads_kv, v.v_scales});
-  cache.v_mean = dense_tensor(DType::f32, {batch, heads_kv, value_dim});
-  return cache;
+  *layout = Fp8KvCache{};
+  return dense_tensor(DType::u8, {batch, heads_kv, seq_kv, k.k_pitch}, &layout->k_codes) &&
+         dense_tensor(DType::f32, {batch, heads_kv, k.k_scales}, &layout->k_scales) &&
+         dense_tensor(DType::f32, {batch, heads_kv, head_dim}, &layout->k_mean) &&
+         dense_tensor(DType::u8, {batch, heads_kv, value_dim, v.v_pitch}, &layout->v_codes) &&
+         dense_tensor(DType::f32, {batch, heads_kv, v.v_scales}, &layout->v_scales) &&
+         dense_tensor(DType::f32, {batch, heads_kv, value_dim}, &layout->v_mean);
 }
 
 void bind_kv_cache(const Fp8KvCache& cache, fp8_prepass::QuantizedBuffers* buffers) {

@@ -20,10 +20,12 @@
 namespace ffpa::detail {
 
 // The cache of K [batch, heads_kv, seq_kv, head_dim] and V [..., value_dim]
-// under `options`: every tensor's dtype (u8 codes, f32 scales and means), rank,
-// shape and dense strides, data null. Sizes must be non-negative.
-Fp8KvCache fp8_kv_cache_layout(int64_t batch, int64_t heads_kv, int64_t seq_kv, int64_t head_dim, int64_t value_dim,
-                               const QuantizationOptions& options);
+// under `options` into *layout: every tensor's dtype (u8 codes, f32 scales and
+// means), rank, shape and dense strides, data null. Sizes must be
+// non-negative; false (and *layout unspecified) when a tensor would have 2^63
+// elements or more.
+bool fp8_kv_cache_layout(int64_t batch, int64_t heads_kv, int64_t seq_kv, int64_t head_dim, int64_t value_dim,
+                         const QuantizationOptions& options, Fp8KvCache* layout);
 
 // A validated cache's tensors as the pre-pass's and the main loop's K and V
 // (the means only where the cache has them).

@@ -488,7 +488,10 @@ Status check_forward_kv_cache(const ForwardParams& p, ByteRange (&ranges)[kCache
                   early, p.options.fp8.early_rows ? "" : " (with a causal mask)",
                   ": those query rows run the 16-bit kernel on k and v (set early_rows = 0, or give k and v)");
   const QuantizationOptions o = quantization_options(p.options.fp8, early);
-  const Fp8KvCache expected = fp8_kv_cache_layout(p.k.shape[0], p.k.shape[1], p.k.shape[2], p.k.shape[3], p.v.shape[3], o);
+  Fp8KvCache expected;
+  if (!fp8_kv_cache_layout(p.k.shape[0], p.k.shape[1], p.k.shape[2], p.k.shape[3], p.v.shape[3], o, &expected))
+    return fail(StatusCode::invalid_option, "fp8_kv_cache: the cache of k.shape = ", list_text(p.k.shape, 4),
+                " would have 2^63 elements or more");
   return check_kv_cache(*p.fp8_kv_cache, expected, o, "fp8_kv_cache.", ranges);
 }
 
@@ -820,8 +823,11 @@ Status validate_fp8_quantize_kv(const Fp8QuantizeKvParams& p, AttentionProblem* 
   FFPA_RETURN_IF_ERROR(validate_fp8_knobs(p.fp8, "fp8"));
   const QuantizationOptions o = quantization_options(p.fp8, 0);
   ByteRange cache_ranges[kCacheTensors];
-  FFPA_RETURN_IF_ERROR(check_kv_cache(p.cache, fp8_kv_cache_layout(p.k.shape[0], p.k.shape[1], p.k.shape[2], d, d, o), o,
-                                      "cache.", cache_ranges));
+  Fp8KvCache expected;
+  if (!fp8_kv_cache_layout(p.k.shape[0], p.k.shape[1], p.k.shape[2], d, d, o, &expected))
+    return fail(StatusCode::invalid_option, "cache: the FP8 KV cache of k.shape = ", list_text(p.k.shape, 4),
+                " would have 2^63 elements or more");
+  FFPA_RETURN_IF_ERROR(check_kv_cache(p.cache, expected, o, "cache.", cache_ranges));
   ByteRange range_k, range_v;
   FFPA_RETURN_IF_ERROR(byte_range(k, &range_k));
   FFPA_RETURN_IF_ERROR(byte_range(v, &range_v));

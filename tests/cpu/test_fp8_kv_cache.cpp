@@ -104,6 +104,21 @@ TEST(Fp8KvCacheLayout, RefusesBadArguments) {
   s = ffpa::fp8_kv_cache_layout(1, 1, 8, 64, bad, &c);
   EXPECT_EQ(s.code, StatusCode::invalid_option);
   EXPECT_TRUE(contains(s.message, "fp8.v_scales = 5")) << s.message;
+  s = ffpa::fp8_kv_cache_layout(int64_t{1} << 40, int64_t{1} << 20, 1024, 64, Fp8Options{}, &c);
+  EXPECT_EQ(s.code, StatusCode::invalid_option);
+  EXPECT_TRUE(contains(s.message, "2^63")) << s.message;
+}
+
+TEST(Fp8KvCacheLayout, ACacheTooLargeForInt64IsRefusedByValidation) {
+  // k fits (2^59 elements), its V^T would not: one key padded to 16 multiplies by 16.
+  Fp8QuantizeKvParams p;
+  p.k = ffpa::make_tensor(reinterpret_cast<void*>(uintptr_t{1} << 20), DType::bf16,
+                          {int64_t{1} << 25, int64_t{1} << 25, 1, 512});
+  p.v = p.k;
+  AttentionProblem problem;
+  const Status s = ffpa::detail::validate_fp8_quantize_kv(p, &problem);
+  EXPECT_EQ(s.code, StatusCode::invalid_option) << s.message;
+  EXPECT_TRUE(contains(s.message, "2^63")) << s.message;
 }
 
 // --- fp8_quantize_kv on host tensors --------------------------------------------------
