@@ -113,8 +113,8 @@ Status check_dtypes(const ForwardParams& p) {
   for (Arg a : {Arg{p.k, "k"}, Arg{p.v, "v"}, Arg{p.o, "o"}})
     if (a.t.dtype == DType::u8)
       return fail(StatusCode::unsupported_dtype, a.name,
-                  ".dtype = u8; 8-bit codes are an FP8 KV cache's (ForwardParams::fp8_kv_cache), k and v stay ",
-                  dtype_name(dtype));
+                  ".dtype = u8; 8-bit codes belong in an FP8 KV cache (ForwardParams::fp8_kv_cache), q, k, v and o "
+                  "are f16 or bf16");
   for (Arg a : {Arg{p.k, "k"}, Arg{p.v, "v"}, Arg{p.o, "o"}})
     if (a.t.dtype != dtype)
       return fail(StatusCode::dtype_mismatch, a.name, ".dtype = ", dtype_name(a.t.dtype),
