@@ -27,7 +27,8 @@ typedef enum ffpa_dtype {
   FFPA_DTYPE_BF16 = 1,
   FFPA_DTYPE_F32 = 2,
   FFPA_DTYPE_BOOL = 3,
-  FFPA_DTYPE_F64 = 4 /* f32 and f64 q, k, v: the CPU reference only (host tensors) */
+  FFPA_DTYPE_F64 = 4, /* f32 and f64 q, k, v: the CPU reference only (host tensors) */
+  FFPA_DTYPE_U8 = 5   /* 8-bit codes (e4m3 or int8 as the FP8 options say): an ffpa_fp8_kv_cache's codes only */
 } ffpa_dtype;
 
 typedef enum ffpa_causal {
@@ -134,6 +135,20 @@ typedef struct ffpa_options {
   ffpa_fp8_options fp8; /* FFPA_PRECISION_FP8 only */
 } ffpa_options;
 
+/* An FP8 KV cache (ffpa::Fp8KvCache, docs/spec.md "FP8 KV cache"): K and V
+ * already quantized in the library's FP8 format, dense tensors in device
+ * memory (codes 16-byte, means 16-byte, scales 8-byte aligned):
+ *   k_codes  u8  [B, Hkv, Nkv, round_up(D, 16)]   v_codes  u8  [B, Hkv, D, round_up(Nkv, 16)] (V^T)
+ *   k_scales f32 [B, Hkv, k_count]                v_scales f32 [B, Hkv, v_count]
+ *   k_mean   f32 [B, Hkv, D] (data NULL: absent, only without smooth-K)
+ *   v_mean   f32 [B, Hkv, D] (data NULL: absent, only without smooth-V)
+ * ffpa_fp8_kv_cache_layout fills the shapes; ffpa_fp8_quantize_kv writes one.
+ * A forward call must use the FP8 knobs the cache was quantized with. */
+typedef struct ffpa_fp8_kv_cache {
+  ffpa_tensor k_codes, k_scales, k_mean;
+  ffpa_tensor v_codes, v_scales, v_mean;
+} ffpa_fp8_kv_cache;
+
 typedef struct ffpa_forward_params {
   ffpa_tensor q, k, v, o;
   ffpa_tensor mask; /* data == NULL: no mask */
@@ -142,12 +157,39 @@ typedef struct ffpa_forward_params {
   void* stream; /* cudaStream_t */
   void* workspace;
   size_t workspace_bytes;
+  /* NULL: none. With FFPA_PRECISION_FP8 only: K and V from this cache (k and v
+   * still give the shapes; their data may be NULL without hybrid rows). */
+  const ffpa_fp8_kv_cache* fp8_kv_cache;
 } ffpa_forward_params;
 
 FFPA_API ffpa_status ffpa_forward(const ffpa_forward_params* params, char* message, size_t message_size);
 
 FFPA_API ffpa_status ffpa_workspace_size(const ffpa_forward_params* params, size_t* bytes,
                                          char* message, size_t message_size);
+
+/* The dense shapes of the FP8 KV cache of K [B, Hkv, Nkv, D] under the FP8
+ * knobs `fp8` (NULL: every default; early_rows is not read), data NULL. */
+FFPA_API ffpa_status ffpa_fp8_kv_cache_layout(int64_t batch, int64_t heads_kv, int64_t seq_kv, int64_t head_dim,
+                                              const ffpa_fp8_options* fp8, ffpa_fp8_kv_cache* layout,
+                                              char* message, size_t message_size);
+
+/* Quantizes k and v into an FP8 KV cache exactly as the FP8 forward's
+ * pre-pass would (ffpa::fp8_quantize_kv): device tensors asynchronously on
+ * `stream`, host tensors on the CPU model. */
+typedef struct ffpa_fp8_quantize_kv_params {
+  ffpa_tensor k, v;        /* [B, Hkv, Nkv, D], f16 or bf16 */
+  ffpa_fp8_kv_cache cache; /* written */
+  ffpa_fp8_options fp8;    /* zero: every default; early_rows is not read */
+  void* stream;            /* cudaStream_t */
+  void* workspace;         /* NULL: stream-ordered memory */
+  size_t workspace_bytes;
+} ffpa_fp8_quantize_kv_params;
+
+FFPA_API ffpa_status ffpa_fp8_quantize_kv(const ffpa_fp8_quantize_kv_params* params, char* message,
+                                          size_t message_size);
+
+FFPA_API ffpa_status ffpa_fp8_quantize_kv_workspace_size(const ffpa_fp8_quantize_kv_params* params, size_t* bytes,
+                                                         char* message, size_t message_size);
 
 /* The gradients of a forward call (ffpa::BackwardParams): d_q, d_k, d_v (and
  * d_mask for an additive mask) of sum(o * d_o) + sum(lse * d_lse), from the

@@ -29,8 +29,10 @@ namespace ffpa {
 
 // q, k, v, o: f16 or bf16 everywhere; f32 or f64 on the CPU reference only
 // (host tensors; e.g. gradient checks in double). Masks: boolean, f16, bf16,
-// f32 (and f64 on the CPU reference).
-enum class DType : int32_t { f16 = 0, bf16 = 1, f32 = 2, boolean = 3, f64 = 4 };
+// f32 (and f64 on the CPU reference). u8: 8-bit codes, e4m3 or int8 as the
+// FP8 options say, the codes of an Fp8KvCache only (q, k, v, o, mask and lse
+// refuse it: unsupported_dtype).
+enum class DType : int32_t { f16 = 0, bf16 = 1, f32 = 2, boolean = 3, f64 = 4, u8 = 5 };
 
 enum class Causal : int32_t {
   none = 0,
@@ -146,6 +148,28 @@ struct Options {
   Fp8Options fp8;  // Precision::fp8 only
 };
 
+// An FP8 KV cache (docs/spec.md, "FP8 KV cache"): K and V already quantized,
+// in the library's own FP8 format, the K/V half of what the FP8 pre-pass
+// writes (docs/kernels/fp8_model.md), so that a forward call skips their
+// quantization. Every tensor is dense (contiguous, the shape below) in device
+// memory: codes 16-byte aligned (TMA), means 16-byte and scales 8-byte
+// aligned (the kernels' vector loads). With D the head dim, Nkv the keys:
+//   k_codes  u8  [B, Hkv, Nkv, round_up(D, 16)]  K - k_mean, rows padded with zeros
+//   k_scales f32 [B, Hkv, k_count]  k_count = ceil(Nkv / 128) x (4 per thread group, 1 per block)
+//   k_mean   f32 [B, Hkv, D]        smooth-K's per-channel mean (zeros without it)
+//   v_codes  u8  [B, Hkv, D, round_up(Nkv, 16)]  V - v_mean transposed (V^T), rows padded with zeros
+//   v_scales f32 [B, Hkv, v_count]  v_count = D per channel, ceil(Nkv / 128) per block
+//   v_mean   f32 [B, Hkv, D]        smooth-V's per-channel mean (zeros without it)
+// k_mean (v_mean) may be absent (data null) when smooth_k (smooth_v) is off.
+// fp8_kv_cache_layout() fills these shapes; fp8_quantize_kv() writes a cache.
+// The cache does not record the knobs it was quantized with: a forward call
+// must use the same Options::fp8 (qk_format, qk_scales, smooth_k, v_scales,
+// smooth_v).
+struct Fp8KvCache {
+  Tensor k_codes, k_scales, k_mean;
+  Tensor v_codes, v_scales, v_mean;
+};
+
 struct ForwardParams {
   Tensor q, k, v;
   Tensor o;
@@ -157,6 +181,13 @@ struct ForwardParams {
   // it needs any; workspace_size() says how much a call can use.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // Optional, with Precision::fp8 only: K and V already quantized. k and v
+  // still give the shapes (and dtype); their data may be null when no query
+  // row is a hybrid row (options.fp8.early_rows resolves to 0), since then
+  // only Q is quantized (the workspace holds Q's codes alone) and the kernel
+  // reads K and V from the cache. Results are bit-identical to the same call
+  // without the cache when the cache is fp8_quantize_kv(k, v) with the same knobs.
+  const Fp8KvCache* fp8_kv_cache = nullptr;
 };
 
 // Computes o (and lse) for the parameters. Validates everything first.
@@ -166,6 +197,32 @@ FFPA_API Status forward(const ForwardParams& params);
 
 // Bytes of workspace the call would use (0 when it needs none).
 FFPA_API Status workspace_size(const ForwardParams& params, size_t* bytes);
+
+// The shapes, dtypes and dense strides of the FP8 KV cache of K [B, Hkv,
+// Nkv, D] (and V of the same shape) under `fp8`'s knobs (early_rows is not
+// read), data null: the caller allocates each tensor (k_mean / v_mean only
+// when it wants them) and sets its data. invalid_option for a negative size
+// or an unknown knob value, unsupported_head_dim for D outside the valid
+// head dims.
+FFPA_API Status fp8_kv_cache_layout(int64_t batch, int64_t heads_kv, int64_t seq_kv, int64_t head_dim,
+                                    const Fp8Options& fp8, Fp8KvCache* layout);
+
+// Quantizes k and v into an FP8 KV cache, exactly as the FP8 forward's
+// pre-pass would (its K/V kernels on device tensors, asynchronously on
+// `stream`; the CPU model on host tensors, on the calling thread): the cache
+// then equals the pre-pass's K/V bytes, padding included.
+struct Fp8QuantizeKvParams {
+  Tensor k, v;       // [B, Hkv, Nkv, D], f16 or bf16, as forward() takes them (Dv == D)
+  Fp8KvCache cache;  // written; k_mean / v_mean required with smooth_k / smooth_v
+  Fp8Options fp8;    // the knobs the forward calls will use (early_rows is not read)
+  cudaStream_t stream = nullptr;
+  // Scratch (the means' partial sums over key blocks); when null, stream-
+  // ordered memory. fp8_quantize_kv_workspace_size() says how much.
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+FFPA_API Status fp8_quantize_kv(const Fp8QuantizeKvParams& params);
+FFPA_API Status fp8_quantize_kv_workspace_size(const Fp8QuantizeKvParams& params, size_t* bytes);
 
 // The gradients of a forward call (docs/spec.md, "Backward"): dq, dk, dv of
 // sum(o * d_o) for the forward's q, k, v, mask and options (the same scale,

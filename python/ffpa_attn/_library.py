@@ -35,6 +35,7 @@ class DType(enum.IntEnum):
     F32 = 2  # q, k, v: the CPU reference only (so is F64)
     BOOL = 3  # 1 byte, nonzero = attend
     F64 = 4
+    U8 = 5  # 8-bit codes (e4m3 or int8 as the FP8 options say): an FP8 KV cache's codes only
 
 
 class Causal(enum.IntEnum):
@@ -119,6 +120,20 @@ class FfpaOptions(ctypes.Structure):
     ]
 
 
+class FfpaFp8KvCache(ctypes.Structure):
+    """ffpa_fp8_kv_cache: K and V already quantized (dense tensors in device memory;
+    ffpa_fp8_kv_cache_layout gives their shapes). k_mean / v_mean: data NULL when absent."""
+
+    _fields_ = [
+        ("k_codes", FfpaTensor),  # U8 [B, Hkv, Nkv, round_up(D, 16)]
+        ("k_scales", FfpaTensor),  # F32 [B, Hkv, k_count]
+        ("k_mean", FfpaTensor),  # F32 [B, Hkv, D]
+        ("v_codes", FfpaTensor),  # U8 [B, Hkv, D, round_up(Nkv, 16)] (V^T)
+        ("v_scales", FfpaTensor),  # F32 [B, Hkv, v_count]
+        ("v_mean", FfpaTensor),  # F32 [B, Hkv, D]
+    ]
+
+
 class FfpaForwardParams(ctypes.Structure):
     _fields_ = [
         ("q", FfpaTensor),
@@ -130,6 +145,21 @@ class FfpaForwardParams(ctypes.Structure):
         ("options", FfpaOptions),
         ("stream", ctypes.c_void_p),  # cudaStream_t; NULL: the default stream
         ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_size_t),
+        ("fp8_kv_cache", ctypes.POINTER(FfpaFp8KvCache)),  # NULL: none (precision FP8 only)
+    ]
+
+
+class FfpaFp8QuantizeKvParams(ctypes.Structure):
+    """ffpa_fp8_quantize_kv_params: k and v into an FP8 KV cache, as the FP8 pre-pass quantizes them."""
+
+    _fields_ = [
+        ("k", FfpaTensor),
+        ("v", FfpaTensor),
+        ("cache", FfpaFp8KvCache),  # written
+        ("fp8", FfpaFp8Options),  # zero: the defaults; early_rows is not read
+        ("stream", ctypes.c_void_p),
+        ("workspace", ctypes.c_void_p),  # NULL: stream-ordered memory
         ("workspace_bytes", ctypes.c_size_t),
     ]
 
@@ -193,7 +223,9 @@ assert ctypes.sizeof(FfpaFp8Options) == 32
 assert FfpaFp8Options.v_scales.offset == 24 and FfpaFp8Options.smooth_v.offset == 28
 assert ctypes.sizeof(FfpaOptions) == 80
 assert FfpaOptions.precision.offset == 40 and FfpaOptions.fp8.offset == 48
-assert ctypes.sizeof(FfpaForwardParams) == 584
+assert ctypes.sizeof(FfpaForwardParams) == 592 and FfpaForwardParams.fp8_kv_cache.offset == 584
+assert ctypes.sizeof(FfpaFp8KvCache) == 480
+assert ctypes.sizeof(FfpaFp8QuantizeKvParams) == 696 and FfpaFp8QuantizeKvParams.fp8.offset == 640
 assert ctypes.sizeof(FfpaLibraryInfo) == 288
 
 
@@ -292,6 +324,30 @@ class Library:
             ctypes.c_size_t,
         ]
         self._dll.ffpa_backward_workspace_size.restype = ctypes.c_int
+        self._dll.ffpa_fp8_kv_cache_layout.argtypes = [
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.POINTER(FfpaFp8Options),
+            ctypes.POINTER(FfpaFp8KvCache),
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+        ]
+        self._dll.ffpa_fp8_kv_cache_layout.restype = ctypes.c_int
+        self._dll.ffpa_fp8_quantize_kv.argtypes = [
+            ctypes.POINTER(FfpaFp8QuantizeKvParams),
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+        ]
+        self._dll.ffpa_fp8_quantize_kv.restype = ctypes.c_int
+        self._dll.ffpa_fp8_quantize_kv_workspace_size.argtypes = [
+            ctypes.POINTER(FfpaFp8QuantizeKvParams),
+            ctypes.POINTER(ctypes.c_size_t),
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+        ]
+        self._dll.ffpa_fp8_quantize_kv_workspace_size.restype = ctypes.c_int
         self._dll.ffpa_status_name.argtypes = [ctypes.c_int]
         self._dll.ffpa_status_name.restype = ctypes.c_char_p
         self._dll.ffpa_version.argtypes = []
@@ -369,6 +425,39 @@ class Library:
         status = self._dll.ffpa_backward(ctypes.byref(params), message, MESSAGE_BYTES)
         if status != 0:
             raise self.error(status, message)
+
+    def fp8_kv_cache_layout(
+        self, batch: int, heads_kv: int, seq_kv: int, head_dim: int, fp8: FfpaFp8Options | None = None
+    ) -> FfpaFp8KvCache:
+        """ffpa_fp8_kv_cache_layout: the FP8 KV cache's tensors (dtype, shape, dense strides;
+        data NULL) for K [batch, heads_kv, seq_kv, head_dim]; raises FFPAError on a non-zero status."""
+        layout = FfpaFp8KvCache()
+        message = ctypes.create_string_buffer(MESSAGE_BYTES)
+        knobs = ctypes.byref(fp8) if fp8 is not None else None
+        status = self._dll.ffpa_fp8_kv_cache_layout(
+            batch, heads_kv, seq_kv, head_dim, knobs, ctypes.byref(layout), message, MESSAGE_BYTES
+        )
+        if status != 0:
+            raise self.error(status, message)
+        return layout
+
+    def fp8_quantize_kv(self, params: FfpaFp8QuantizeKvParams) -> None:
+        """ffpa_fp8_quantize_kv; raises FFPAError on a non-zero status."""
+        message = ctypes.create_string_buffer(MESSAGE_BYTES)
+        status = self._dll.ffpa_fp8_quantize_kv(ctypes.byref(params), message, MESSAGE_BYTES)
+        if status != 0:
+            raise self.error(status, message)
+
+    def fp8_quantize_kv_workspace_size(self, params: FfpaFp8QuantizeKvParams) -> int:
+        """ffpa_fp8_quantize_kv_workspace_size: scratch bytes the call would use."""
+        message = ctypes.create_string_buffer(MESSAGE_BYTES)
+        size = ctypes.c_size_t(0)
+        status = self._dll.ffpa_fp8_quantize_kv_workspace_size(
+            ctypes.byref(params), ctypes.byref(size), message, MESSAGE_BYTES
+        )
+        if status != 0:
+            raise self.error(status, message)
+        return size.value
 
     def forward(self, params: FfpaForwardParams) -> None:
         """ffpa_forward; raises FFPAError on a non-zero status."""

@@ -53,9 +53,10 @@ def test_the_structs_have_the_c_layout():
     assert (ctypes.sizeof(FfpaFp8Options), ctypes.sizeof(FfpaOptions), ctypes.sizeof(FfpaForwardParams)) == (
         32,
         80,
-        584,
+        592,
     )
     assert (FfpaForwardParams.options.offset, FfpaForwardParams.stream.offset) == (480, 560)
+    assert FfpaForwardParams.fp8_kv_cache.offset == 584
 
 
 def test_the_enums_are_the_c_values():

@@ -29,6 +29,7 @@ FFPA_SAME_VALUE(FFPA_DTYPE_BF16, ffpa::DType::bf16);
 FFPA_SAME_VALUE(FFPA_DTYPE_F32, ffpa::DType::f32);
 FFPA_SAME_VALUE(FFPA_DTYPE_BOOL, ffpa::DType::boolean);
 FFPA_SAME_VALUE(FFPA_DTYPE_F64, ffpa::DType::f64);
+FFPA_SAME_VALUE(FFPA_DTYPE_U8, ffpa::DType::u8);
 FFPA_SAME_VALUE(FFPA_CAUSAL_NONE, ffpa::Causal::none);
 FFPA_SAME_VALUE(FFPA_CAUSAL_TOP_LEFT, ffpa::Causal::top_left);
 FFPA_SAME_VALUE(FFPA_CAUSAL_BOTTOM_RIGHT, ffpa::Causal::bottom_right);
@@ -103,6 +104,42 @@ ffpa::Tensor to_cpp(const ffpa_tensor& c) {
   return t;
 }
 
+// Zero means each FP8 knob's default (ffpa::Fp8Options' initializers).
+ffpa::Fp8Options to_cpp(const ffpa_fp8_options& fp8) {
+  ffpa::Fp8Options o;
+  o.qk_format = static_cast<ffpa::Fp8QkFormat>(fp8.qk_format);
+  o.qk_scales = static_cast<ffpa::Fp8QkScales>(fp8.qk_scales);
+  o.smooth_k = fp8.no_smooth_k == 0;
+  if (fp8.has_early_rows) o.early_rows = fp8.early_rows;
+  o.v_scales = static_cast<ffpa::Fp8VScales>(fp8.v_scales);
+  o.smooth_v = fp8.smooth_v != 0;
+  return o;
+}
+
+ffpa::Fp8KvCache to_cpp(const ffpa_fp8_kv_cache& c) {
+  ffpa::Fp8KvCache cache;
+  cache.k_codes = to_cpp(c.k_codes);
+  cache.k_scales = to_cpp(c.k_scales);
+  cache.k_mean = to_cpp(c.k_mean);
+  cache.v_codes = to_cpp(c.v_codes);
+  cache.v_scales = to_cpp(c.v_scales);
+  cache.v_mean = to_cpp(c.v_mean);
+  return cache;
+}
+
+ffpa_tensor to_c(const ffpa::Tensor& t) {
+  ffpa_tensor c;
+  std::memset(&c, 0, sizeof c);
+  c.data = t.data;
+  c.dtype = static_cast<int32_t>(t.dtype);
+  c.rank = t.rank;
+  for (int i = 0; i < 4; ++i) {
+    c.shape[i] = t.shape[i];
+    c.stride[i] = t.stride[i];
+  }
+  return c;
+}
+
 ffpa::Options to_cpp(const ffpa_options& opt) {
   ffpa::ForwardParams p;
   if (opt.has_scale) p.options.scale = opt.scale;
@@ -113,17 +150,13 @@ ffpa::Options to_cpp(const ffpa_options& opt) {
   p.options.accumulation = static_cast<ffpa::Accumulation>(opt.accumulation);
   p.options.impl = static_cast<ffpa::Impl>(opt.impl);
   p.options.precision = static_cast<ffpa::Precision>(opt.precision);
-  // Zero means each FP8 knob's default (ffpa::Fp8Options' initializers).
-  p.options.fp8.qk_format = static_cast<ffpa::Fp8QkFormat>(opt.fp8.qk_format);
-  p.options.fp8.qk_scales = static_cast<ffpa::Fp8QkScales>(opt.fp8.qk_scales);
-  p.options.fp8.smooth_k = opt.fp8.no_smooth_k == 0;
-  if (opt.fp8.has_early_rows) p.options.fp8.early_rows = opt.fp8.early_rows;
-  p.options.fp8.v_scales = static_cast<ffpa::Fp8VScales>(opt.fp8.v_scales);
-  p.options.fp8.smooth_v = opt.fp8.smooth_v != 0;
+  p.options.fp8 = to_cpp(opt.fp8);
   return p.options;
 }
 
-ffpa::ForwardParams to_cpp(const ffpa_forward_params& c) {
+// The C++ parameters of a forward call; *cache holds the C cache's C++ form
+// (the params point at it) while they are used.
+ffpa::ForwardParams to_cpp(const ffpa_forward_params& c, ffpa::Fp8KvCache* cache) {
   ffpa::ForwardParams p;
   p.q = to_cpp(c.q);
   p.k = to_cpp(c.k);
@@ -132,6 +165,22 @@ ffpa::ForwardParams to_cpp(const ffpa_forward_params& c) {
   p.mask = to_cpp(c.mask);
   p.lse = to_cpp(c.lse);
   p.options = to_cpp(c.options);
+  p.stream = static_cast<cudaStream_t>(c.stream);
+  p.workspace = c.workspace;
+  p.workspace_bytes = c.workspace_bytes;
+  if (c.fp8_kv_cache != nullptr) {
+    *cache = to_cpp(*c.fp8_kv_cache);
+    p.fp8_kv_cache = cache;
+  }
+  return p;
+}
+
+ffpa::Fp8QuantizeKvParams to_cpp(const ffpa_fp8_quantize_kv_params& c) {
+  ffpa::Fp8QuantizeKvParams p;
+  p.k = to_cpp(c.k);
+  p.v = to_cpp(c.v);
+  p.cache = to_cpp(c.cache);
+  p.fp8 = to_cpp(c.fp8);
   p.stream = static_cast<cudaStream_t>(c.stream);
   p.workspace = c.workspace;
   p.workspace_bytes = c.workspace_bytes;
@@ -195,7 +244,8 @@ ffpa_status ffpa_forward(const ffpa_forward_params* params, char* message, size_
       write_message(message, message_size, "", "params is null");
       return FFPA_NULL_POINTER;
     }
-    return to_c(ffpa::forward(to_cpp(*params)), message, message_size);
+    ffpa::Fp8KvCache cache;
+    return to_c(ffpa::forward(to_cpp(*params, &cache)), message, message_size);
   });
 }
 
@@ -206,7 +256,8 @@ ffpa_status ffpa_workspace_size(const ffpa_forward_params* params, size_t* bytes
       write_message(message, message_size, "", params ? "bytes is null" : "params is null");
       return FFPA_NULL_POINTER;
     }
-    return to_c(ffpa::workspace_size(to_cpp(*params), bytes), message, message_size);
+    ffpa::Fp8KvCache cache;
+    return to_c(ffpa::workspace_size(to_cpp(*params, &cache), bytes), message, message_size);
   });
 }
 
@@ -228,6 +279,51 @@ ffpa_status ffpa_backward_workspace_size(const ffpa_backward_params* params, siz
       return FFPA_NULL_POINTER;
     }
     return to_c(ffpa::backward_workspace_size(to_cpp(*params), bytes), message, message_size);
+  });
+}
+
+ffpa_status ffpa_fp8_kv_cache_layout(int64_t batch, int64_t heads_kv, int64_t seq_kv, int64_t head_dim,
+                                     const ffpa_fp8_options* fp8, ffpa_fp8_kv_cache* layout, char* message,
+                                     size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (!layout) {
+      write_message(message, message_size, "", "layout is null");
+      return FFPA_NULL_POINTER;
+    }
+    ffpa_fp8_options defaults;
+    std::memset(&defaults, 0, sizeof defaults);
+    ffpa::Fp8KvCache cpp;
+    const ffpa::Status status = ffpa::fp8_kv_cache_layout(batch, heads_kv, seq_kv, head_dim, to_cpp(fp8 ? *fp8 : defaults), &cpp);
+    if (status.ok()) {
+      layout->k_codes = to_c(cpp.k_codes);
+      layout->k_scales = to_c(cpp.k_scales);
+      layout->k_mean = to_c(cpp.k_mean);
+      layout->v_codes = to_c(cpp.v_codes);
+      layout->v_scales = to_c(cpp.v_scales);
+      layout->v_mean = to_c(cpp.v_mean);
+    }
+    return to_c(status, message, message_size);
+  });
+}
+
+ffpa_status ffpa_fp8_quantize_kv(const ffpa_fp8_quantize_kv_params* params, char* message, size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (!params) {
+      write_message(message, message_size, "", "params is null");
+      return FFPA_NULL_POINTER;
+    }
+    return to_c(ffpa::fp8_quantize_kv(to_cpp(*params)), message, message_size);
+  });
+}
+
+ffpa_status ffpa_fp8_quantize_kv_workspace_size(const ffpa_fp8_quantize_kv_params* params, size_t* bytes,
+                                                char* message, size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (!params || !bytes) {
+      write_message(message, message_size, "", params ? "bytes is null" : "params is null");
+      return FFPA_NULL_POINTER;
+    }
+    return to_c(ffpa::fp8_quantize_kv_workspace_size(to_cpp(*params), bytes), message, message_size);
   });
 }
 

@@ -25,7 +25,9 @@ Status select_kernel(const ForwardParams& params, KernelChoice* choice) {
     choice->kernel = "none (empty problem: B, Hq or Nq is 0)";
     return {};
   }
-  if (Status status = detail::plan_forward(problem, params.options.impl, choice); !status.ok()) return status;
+  if (Status status = detail::plan_forward(problem, params.options.impl, choice, params.fp8_kv_cache); !status.ok()) {
+    return status;
+  }
   choice->kernel = detail::kernel_name(problem, *choice);
   return {};
 }
@@ -37,8 +39,10 @@ Status workspace_size(const ForwardParams& params, size_t* bytes) {
   *bytes = 0;
   if (is_empty(problem)) return {};
   KernelChoice choice;
-  if (Status status = detail::plan_forward(problem, params.options.impl, &choice); !status.ok()) return status;
-  *bytes = static_cast<size_t>(detail::workspace_bytes(problem, choice));
+  if (Status status = detail::plan_forward(problem, params.options.impl, &choice, params.fp8_kv_cache); !status.ok()) {
+    return status;
+  }
+  *bytes = static_cast<size_t>(detail::workspace_bytes(problem, choice, params.fp8_kv_cache));
   return {};
 }
 
@@ -47,10 +51,11 @@ Status forward(const ForwardParams& params) {
   if (Status status = detail::validate_forward(params, &problem); !status.ok()) return status;
   if (is_empty(problem)) return {};
   KernelChoice choice;
-  if (Status status = detail::plan_forward(problem, params.options.impl, &choice); !status.ok()) {
+  if (Status status = detail::plan_forward(problem, params.options.impl, &choice, params.fp8_kv_cache); !status.ok()) {
     return status;
   }
-  return detail::run_forward(problem, choice, params.workspace, params.workspace_bytes, params.stream);
+  return detail::run_forward(problem, choice, params.workspace, params.workspace_bytes, params.stream,
+                             params.fp8_kv_cache);
 }
 
 Status device_support(int device, Impl impl) { return detail::device_support(device, impl); }

@@ -43,6 +43,25 @@ Status reference_only_dtypes(const AttentionProblem& problem, Impl requested, Me
               "cpu_reference, the inputs' precision)"};
 }
 
+// Where the call's tensors live, an FP8 KV cache's with them (k and v may be
+// null beside one: the cache holds them).
+Status call_memory_space(const AttentionProblem& problem, const Fp8KvCache* kv_cache, MemorySpace* space) {
+  if (kv_cache == nullptr) return common_memory_space(problem, space);
+  const NamedPointer tensors[] = {{"q", problem.q},
+                                  {"k", problem.k},
+                                  {"v", problem.v},
+                                  {"o", problem.o},
+                                  {"mask", problem.mask},
+                                  {"lse", problem.lse},
+                                  {"fp8_kv_cache.k_codes", kv_cache->k_codes.data},
+                                  {"fp8_kv_cache.k_scales", kv_cache->k_scales.data},
+                                  {"fp8_kv_cache.k_mean", kv_cache->k_mean.data},
+                                  {"fp8_kv_cache.v_codes", kv_cache->v_codes.data},
+                                  {"fp8_kv_cache.v_scales", kv_cache->v_scales.data},
+                                  {"fp8_kv_cache.v_mean", kv_cache->v_mean.data}};
+  return common_memory_space(tensors, 12, space);
+}
+
 Status plan_cpu_reference(MemorySpace space, KernelChoice* choice) {
   if (space != MemorySpace::host) {
     return {StatusCode::wrong_memory_space,
@@ -232,10 +251,10 @@ std::string kernel_name(const AttentionProblem& problem, const KernelChoice& cho
   return "none";
 }
 
-Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoice* choice) {
+Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoice* choice, const Fp8KvCache* kv_cache) {
   *choice = KernelChoice{};
   MemorySpace space = MemorySpace::host;
-  if (Status status = common_memory_space(problem, &space); !status.ok()) return status;
+  if (Status status = call_memory_space(problem, kv_cache, &space); !status.ok()) return status;
   if (Status status = reference_only_dtypes(problem, requested, space); !status.ok()) return status;
   if (problem.fp8) return plan_fp8(problem, requested, space, choice);
   switch (requested) {
@@ -331,20 +350,23 @@ Status with_kv_splits(const AttentionProblem& problem, int wanted, KernelChoice*
   return {};
 }
 
-int64_t workspace_bytes(const AttentionProblem& problem, const KernelChoice& choice) {
-  if (choice.precision == Precision::fp8) return static_cast<int64_t>(fp8_workspace_bytes(problem, problem.quantization));
+int64_t workspace_bytes(const AttentionProblem& problem, const KernelChoice& choice, const Fp8KvCache* kv_cache) {
+  if (choice.precision == Precision::fp8) {
+    return static_cast<int64_t>(fp8_workspace_bytes(problem, problem.quantization, kv_cache));
+  }
   return choice.kv_splits > 1 ? split_kv::partial_layout(problem, choice.kv_splits).bytes : 0;
 }
 
 namespace {
 
 // Precision::fp8: the pre-pass's buffers in the workspace, then the kernels.
-Status run_fp8(const AttentionProblem& problem, void* workspace, size_t workspace_size, cudaStream_t stream) {
-  const size_t bytes = fp8_workspace_bytes(problem, problem.quantization);
+Status run_fp8(const AttentionProblem& problem, const Fp8KvCache* kv_cache, void* workspace, size_t workspace_size,
+               cudaStream_t stream) {
+  const size_t bytes = fp8_workspace_bytes(problem, problem.quantization, kv_cache);
   Workspace memory(workspace, workspace_size, stream);
   void* base = nullptr;
   if (Status status = memory.acquire(bytes, "fp8", &base); !status.ok()) return status;
-  return memory.release(fp8_forward(problem, problem.quantization, base, bytes, stream));
+  return memory.release(fp8_forward(problem, problem.quantization, base, bytes, stream, kv_cache));
 }
 
 // Split-KV: the partial rows in the caller's workspace, or in stream-ordered
@@ -376,7 +398,7 @@ Status run_sm90_split_kv(const AttentionProblem& problem, const KernelChoice& ch
 }  // namespace
 
 Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
-                   size_t workspace_size, cudaStream_t stream) {
+                   size_t workspace_size, cudaStream_t stream, const Fp8KvCache* kv_cache) {
   switch (choice.impl) {
     case Impl::cpu_reference:
       try {
@@ -391,7 +413,7 @@ Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, 
           problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits},
           stream);
     case Impl::sm90_wgmma:
-      if (choice.precision == Precision::fp8) return run_fp8(problem, workspace, workspace_size, stream);
+      if (choice.precision == Precision::fp8) return run_fp8(problem, kv_cache, workspace, workspace_size, stream);
       if (choice.kv_splits > 1) return run_sm90_split_kv(problem, choice, workspace, workspace_size, stream);
       return sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim),
                              sm90_wgmma::TileLaunch{choice.heads_per_tile}, stream);

@@ -15,8 +15,11 @@ namespace ffpa::detail {
 // Fails with impl_unavailable / wrong_memory_space when the requested
 // implementation cannot serve the call; never substitutes another one. The
 // choice's kernel name is left empty (forward() does not need it; building it
-// costs host time on every call): kernel_name() spells it.
-Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoice* choice);
+// costs host time on every call): kernel_name() spells it. kv_cache: the
+// call's validated ForwardParams::fp8_kv_cache (its tensors must live where
+// the call's do).
+Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoice* choice,
+                    const Fp8KvCache* kv_cache = nullptr);
 
 // The name of a planned choice's kernel, e.g. "sm90_wgmma<bf16,d512,m64,n128,s4>".
 std::string kernel_name(const AttentionProblem& problem, const KernelChoice& choice);
@@ -32,13 +35,15 @@ Status device_support(int device, Impl impl);
 // 1 .. kMaxKvSplits.
 Status with_kv_splits(const AttentionProblem& problem, int wanted, KernelChoice* choice);
 
-// The workspace bytes a planned call uses (split-KV's partial rows), 0 for most.
-int64_t workspace_bytes(const AttentionProblem& problem, const KernelChoice& choice);
+// The workspace bytes a planned call uses (split-KV's partial rows, the FP8
+// pre-pass's regions: Q's alone with an FP8 KV cache), 0 for most.
+int64_t workspace_bytes(const AttentionProblem& problem, const KernelChoice& choice,
+                        const Fp8KvCache* kv_cache = nullptr);
 
 // Runs a planned call (asynchronously on `stream` for GPU implementations),
 // its temporary memory from `workspace` when given, else stream-ordered.
 Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
-                   size_t workspace_size, cudaStream_t stream);
+                   size_t workspace_size, cudaStream_t stream, const Fp8KvCache* kv_cache = nullptr);
 
 // The backward's implementation: the CPU reference for host tensors; the
 // portable kernels (sm80_backward) for device tensors under auto and

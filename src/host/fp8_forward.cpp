@@ -4,14 +4,24 @@
 #include <string>
 
 #include "common/quantization_scales.hpp"
+#include "host/fp8_kv_cache.hpp"
 #include "kernels/fp8_prepass/prepass.hpp"
 #include "kernels/fp8_prepass/workspace.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
 
 namespace ffpa::detail {
 
-size_t fp8_workspace_bytes(const AttentionProblem& problem, const QuantizationOptions& options) {
-  return fp8_prepass::WorkspaceLayout::of(problem, options).bytes;
+namespace {
+
+fp8_prepass::Regions workspace_regions(const Fp8KvCache* kv_cache) {
+  return kv_cache != nullptr ? fp8_prepass::Regions::queries : fp8_prepass::Regions::all;
+}
+
+}  // namespace
+
+size_t fp8_workspace_bytes(const AttentionProblem& problem, const QuantizationOptions& options,
+                           const Fp8KvCache* kv_cache) {
+  return fp8_prepass::WorkspaceLayout::of(problem, options, workspace_regions(kv_cache)).bytes;
 }
 
 Status check_fp8(const AttentionProblem& problem, const QuantizationOptions& options) {
@@ -28,9 +38,10 @@ Status check_fp8(const AttentionProblem& problem, const QuantizationOptions& opt
 }
 
 Status fp8_forward(const AttentionProblem& problem, const QuantizationOptions& options, void* workspace,
-                   size_t workspace_bytes, cudaStream_t stream) {
+                   size_t workspace_bytes, cudaStream_t stream, const Fp8KvCache* kv_cache) {
   if (Status status = check_fp8(problem, options); !status.ok()) return status;
-  const fp8_prepass::WorkspaceLayout layout = fp8_prepass::WorkspaceLayout::of(problem, options);
+  const fp8_prepass::WorkspaceLayout layout =
+      fp8_prepass::WorkspaceLayout::of(problem, options, workspace_regions(kv_cache));
   if (workspace_bytes < layout.bytes) {
     return {StatusCode::workspace_too_small, "fp8: the call needs " + std::to_string(layout.bytes) +
                                                  " bytes of workspace, " + std::to_string(workspace_bytes) + " given"};
@@ -39,8 +50,14 @@ Status fp8_forward(const AttentionProblem& problem, const QuantizationOptions& o
   if (reinterpret_cast<uintptr_t>(workspace) % fp8_prepass::WorkspaceLayout::kAlignment != 0) {
     return {StatusCode::misaligned, "fp8: the workspace must start on a 256-byte boundary"};
   }
-  const fp8_prepass::QuantizedBuffers buffers = layout.bind(workspace);
-  if (Status status = fp8_prepass::launch_prepass(problem, options, buffers, stream); !status.ok()) return status;
+  fp8_prepass::QuantizedBuffers buffers = layout.bind(workspace);
+  if (kv_cache != nullptr) {
+    // K and V are quantized already: only Q (and its LSE terms from the cache's k_mean).
+    bind_kv_cache(*kv_cache, &buffers);
+    if (Status status = fp8_prepass::launch_quantize_q(problem, options, buffers, stream); !status.ok()) return status;
+  } else if (Status status = fp8_prepass::launch_prepass(problem, options, buffers, stream); !status.ok()) {
+    return status;
+  }
   if (problem.batch * problem.heads_q * problem.seq_q == 0) return {};
   std::string reason;
   if (buffers.first_row > 0) {

@@ -22,6 +22,10 @@ class Workspace {
 
   // `bytes` of it for `what`, at *memory.
   Status acquire(size_t bytes, const char* what, void** memory) {
+    if (bytes == 0) {  // nothing to allocate (cudaMallocAsync of 0 bytes is not defined to succeed)
+      *memory = nullptr;
+      return {};
+    }
     if (given_ != nullptr) {
       if (given_bytes_ < bytes) {
         return {StatusCode::workspace_too_small, std::string(what) + " needs " + std::to_string(bytes) +

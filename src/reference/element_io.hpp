@@ -18,6 +18,7 @@ inline double load_element(DType dtype, const void* base, int64_t offset) {
     case DType::f32: return static_cast<const float*>(base)[offset];
     case DType::f64: return static_cast<const double*>(base)[offset];
     case DType::boolean: return static_cast<const uint8_t*>(base)[offset] != 0 ? 1.0 : 0.0;
+    case DType::u8: break;  // codes of an FP8 KV cache: never an input of the reference
   }
   return 0.0;  // unreachable after validation
 }
@@ -28,7 +29,8 @@ inline void store_element(DType dtype, void* base, int64_t offset, double value)
     case DType::bf16: static_cast<uint16_t*>(base)[offset] = float_to_bf16_bits(static_cast<float>(value)); break;
     case DType::f32: static_cast<float*>(base)[offset] = static_cast<float>(value); break;
     case DType::f64: static_cast<double*>(base)[offset] = value; break;
-    case DType::boolean: break;  // never an output
+    case DType::boolean:
+    case DType::u8: break;  // never an output
   }
 }
 

@@ -278,7 +278,7 @@ double qk_code_value(uint8_t code, QkFormat format) {
                                   : static_cast<double>(e4m3_bits_to_float(code));
 }
 
-QuantizedInputs quantize_attention_inputs(const AttentionProblem& p, const QuantizationOptions& o) {
+QuantizedInputs quantize_key_values(const AttentionProblem& p, const QuantizationOptions& o) {
   if (o.n_early < 0) throw std::invalid_argument("n_early is negative");
   if (o.smooth_v && p.has_dropout()) {
     throw std::invalid_argument("smooth_v with dropout: the kept weights do not sum to 1, so the V mean added back "
@@ -296,14 +296,12 @@ QuantizedInputs quantize_attention_inputs(const AttentionProblem& p, const Quant
   z.rows = p.seq_q - z.first_row;
 
   const int64_t dim = p.head_dim, nkv = p.seq_kv;
-  const int64_t q_heads = p.batch * p.heads_q, kv_heads = p.batch * p.heads_kv;
+  const int64_t kv_heads = p.batch * p.heads_kv;
   const bool qk_codes = o.qk_format != QkFormat::unquantized, pv_codes = o.pv_format != PvFormat::unquantized;
   const bool int8_codes = o.qk_format == QkFormat::int8;
   z.k_mean.assign(count(kv_heads * dim), 0.0f);
   z.v_mean.assign(count(kv_heads * dim), 0.0f);
   if (qk_codes) {
-    z.q_codes.resize(count(q_heads * z.rows * dim));
-    z.q_scales.resize(count(q_heads * z.q_scales_per_head()));
     z.k_codes.resize(count(kv_heads * nkv * dim));
     z.k_scales.resize(count(kv_heads * z.k_scales_per_head()));
   }
@@ -333,15 +331,24 @@ QuantizedInputs quantize_attention_inputs(const AttentionProblem& p, const Quant
       }
     }
   }
-  if (qk_codes) {
-    for (int64_t b = 0; b < p.batch; ++b) {
-      for (int64_t h = 0; h < p.heads_q; ++h) {
-        const int64_t head = b * p.heads_q + h;
-        const std::vector<float> q = load_rows(p.q, p.q_stride, p.dtype, b, h, z.first_row, z.rows, dim);
-        quantize_groups(q, z.rows, dim, z.q_scales_per_head(),
-                        [&](int64_t r, int64_t) { return q_scale_index(r, qk_granularity); }, int8_codes,
-                        z.q_scales.data() + head * z.q_scales_per_head(), z.q_codes.data() + head * z.rows * dim);
-      }
+  return z;
+}
+
+QuantizedInputs quantize_attention_inputs(const AttentionProblem& p, const QuantizationOptions& o) {
+  QuantizedInputs z = quantize_key_values(p, o);
+  if (o.qk_format == QkFormat::unquantized) return z;
+  const int64_t dim = p.head_dim, q_heads = p.batch * p.heads_q;
+  const QkScaleGranularity qk_granularity = o.qk_granularity;
+  z.q_codes.resize(count(q_heads * z.rows * dim));
+  z.q_scales.resize(count(q_heads * z.q_scales_per_head()));
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      const int64_t head = b * p.heads_q + h;
+      const std::vector<float> q = load_rows(p.q, p.q_stride, p.dtype, b, h, z.first_row, z.rows, dim);
+      quantize_groups(q, z.rows, dim, z.q_scales_per_head(),
+                      [&](int64_t r, int64_t) { return q_scale_index(r, qk_granularity); },
+                      o.qk_format == QkFormat::int8, z.q_scales.data() + head * z.q_scales_per_head(),
+                      z.q_codes.data() + head * z.rows * dim);
     }
   }
   return z;

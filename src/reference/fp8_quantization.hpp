@@ -56,6 +56,10 @@ double qk_code_value(uint8_t code, QkFormat format);
 // the model does not define (negative n_early, smooth_v with dropout).
 QuantizedInputs quantize_attention_inputs(const AttentionProblem& problem, const QuantizationOptions& options);
 
+// The K and V half of it (q is not read; q_codes and q_scales stay empty):
+// what an FP8 KV cache holds (reference/fp8_kv_cache.hpp).
+QuantizedInputs quantize_key_values(const AttentionProblem& problem, const QuantizationOptions& options);
+
 // Attention from the quantized inputs, in double: out [B][Hq][Nq][D] and lse
 // [B][Hq][Nq] (may be null), contiguous, every row written. Rows below
 // first_row are the fp64 reference's (cpu_attention_forward_f64, bit for bit);

@@ -84,7 +84,14 @@ static_assert(offsetof(ffpa_library_info, sm90_fp8_head_dim_count) == 220 && siz
 static_assert(sizeof(ffpa_options) == 80, "ffpa_options: FfpaOptions' size");
 static_assert(offsetof(ffpa_forward_params, options) == 480 && offsetof(ffpa_forward_params, stream) == 560,
               "ffpa_forward_params: FfpaForwardParams' offsets");
-static_assert(sizeof(ffpa_forward_params) == 584, "ffpa_forward_params: FfpaForwardParams' size");
+static_assert(offsetof(ffpa_forward_params, fp8_kv_cache) == 584 && sizeof(ffpa_forward_params) == 592,
+              "ffpa_forward_params: FfpaForwardParams' size (the cache pointer trails)");
+static_assert(sizeof(ffpa_fp8_kv_cache) == 480 && offsetof(ffpa_fp8_kv_cache, v_codes) == 240,
+              "ffpa_fp8_kv_cache: FfpaFp8KvCache's layout");
+static_assert(offsetof(ffpa_fp8_quantize_kv_params, cache) == 160 && offsetof(ffpa_fp8_quantize_kv_params, fp8) == 640 &&
+                  offsetof(ffpa_fp8_quantize_kv_params, stream) == 672 &&
+                  sizeof(ffpa_fp8_quantize_kv_params) == 696,
+              "ffpa_fp8_quantize_kv_params: FfpaFp8QuantizeKvParams' layout");
 
 bool contains(const std::string& text, const char* part) { return text.find(part) != std::string::npos; }
 

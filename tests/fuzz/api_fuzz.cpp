@@ -10,7 +10,13 @@
 //   - a successful call equals an independent fp64 reference (written here,
 //     from the spec: masks, both causal alignments, GQA, dropout, LSE, Dv != D);
 //   - with its lse, the call's backward gives the same status and the same
-//     gradient bits through both APIs.
+//     gradient bits through both APIs;
+//   - in a sixth of the valid calls (drawn from a third generator), K and V
+//     go through fp8_quantize_kv (both APIs: the same status and cache bytes,
+//     k and v untouched) and the call runs with precision fp8 and that FP8 KV
+//     cache, valid or with one fault: a valid one is refused by planning
+//     (FP8 runs on GPU tensors only), a broken one with its own status, and
+//     neither writes anything.
 //
 //   ffpa_api_fuzz [--seconds N] [--seed S] [--cases N] [--corpus FILE] [--list] [--threads N] [--version]
 // The corpus is a list of seeds (one a line, '#' comments) run first. Prints
@@ -38,6 +44,7 @@
 #include "ffpa/ffpa.h"
 #include "ffpa/ffpa.hpp"
 #include "support/c_tensors.hpp"
+#include "support/fp8_kv_cache.hpp"
 #include "support/host_tensors.hpp"
 
 namespace {
@@ -53,9 +60,36 @@ using ffpa::testing::c_tensor;
 using ffpa::testing::HostTensor;
 using ffpa::testing::Layout;
 
-ffpa_forward_params c_params(const ForwardParams& p) {
+ffpa_fp8_options c_fp8_options(const ffpa::Fp8Options& fp8) {
+  ffpa_fp8_options c;
+  std::memset(&c, 0, sizeof c);
+  c.qk_format = static_cast<int32_t>(fp8.qk_format);
+  c.qk_scales = static_cast<int32_t>(fp8.qk_scales);
+  c.no_smooth_k = fp8.smooth_k ? 0 : 1;
+  c.has_early_rows = fp8.early_rows.has_value() ? 1 : 0;
+  c.early_rows = fp8.early_rows.value_or(0);
+  c.v_scales = static_cast<int32_t>(fp8.v_scales);
+  c.smooth_v = fp8.smooth_v ? 1 : 0;
+  return c;
+}
+
+ffpa_fp8_kv_cache c_cache(const ffpa::Fp8KvCache& cache) {
+  ffpa_fp8_kv_cache c;
+  c.k_codes = c_tensor(cache.k_codes), c.k_scales = c_tensor(cache.k_scales), c.k_mean = c_tensor(cache.k_mean);
+  c.v_codes = c_tensor(cache.v_codes), c.v_scales = c_tensor(cache.v_scales), c.v_mean = c_tensor(cache.v_mean);
+  return c;
+}
+
+// The C form of p; *cache holds the C form of p's FP8 KV cache, if any.
+ffpa_forward_params c_params(const ForwardParams& p, ffpa_fp8_kv_cache* cache = nullptr) {
   ffpa_forward_params c;
   std::memset(&c, 0, sizeof c);
+  c.options.precision = static_cast<int32_t>(p.options.precision);
+  c.options.fp8 = c_fp8_options(p.options.fp8);
+  if (p.fp8_kv_cache != nullptr && cache != nullptr) {
+    *cache = c_cache(*p.fp8_kv_cache);
+    c.fp8_kv_cache = cache;
+  }
   c.q = c_tensor(p.q), c.k = c_tensor(p.k), c.v = c_tensor(p.v), c.o = c_tensor(p.o);
   c.mask = c_tensor(p.mask), c.lse = c_tensor(p.lse);
   c.options.has_scale = p.options.scale.has_value() ? 1 : 0;
@@ -91,6 +125,13 @@ struct Case {
   std::array<bool, 4> mask_broadcast{};
   ForwardParams params;
   std::string fault;  // empty: a valid call
+  // An FP8 KV cache the call runs with (its fault, if any, in cache_fault and
+  // the status it must get in cache_status).
+  ffpa::testing::HostKvCache cache;
+  ffpa::Fp8KvCache cache_view;
+  bool has_cache = false;
+  std::string cache_fault;
+  StatusCode cache_status = StatusCode::ok;
 };
 
 // `side` draws what was added after the corpus (tests/fuzz/corpus.txt) was
@@ -168,6 +209,114 @@ void inject_fault(Case& c, std::mt19937_64& rng) {
   }
 }
 
+struct Tally;
+void fail(Tally* tally, uint64_t seed, const struct Case& c, const std::string& what);
+
+// K and V through fp8_quantize_kv (the C++ API, then the C ABI into a second
+// cache: the same status and bytes), then the call switched to precision fp8
+// with that cache, valid or with one fault drawn from `rng`. False when the
+// FP8 format does not take this call's K and V (Dv != D): no cache then.
+bool attach_cache(Case& c, std::mt19937_64& rng, uint64_t seed, Tally* tally) {
+  auto pick = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  ForwardParams& p = c.params;
+  ffpa::Fp8Options& fp8 = p.options.fp8;
+  fp8.qk_format = static_cast<ffpa::Fp8QkFormat>(pick(0, 1));
+  fp8.qk_scales = static_cast<ffpa::Fp8QkScales>(pick(0, 1));
+  fp8.smooth_k = pick(0, 2) != 0;
+  fp8.v_scales = static_cast<ffpa::Fp8VScales>(pick(0, 1));
+  fp8.smooth_v = p.options.dropout_p == 0.0f && pick(0, 2) == 0;
+  const int64_t early = pick(0, 3);
+  if (early == 1) fp8.early_rows = 0;
+  if (early == 2) fp8.early_rows = 64 * pick(1, 4);
+  const bool with_means = pick(0, 1) == 1;  // absent where the knob is off
+  c.cache = ffpa::testing::make_host_kv_cache(c.batch, c.heads_kv, c.seq_kv, c.dim, fp8, true);
+  c.cache.with_k_mean = with_means || fp8.smooth_k;
+  c.cache.with_v_mean = with_means || fp8.smooth_v;
+  ffpa::testing::HostKvCache c_side = c.cache;
+  const std::vector<unsigned char> k0 = c.k.storage, v0 = c.v.storage;
+
+  ffpa::Fp8QuantizeKvParams q;
+  q.k = p.k, q.v = p.v, q.cache = c.cache.view(), q.fp8 = fp8;
+  const Status cpp = ffpa::fp8_quantize_kv(q);
+  ffpa_fp8_quantize_kv_params cq;
+  std::memset(&cq, 0, sizeof cq);
+  cq.k = c_tensor(q.k), cq.v = c_tensor(q.v), cq.cache = c_cache(c_side.view()), cq.fp8 = c_fp8_options(fp8);
+  char message[512] = {};
+  const ffpa_status cs = ffpa_fp8_quantize_kv(&cq, message, sizeof message);
+  if (static_cast<int>(cs) != static_cast<int>(cpp.code))
+    fail(tally, seed, c, std::string("fp8_quantize_kv: C status ") + ffpa_status_name(cs) + " != C++ " +
+                             ffpa::status_name(cpp.code));
+  if (c.k.storage != k0 || c.v.storage != v0) fail(tally, seed, c, "fp8_quantize_kv wrote k or v");
+  if (c.cache.bytes() != c_side.bytes()) fail(tally, seed, c, "fp8_quantize_kv: C and C++ caches differ");
+  const bool served = c.value_dim == c.dim;
+  if (cpp.ok() != served)
+    fail(tally, seed, c, "fp8_quantize_kv: " + std::string(ffpa::status_name(cpp.code)) + ": " + cpp.message);
+  if (!cpp.ok()) {
+    fp8 = ffpa::Fp8Options{};
+    return false;
+  }
+
+  p.options.precision = ffpa::Precision::fp8;
+  p.options.accumulation = ffpa::Accumulation::f32;  // FP8 accumulates in f32 (f16 is its own status)
+  c.cache_view = c.cache.view();
+  p.fp8_kv_cache = &c.cache_view;
+  c.has_cache = true;
+  const int64_t resolved_early = fp8.early_rows.value_or(p.options.causal != Causal::none ? 256 : 0);
+  if (resolved_early == 0 && pick(0, 1) == 1) p.k.data = p.v.data = nullptr;  // the cache holds them
+  if (pick(0, 1) == 0) return true;  // valid
+
+  ffpa::Fp8KvCache& v = c.cache_view;
+  ffpa::Tensor* tensors[6] = {&v.k_codes, &v.k_scales, &v.k_mean, &v.v_codes, &v.v_scales, &v.v_mean};
+  ffpa::Tensor& t = *tensors[rng() % 6];
+  const bool has_data = t.data != nullptr;
+  switch (rng() % 8) {
+    case 0:
+      p.options.precision = ffpa::Precision::input;
+      c.cache_fault = "cache without precision fp8", c.cache_status = StatusCode::invalid_option;
+      break;
+    case 1:
+      if (!has_data) return true;  // an absent mean: no fault to put there
+      t.dtype = t.dtype == DType::u8 ? DType::f32 : DType::u8;
+      c.cache_fault = "cache dtype", c.cache_status = StatusCode::unsupported_dtype;
+      break;
+    case 2:
+      if (!has_data) return true;
+      t.shape[t.rank - 1] += 16;
+      c.cache_fault = "cache shape", c.cache_status = StatusCode::shape_mismatch;
+      break;
+    case 3:
+      if (!has_data || t.shape[0] * t.shape[1] < 2) return true;  // a stride of a size-1 dim is not read
+      (t.shape[1] > 1 ? t.stride[1] : t.stride[0]) += 16;
+      c.cache_fault = "cache stride", c.cache_status = StatusCode::invalid_stride;
+      break;
+    case 4: {
+      if (!has_data) return true;
+      int64_t count = 1;
+      for (int32_t d = 0; d < t.rank; ++d) count *= t.shape[d];
+      if (count == 0) return true;  // never read: any address
+      t.data = static_cast<char*>(t.data) + (&t == &v.k_scales ? 2 : 4);
+      c.cache_fault = "cache alignment", c.cache_status = StatusCode::misaligned;
+      break;
+    }
+    case 5:
+      if (c.cache_view.v_codes.shape[2] * c.cache_view.v_codes.shape[3] == 0) return true;
+      v.v_codes.data = p.o.data;  // o's bytes are 16-byte aligned
+      c.cache_fault = "cache overlaps o", c.cache_status = StatusCode::output_overlaps_input;
+      break;
+    case 6:
+      if (c.cache_view.k_codes.shape[2] == 0) return true;  // empty: may be null
+      v.k_codes.data = nullptr;
+      c.cache_fault = "cache null codes", c.cache_status = StatusCode::null_pointer;
+      break;
+    default:
+      if (resolved_early == 0 || p.k.data == nullptr || c.seq_kv == 0) return true;  // an empty k may be null
+      p.k.data = nullptr;  // hybrid rows read k
+      c.cache_fault = "k null with hybrid rows", c.cache_status = StatusCode::null_pointer;
+      break;
+  }
+  return true;
+}
+
 // fp64 reference of row i of head h of batch b, from the spec.
 void reference_row(const Case& c, int64_t b, int64_t h, int64_t i, std::vector<double>* o, double* lse) {
   const ForwardParams& p = c.params;
@@ -227,7 +376,7 @@ struct Tally {
   std::map<std::string, int64_t> statuses;
 };
 
-void fail(Tally* tally, uint64_t seed, const Case& c, const std::string& what) {
+void fail(Tally* tally, uint64_t seed, const struct Case& c, const std::string& what) {
   if (!tally->case_failed) ++tally->failed;
   tally->case_failed = true;
   if (++tally->reports <= 20)
@@ -280,6 +429,9 @@ void run_case(uint64_t seed, Tally* tally) {
   if (faulty) inject_fault(c, rng);
   ++tally->cases;
   tally->case_failed = false;
+  std::mt19937_64 cache_rng(seed ^ 0xC2B2AE3D27D4EB4Full);  // a third stream: the corpus replays the rest
+  if (!faulty && !is_empty(c) && cache_rng() % 6 == 0) attach_cache(c, cache_rng, seed, tally);
+  const std::vector<std::vector<unsigned char>> cache0 = c.cache.bytes();
 
   // Snapshots of every buffer, to prove a refused call writes nothing and no
   // call writes an input.
@@ -293,12 +445,14 @@ void run_case(uint64_t seed, Tally* tally) {
   const Status cpp = ffpa::forward(c.params);
   const std::vector<unsigned char> o_cpp = c.o.storage, l_cpp = c.lse.storage;
   c.o.storage = o0, c.lse.storage = l0;
-  const ffpa_forward_params cp = c_params(c.params);
+  ffpa_fp8_kv_cache c_cache_view;
+  const ffpa_forward_params cp = c_params(c.params, &c_cache_view);
   char message[512] = {};
   const ffpa_status cs = ffpa_forward(&cp, message, sizeof message);
   tally->statuses[ffpa::status_name(cpp.code)]++;
   if (tally->list)
-    std::printf("%llu %s %s\n", static_cast<unsigned long long>(seed), ffpa::status_name(cpp.code), c.fault.c_str());
+    std::printf("%llu %s %s%s\n", static_cast<unsigned long long>(seed), ffpa::status_name(cpp.code), c.fault.c_str(),
+                c.has_cache ? (" fp8 kv cache" + (c.cache_fault.empty() ? "" : ": " + c.cache_fault)).c_str() : "");
 
   if (static_cast<int>(cs) != static_cast<int>(cpp.code))
     fail(tally, seed, c, std::string("C status ") + ffpa_status_name(cs) + " != C++ " + ffpa::status_name(cpp.code));
@@ -308,6 +462,16 @@ void run_case(uint64_t seed, Tally* tally) {
   const bool dispatch_refusal = cpp.code == StatusCode::impl_unavailable || cpp.code == StatusCode::wrong_memory_space;
   if (!dispatch_refusal && sized.code != cpp.code)
     fail(tally, seed, c, std::string("workspace_size said ") + ffpa::status_name(sized.code));
+  if (c.has_cache) {
+    // FP8 runs on GPU tensors only: a valid cache gets planning's refusal, a
+    // broken one its own status; neither call writes anything.
+    if (c.cache_fault.empty() ? !dispatch_refusal : cpp.code != c.cache_status)
+      fail(tally, seed, c, "fp8 kv cache" + (c.cache_fault.empty() ? std::string() : " (" + c.cache_fault + ")") + ": " +
+                               ffpa::status_name(cpp.code) + ": " + cpp.message);
+    if (o_cpp != o0 || l_cpp != l0 || c.o.storage != o0 || c.lse.storage != l0 || c.cache.bytes() != cache0)
+      fail(tally, seed, c, "a call with an fp8 kv cache wrote something");
+    return;
+  }
   if (faulty == cpp.ok()) {
     fail(tally, seed, c, faulty ? "a faulty call succeeded" : "a valid call failed: " + cpp.message);
     return;

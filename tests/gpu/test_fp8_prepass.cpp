@@ -21,6 +21,7 @@
 #include "kernels/fp8_prepass/workspace.hpp"
 #include "reference/fp8_quantization.hpp"
 #include "support/accuracy_inputs.hpp"
+#include "support/fp8_kv_cache.hpp"
 
 namespace {
 
@@ -163,13 +164,6 @@ void expect_same_bits(const std::vector<T>& gpu, const std::vector<T>& model, co
   EXPECT_EQ(differing, 0u) << what << ": " << differing << " of " << gpu.size() << " differ";
 }
 
-// The model's [rows][dim] codes with each row padded with zeros to `pitch` bytes.
-std::vector<uint8_t> padded(const std::vector<uint8_t>& codes, size_t rows, size_t dim, size_t pitch) {
-  std::vector<uint8_t> out(rows * pitch, 0);
-  for (size_t r = 0; r < rows; ++r) std::copy_n(codes.data() + r * dim, dim, out.data() + r * pitch);
-  return out;
-}
-
 class Fp8Prepass : public ::testing::TestWithParam<PrepassCase> {};
 
 TEST_P(Fp8Prepass, WritesTheModelsCodesAndScales) {
@@ -200,12 +194,12 @@ TEST_P(Fp8Prepass, WritesTheModelsCodesAndScales) {
   ASSERT_EQ(layout.first_row, model.first_row);
   ASSERT_EQ(layout.rows, model.rows);
   const size_t q_rows = static_cast<size_t>(p.batch * p.heads_q * model.rows), code_pitch = static_cast<size_t>(layout.code_pitch);
-  expect_same_bits(from_device<uint8_t>(base, layout.q_codes, q_rows * code_pitch), padded(model.q_codes, q_rows, dim, code_pitch),
+  expect_same_bits(from_device<uint8_t>(base, layout.q_codes, q_rows * code_pitch), ffpa::testing::padded_code_rows(model.q_codes, q_rows, dim, code_pitch),
                    "q_codes");
   expect_same_bits(from_device<float>(base, layout.q_scales, model.q_scales.size()), model.q_scales, "q_scales");
   expect_same_bits(from_device<float>(base, layout.k_mean, model.k_mean.size()), model.k_mean, "k_mean");
   expect_same_bits(from_device<uint8_t>(base, layout.k_codes, kv_heads * nkv * code_pitch),
-                   padded(model.k_codes, kv_heads * nkv, dim, code_pitch), "k_codes");
+                   ffpa::testing::padded_code_rows(model.k_codes, kv_heads * nkv, dim, code_pitch), "k_codes");
   expect_same_bits(from_device<float>(base, layout.k_scales, model.k_scales.size()), model.k_scales, "k_scales");
   expect_same_bits(from_device<float>(base, layout.v_mean, model.v_mean.size()), model.v_mean, "v_mean");
   expect_same_bits(from_device<float>(base, layout.v_scales, model.v_scales.size()), model.v_scales, "v_scales");
@@ -228,14 +222,7 @@ TEST_P(Fp8Prepass, WritesTheModelsCodesAndScales) {
         }
       }
   // V^T: the model's [Nkv][D] codes transposed, each row padded with zeros to the pitch.
-  std::vector<uint8_t> v_transposed(kv_heads * dim * pitch, 0);
-  for (size_t head = 0; head < kv_heads; ++head) {
-    for (size_t j = 0; j < nkv; ++j) {
-      for (size_t d = 0; d < dim; ++d) {
-        v_transposed[(head * dim + d) * pitch + j] = model.v_codes[(head * nkv + j) * dim + d];
-      }
-    }
-  }
+  const std::vector<uint8_t> v_transposed = ffpa::testing::transposed_v_codes(model, pitch);
   expect_same_bits(from_device<uint8_t>(base, layout.v_codes, v_transposed.size()), v_transposed, "v_codes (V^T)");
 }
 

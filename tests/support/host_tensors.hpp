@@ -27,7 +27,8 @@ inline size_t dtype_size(DType dtype) {
     case DType::bf16: return 2;
     case DType::f32: return 4;
     case DType::f64: return 8;
-    case DType::boolean: return 1;
+    case DType::boolean:
+    case DType::u8: return 1;
   }
   return 0;
 }
@@ -138,6 +139,7 @@ inline double element_as_double(const Tensor& t, std::array<int64_t, 4> index) {
       return d;
     }
     case DType::boolean: return *bytes != 0 ? 1.0 : 0.0;
+    case DType::u8: return *bytes;
   }
   return 0.0;
 }
@@ -163,6 +165,7 @@ inline void set_element(const Tensor& t, std::array<int64_t, 4> index, double va
     }
     case DType::f64: std::memcpy(bytes, &value, sizeof value); return;
     case DType::boolean: *bytes = value != 0.0 ? 1 : 0; return;
+    case DType::u8: *bytes = static_cast<unsigned char>(value); return;
   }
 }
 

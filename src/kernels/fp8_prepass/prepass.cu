@@ -19,6 +19,8 @@
 //                     or thread groups' scales; V^T codes through shared memory
 //   quantize_q        per (query head, 64 quantized rows): Q codes and scales,
 //                     and each row's LSE term scale * (q . k_mean) (smooth-K)
+// The forward's pre-pass runs them all; fp8_quantize_kv the K/V steps into an
+// FP8 KV cache; a forward with a cache quantize_q alone (k_mean the cache's).
 // Every thread reads 8 channels (16 bytes) per load. Rows of codes are padded
 // to 16 bytes (workspace.hpp), the padding written with zeros.
 #include "kernels/fp8_prepass/prepass.hpp"
@@ -393,52 +395,82 @@ __global__ void __launch_bounds__(kQThreads) quantize_q(AttentionProblem p, Quan
 
 // ---- launch ------------------------------------------------------------------
 
+// A null tensor is never read (K and V from an FP8 KV cache; Q when only K
+// and V are quantized).
 bool rows_aligned(const void* base, const int64_t (&stride)[3]) {
-  return reinterpret_cast<uintptr_t>(base) % 16 == 0 && stride[0] % kChunk == 0 && stride[1] % kChunk == 0 &&
-         stride[2] % kChunk == 0;
+  return base == nullptr || (reinterpret_cast<uintptr_t>(base) % 16 == 0 && stride[0] % kChunk == 0 &&
+                             stride[1] % kChunk == 0 && stride[2] % kChunk == 0);
 }
 
+// K and V: the means and per-channel V scales (reductions over all keys),
+// then the codes.
 template <typename Element>
-Status launch_steps(const AttentionProblem& p, const QuantizationOptions& o, const QuantizedBuffers& z,
-                    cudaStream_t stream) {
+Status launch_key_value_steps(const AttentionProblem& p, const QuantizationOptions& o, const QuantizedBuffers& z,
+                              cudaStream_t stream) {
   const unsigned kv_heads = static_cast<unsigned>(p.batch * p.heads_kv);
-  const unsigned q_heads = static_cast<unsigned>(p.batch * p.heads_q);
   const unsigned key_blocks = static_cast<unsigned>(z.key_blocks);
   const bool v_per_channel = o.v_granularity == VScaleGranularity::per_channel;
   const VPartial first_v = o.smooth_v ? VPartial::sum : v_per_channel ? VPartial::amax : VPartial::none;
-  if (kv_heads > 0) {
-    // A thread per 8 channels (at most 128 a CTA: D up to 1024).
-    const unsigned column_threads = static_cast<unsigned>(ceil_div(p.head_dim / kChunk, 32) * 32);
-    if (key_blocks > 0 && (o.smooth_k || first_v != VPartial::none)) {
-      column_partials<Element><<<dim3(key_blocks, kv_heads), column_threads, 0, stream>>>(p, z, o.smooth_k, first_v);
-      FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
-    }
-    // Means are written as zeros without smoothing (the model's), and the
-    // per-channel V scales without smooth-V come from the block amax.
-    finalize_columns<<<kv_heads, 128, 0, stream>>>(p, z, o.smooth_k ? MeanStep::compute : MeanStep::zero,
-                                                   o.smooth_v ? MeanStep::compute : MeanStep::zero,
-                                                   v_per_channel && !o.smooth_v);
+  if (kv_heads == 0) return {};
+  // A thread per 8 channels (at most 128 a CTA: D up to 1024).
+  const unsigned column_threads = static_cast<unsigned>(ceil_div(p.head_dim / kChunk, 32) * 32);
+  if (key_blocks > 0 && (o.smooth_k || first_v != VPartial::none)) {
+    column_partials<Element><<<dim3(key_blocks, kv_heads), column_threads, 0, stream>>>(p, z, o.smooth_k, first_v);
     FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
-    if (v_per_channel && o.smooth_v && key_blocks > 0) {
-      column_partials<Element><<<dim3(key_blocks, kv_heads), column_threads, 0, stream>>>(p, z, false,
-                                                                                         VPartial::centered_amax);
-      FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
-    }
-    if (v_per_channel && o.smooth_v) {
-      finalize_columns<<<kv_heads, 128, 0, stream>>>(p, z, MeanStep::keep, MeanStep::keep, true);
-      FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
-    }
-    if (key_blocks > 0) {
-      quantize_kv<Element><<<dim3(key_blocks, kv_heads), kKvThreads, 0, stream>>>(p, z, o);
-      FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
-    }
   }
+  // Means are written as zeros without smoothing (the model's), and the
+  // per-channel V scales without smooth-V come from the block amax.
+  finalize_columns<<<kv_heads, 128, 0, stream>>>(p, z, o.smooth_k ? MeanStep::compute : MeanStep::zero,
+                                                 o.smooth_v ? MeanStep::compute : MeanStep::zero,
+                                                 v_per_channel && !o.smooth_v);
+  FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
+  if (v_per_channel && o.smooth_v && key_blocks > 0) {
+    column_partials<Element><<<dim3(key_blocks, kv_heads), column_threads, 0, stream>>>(p, z, false,
+                                                                                       VPartial::centered_amax);
+    FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
+  }
+  if (v_per_channel && o.smooth_v) {
+    finalize_columns<<<kv_heads, 128, 0, stream>>>(p, z, MeanStep::keep, MeanStep::keep, true);
+    FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
+  }
+  if (key_blocks > 0) {
+    quantize_kv<Element><<<dim3(key_blocks, kv_heads), kKvThreads, 0, stream>>>(p, z, o);
+    FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
+  }
+  return {};
+}
+
+// Q's codes and scales, and the LSE terms from z.k_mean (smooth-K).
+template <typename Element>
+Status launch_query_step(const AttentionProblem& p, const QuantizationOptions& o, const QuantizedBuffers& z,
+                         cudaStream_t stream) {
+  const unsigned q_heads = static_cast<unsigned>(p.batch * p.heads_q);
   const int64_t q_blocks = ceil_div(z.rows, kQuantQueryBlock);
   if (q_heads > 0 && q_blocks > 0) {
     quantize_q<Element><<<dim3(static_cast<unsigned>(q_blocks), q_heads), kQThreads, 0, stream>>>(p, z, o);
     FFPA_RETURN_IF_DEVICE_ERROR("fp8_prepass", cudaGetLastError());
   }
   return {};
+}
+
+enum class Steps { all, key_values, queries };
+
+template <typename Element>
+Status launch_steps(const AttentionProblem& p, const QuantizationOptions& o, const QuantizedBuffers& z,
+                    Steps steps, cudaStream_t stream) {
+  if (steps != Steps::queries) {
+    if (Status status = launch_key_value_steps<Element>(p, o, z, stream); !status.ok()) return status;
+  }
+  if (steps != Steps::key_values) return launch_query_step<Element>(p, o, z, stream);
+  return {};
+}
+
+Status launch(const AttentionProblem& p, const QuantizationOptions& o, const QuantizedBuffers& z, Steps steps,
+              cudaStream_t stream) {
+  Status checked = check_prepass(p, o);
+  if (!checked.ok()) return checked;
+  return p.dtype == DType::bf16 ? launch_steps<__nv_bfloat16>(p, o, z, steps, stream)
+                                : launch_steps<__half>(p, o, z, steps, stream);
 }
 
 }  // namespace
@@ -466,9 +498,17 @@ Status check_prepass(const AttentionProblem& p, const QuantizationOptions& o) {
 
 Status launch_prepass(const AttentionProblem& p, const QuantizationOptions& o, const QuantizedBuffers& z,
                       cudaStream_t stream) {
-  Status checked = check_prepass(p, o);
-  if (!checked.ok()) return checked;
-  return p.dtype == DType::bf16 ? launch_steps<__nv_bfloat16>(p, o, z, stream) : launch_steps<__half>(p, o, z, stream);
+  return launch(p, o, z, Steps::all, stream);
+}
+
+Status launch_quantize_kv(const AttentionProblem& p, const QuantizationOptions& o, const QuantizedBuffers& z,
+                          cudaStream_t stream) {
+  return launch(p, o, z, Steps::key_values, stream);
+}
+
+Status launch_quantize_q(const AttentionProblem& p, const QuantizationOptions& o, const QuantizedBuffers& z,
+                         cudaStream_t stream) {
+  return launch(p, o, z, Steps::queries, stream);
 }
 
 }  // namespace ffpa::detail::fp8_prepass

@@ -6,7 +6,10 @@
 // model's (reference/fp8_quantization.hpp: QuantizedInputs) except that rows
 // of codes are padded to 16 bytes (TMA's stride unit; the padding zeroed): Q
 // and K rows to code_pitch bytes, and V kept transposed per head ([D][v_pitch]:
-// the K-major B operand 8-bit wgmma needs for P V).
+// the K-major B operand 8-bit wgmma needs for P V); common/quantized_kv_layout.hpp.
+// K's and V's regions are also the FP8 KV cache's format (ffpa::Fp8KvCache):
+// a forward with a cache holds only Q's regions here, and fp8_quantize_kv only
+// the pre-pass's scratch.
 #pragma once
 
 #include <cstddef>
@@ -15,6 +18,7 @@
 #include "common/attention_problem.hpp"
 #include "common/ceil_div.hpp"
 #include "common/quantization_options.hpp"
+#include "common/quantized_kv_layout.hpp"
 #include "common/quantization_scales.hpp"
 
 namespace ffpa::detail::fp8_prepass {
@@ -39,62 +43,77 @@ struct QuantizedBuffers {
   int64_t first_row = 0, rows = 0, code_pitch = 0, v_pitch = 0, key_blocks = 0;
 };
 
+// Which regions a workspace holds.
+enum class Regions {
+  all,                 // the forward's pre-pass: Q, K and V quantized here
+  queries,             // a forward with an FP8 KV cache: Q's codes, scales and LSE terms
+  key_value_scratch,   // fp8_quantize_kv: the partials, and the zero means of a knob
+                       // that is off (the kernels read them; a cache may omit them)
+};
+
 // The region offsets of one call's workspace, in bytes from its start (each
-// 256-byte aligned), and its size.
+// 256-byte aligned; kAbsent for a region it does not hold), and its size.
 struct WorkspaceLayout {
   static constexpr size_t kAlignment = 256;
+  static constexpr size_t kAbsent = ~size_t{0};
   size_t q_codes = 0, q_scales = 0, lse_shift = 0, k_mean = 0, k_codes = 0, k_scales = 0, v_mean = 0, v_codes = 0, v_scales = 0,
          k_partials = 0, v_partials = 0;
   size_t bytes = 0;
   int64_t first_row = 0, rows = 0, code_pitch = 0, v_pitch = 0, key_blocks = 0;
 
-  static WorkspaceLayout of(const AttentionProblem& p, const QuantizationOptions& o) {
+  static WorkspaceLayout of(const AttentionProblem& p, const QuantizationOptions& o, Regions regions = Regions::all) {
     WorkspaceLayout w;
     w.first_row = o.n_early < p.seq_q ? o.n_early : p.seq_q;
     w.rows = p.seq_q - w.first_row;
-    w.code_pitch = round_up(p.head_dim, 16);
-    w.v_pitch = round_up(p.seq_kv, 16);
+    const QuantizedKvLayout kv = quantized_kv_layout(p.seq_kv, p.head_dim, o);
+    w.code_pitch = kv.k_pitch;
+    w.v_pitch = kv.v_pitch;
     w.key_blocks = ceil_div(p.seq_kv, kQuantKeyBlock);
     const size_t q_heads = static_cast<size_t>(p.batch * p.heads_q), kv_heads = static_cast<size_t>(p.batch * p.heads_kv);
     const size_t dim = static_cast<size_t>(p.head_dim), nkv = static_cast<size_t>(p.seq_kv);
     const size_t pitch = static_cast<size_t>(w.code_pitch);
+    const bool queries = regions != Regions::key_value_scratch, key_values = regions == Regions::all;
+    const bool scratch = regions != Regions::queries;
     size_t at = 0;
-    auto region = [&at](size_t bytes) {
+    auto region = [&at](bool held, size_t bytes) {
+      if (!held) return kAbsent;
       const size_t start = at;
       at = round_up(at + bytes, kAlignment);
       return start;
     };
-    w.q_codes = region(q_heads * static_cast<size_t>(w.rows) * pitch);
-    w.q_scales = region(q_heads * static_cast<size_t>(q_scale_count(w.rows, o.qk_granularity)) * sizeof(float));
-    w.lse_shift = region(q_heads * static_cast<size_t>(w.rows) * sizeof(float));
-    w.k_mean = region(kv_heads * dim * sizeof(float));
-    w.k_codes = region(kv_heads * nkv * pitch);
-    w.k_scales = region(kv_heads * static_cast<size_t>(k_scale_count(p.seq_kv, o.qk_granularity)) * sizeof(float));
-    w.v_mean = region(kv_heads * dim * sizeof(float));
-    w.v_codes = region(kv_heads * dim * static_cast<size_t>(w.v_pitch));
-    w.v_scales = region(kv_heads * static_cast<size_t>(v_scale_count(p.seq_kv, p.head_dim, o.v_granularity)) *
-                        sizeof(float));
+    w.q_codes = region(queries, q_heads * static_cast<size_t>(w.rows) * pitch);
+    w.q_scales = region(queries, q_heads * static_cast<size_t>(q_scale_count(w.rows, o.qk_granularity)) * sizeof(float));
+    w.lse_shift = region(queries, q_heads * static_cast<size_t>(w.rows) * sizeof(float));
+    w.k_mean = region(key_values || (scratch && !o.smooth_k), kv_heads * dim * sizeof(float));
+    w.k_codes = region(key_values, kv_heads * nkv * pitch);
+    w.k_scales = region(key_values, kv_heads * static_cast<size_t>(kv.k_scales) * sizeof(float));
+    w.v_mean = region(key_values || (scratch && !o.smooth_v), kv_heads * dim * sizeof(float));
+    w.v_codes = region(key_values, kv_heads * dim * static_cast<size_t>(w.v_pitch));
+    w.v_scales = region(key_values, kv_heads * static_cast<size_t>(kv.v_scales) * sizeof(float));
     const size_t partial_bytes = kv_heads * static_cast<size_t>(w.key_blocks) * dim * sizeof(float);
-    w.k_partials = region(partial_bytes);
-    w.v_partials = region(partial_bytes);
+    w.k_partials = region(scratch, partial_bytes);
+    w.v_partials = region(scratch, partial_bytes);
     w.bytes = at;
     return w;
   }
 
+  // The regions' device pointers in `workspace`; null for absent ones.
   QuantizedBuffers bind(void* workspace) const {
     auto* base = static_cast<unsigned char*>(workspace);
+    auto at = [base](size_t offset) { return offset == kAbsent ? nullptr : base + offset; };
+    auto floats_at = [&at](size_t offset) { return reinterpret_cast<float*>(at(offset)); };
     QuantizedBuffers b;
-    b.q_codes = base + q_codes;
-    b.q_scales = reinterpret_cast<float*>(base + q_scales);
-    b.lse_shift = reinterpret_cast<float*>(base + lse_shift);
-    b.k_mean = reinterpret_cast<float*>(base + k_mean);
-    b.k_codes = base + k_codes;
-    b.k_scales = reinterpret_cast<float*>(base + k_scales);
-    b.v_mean = reinterpret_cast<float*>(base + v_mean);
-    b.v_codes = base + v_codes;
-    b.v_scales = reinterpret_cast<float*>(base + v_scales);
-    b.k_partials = reinterpret_cast<float*>(base + k_partials);
-    b.v_partials = reinterpret_cast<float*>(base + v_partials);
+    b.q_codes = at(q_codes);
+    b.q_scales = floats_at(q_scales);
+    b.lse_shift = floats_at(lse_shift);
+    b.k_mean = floats_at(k_mean);
+    b.k_codes = at(k_codes);
+    b.k_scales = floats_at(k_scales);
+    b.v_mean = floats_at(v_mean);
+    b.v_codes = at(v_codes);
+    b.v_scales = floats_at(v_scales);
+    b.k_partials = floats_at(k_partials);
+    b.v_partials = floats_at(v_partials);
     b.first_row = first_row;
     b.rows = rows;
     b.code_pitch = code_pitch;
@@ -104,7 +123,6 @@ struct WorkspaceLayout {
   }
 
  private:
-  static constexpr int64_t round_up(int64_t x, int64_t m) { return ceil_div(x, m) * m; }
   static constexpr size_t round_up(size_t x, size_t m) { return (x + m - 1) / m * m; }
 };
 
