@@ -73,10 +73,6 @@ def precision_fallback_reason(reason: str, precision: str) -> str:
 def _tensor_kind_reason(spec: CallSpec) -> str | None:
     if spec.nested:
         return "nested tensors are not served"
-    if spec.needs_grad:
-        # The op has its autograd (gradients.py) and the library portable GPU backward kernels, not yet
-        # measured against SDPA's backward (issue 13): until then SDPA trains.
-        return "an input requires grad: ffpa's GPU backward is not yet measured against SDPA's"
     if spec.device_type != "cuda":
         return f"tensors on {spec.device_type}, not CUDA"
     if not spec.same_device:

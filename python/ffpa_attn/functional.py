@@ -189,7 +189,8 @@ def ffpa_attn_func(
                 decision.impl,
                 _as_int64(dropout_seed),
                 _as_int64(dropout_offset),
-                return_lse,
+                # The backward reads the forward's lse: asked for whenever autograd records the call.
+                return_lse or _needs_grad(query, key, value, attn_mask),
                 decision.precision,
                 decision.fp8_qk_format,
                 decision.fp8_qk_scales,
@@ -393,7 +394,7 @@ def _decision(
     if (invalid := _invalid_sdpa_arguments(query, key, dropout_p)) is not None:
         return _Decision("ffpa", invalid, error=(RuntimeError, f"ffpa_attn_func: {invalid}"))
     spec = _call_spec(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    reason = fallback_reason(spec, _LIBRARY_LIMITS)
+    reason = fallback_reason(spec, _LIBRARY_LIMITS) or _no_gradient_reason(spec, backend)
     if reason is not None:
         if backend.impl != "auto":
             return _Decision("sdpa", reason, refusal=_refusal(backend, reason))
@@ -429,6 +430,17 @@ def _decision(
         dropout_p=float(dropout_p),
         **(_fp8_arguments(backend) if fp8 else {}),  # else the defaults: the library reads them with FP8 only
     )
+
+
+def _no_gradient_reason(spec: CallSpec, backend: CUDABackend) -> str | None:
+    """Why the library cannot give this call's gradients (it needs them), or None."""
+    if not spec.needs_grad:
+        return None
+    if backend.precision == "fp8":
+        return "an input requires grad and precision='fp8' has no backward"
+    if backend.accumulation == "f16":
+        return "an input requires grad and fp16 accumulation has no backward (it accumulates in fp32)"
+    return None
 
 
 def _fp8_arguments(backend: CUDABackend) -> dict:
@@ -493,11 +505,15 @@ def _call_spec(
         mask_shape=None if attn_mask is None else tuple(attn_mask.shape),
         dropout_p=dropout_p,
         enable_gqa=enable_gqa,
-        needs_grad=torch.is_grad_enabled() and any(t.requires_grad for t in tensors),
+        needs_grad=_needs_grad(query, key, value, attn_mask),
         nested=any(t.is_nested for t in tensors),
         is_causal=is_causal,
         scale=scale,
     )
+
+
+def _needs_grad(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in _given_tensors(query, key, value, attn_mask))
 
 
 def _given_tensors(query: object, key: object, value: object, attn_mask: object) -> tuple:

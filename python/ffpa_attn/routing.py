@@ -125,6 +125,11 @@ def route(spec: CallSpec, backend: CUDABackend, return_lse: bool, hopper_family:
     hopper_family: the library runs its Hopper family (sm90_wgmma) at exactly the call's
     head dim on the call's device (asked of the library by the caller).
     """
+    if spec.needs_grad and backend.impl == "auto":
+        # ffpa's op has its autograd (gradients.py) on the library's GPU backward kernels; they are not
+        # measured against SDPA's backward yet (issue 13), so under auto SDPA trains; an explicit impl trains
+        # on ffpa.
+        return Route("sdpa", "an input requires grad: ffpa's GPU backward is not yet measured faster than SDPA's")
     if (reason := only_ffpa_reason(spec, backend, return_lse)) is not None:
         return Route("ffpa", reason)
     if (reason := sdpa_wrong_reason(spec)) is not None:

@@ -218,7 +218,21 @@ def test_fp8_with_grad_keeps_sdpas_gradients_and_says_why(rng, caplog):
     for name, got, want in zip("qkv", inputs, reference_inputs):
         assert torch.equal(got.grad, want.grad), f"d{name}"
     reasons = fallback_reasons(caplog)
-    assert any("fp8" in reason and "requires grad" in reason for reason in reasons), reasons
+    assert any("fp8" in reason and "inputs' precision" in reason for reason in reasons), reasons
+
+
+def test_what_has_no_backward_is_said_for_calls_that_need_grad():
+    # On CUDA tensors these reach the check (on CPU ones "tensors on cpu" comes first): FP8 and fp16
+    # accumulation have no backward; everything else the library can differentiate.
+    from ffpa_attn.functional import _no_gradient_reason
+    from call_specs import served_call_spec
+
+    grad = served_call_spec((1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64), needs_grad=True)
+    assert "fp8" in _no_gradient_reason(grad, CUDABackend(precision="fp8"))
+    assert "fp16 accumulation" in _no_gradient_reason(grad, CUDABackend(accumulation="f16"))
+    assert _no_gradient_reason(grad, CUDABackend()) is None
+    no_grad = served_call_spec((1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64))
+    assert _no_gradient_reason(no_grad, CUDABackend(precision="fp8")) is None
 
 
 def test_fp8_with_an_explicit_impl_on_cpu_raises_saying_fp8(rng):

@@ -84,3 +84,24 @@ def test_torch_compile_fullgraph_on_cuda_gives_the_eager_gradients():
     compiled = torch.autograd.grad(torch.compile(loss, fullgraph=True)(q, k, v), (q, k, v))
     for a, b in zip(compiled, eager):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("d", [64, 320, 512])
+def test_ffpa_attn_func_trains_on_ffpa_when_asked(d):
+    """backend impl="ffpa" with inputs that require grad: ffpa's forward and backward (the op's autograd),
+    gradients against SDPA's math kernel in float32; under impl="auto" SDPA keeps such calls (routing.py)."""
+    from attention_reference import sdpa_float32
+    from ffpa_attn import CUDABackend, ffpa_attn_func
+
+    q = torch.randn(1, 4, 77, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 2, 90, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, 2, 90, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    grad = torch.randn(1, 4, 77, d, device="cuda", dtype=torch.bfloat16)
+    out = ffpa_attn_func(q, k, v, is_causal=True, enable_gqa=True, backend=CUDABackend(impl="ffpa"))
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    expected = sdpa_float32(*leaves, is_causal=True, enable_gqa=True)
+    want = torch.autograd.grad(expected, leaves, grad.float())
+    for name, a, w in zip(("d_q", "d_k", "d_v"), got, want):
+        error = relative_l2(a, w.double())
+        assert error <= TOLERANCE[torch.bfloat16], f"{name}: relative L2 {error:.3e}"
