@@ -86,8 +86,8 @@ TEST(EmulatedSm80Backward, CausalBottomRightRowsWithoutKeysBnhd) {
                              Layout::bnhd)});
 }
 
-TEST(EmulatedSm80Backward, TwoSlicesMaskDropout) {
-  check({"two slices", shape_case(DType::bf16, 1, 2, 1, 40, 70, 200)
+TEST(EmulatedSm80Backward, MaskDropoutD200) {
+  check({"mask dropout d200", shape_case(DType::bf16, 1, 2, 1, 40, 70, 200)
                            .with_mask(DType::f32, MaskShape::batch_rows, true)
                            .with_dropout(0.25f)});
 }
@@ -110,6 +110,12 @@ TEST(EmulatedSm80Backward, DropoutGqaCausalFullMask) {
 
 TEST(EmulatedSm80Backward, Stride0MaskF16) {
   check({"stride0 mask", shape_case(DType::f16, 2, 2, 2, 40, 50, 80).with_mask(DType::f16, MaskShape::stride0_view, false)});
+}
+
+// Slices of 256 columns: dK/dV over max(D, Dv), dQ over D, ragged last slices.
+TEST(EmulatedSm80Backward, SlicesOfUnequalHeadDims) {
+  check({"d200 dv520", shape_case(DType::bf16, 1, 2, 1, 30, 70, 200), 520});
+  check({"d520 dv64", shape_case(DType::f16, 1, 2, 2, 30, 40, 520).with_causal(Causal::top_left), 64});
 }
 
 TEST(EmulatedSm80Backward, HeadDim1024) { check({"d1024", shape_case(DType::bf16, 1, 1, 1, 20, 70, 1024)}); }

@@ -16,9 +16,13 @@
 
 namespace ffpa::detail::sm80_backward {
 
-// CTAs per block of rows: slices of kSliceCols columns of max(D, Dv).
+// CTAs per block of keys (dK, dV: kSliceCols columns of max(D, Dv)) and of
+// query rows (dQ: of D).
 inline int slices_of(const AttentionProblem& p) {
   return static_cast<int>(ceil_div(std::max(p.head_dim, p.dv()), int64_t{kSliceCols}));
+}
+inline int dq_slices_of(const AttentionProblem& p) {
+  return static_cast<int>(ceil_div(p.head_dim, int64_t{kSliceCols}));
 }
 
 // The workspace: delta (fp32 [B][Hq][Nq]), then, for an additive mask's
@@ -95,6 +99,7 @@ inline Args kernel_args(const BackwardProblem& b, const float* delta, float* d_m
     args.d_o_stride[i] = b.d_o_stride[i];
   }
   args.slices = slices_of(b.forward);
+  args.dq_slices = dq_slices_of(b.forward);
   args.scale_log2 = b.forward.scale * kLog2e;
   return args;
 }
@@ -106,7 +111,7 @@ int64_t dkdv_ctas(const AttentionProblem& p) {
 
 template <class Traits>
 int64_t dq_ctas(const AttentionProblem& p) {
-  return p.batch * p.heads_q * ceil_div(p.seq_q, int64_t{Traits::kBlockQ}) * slices_of(p);
+  return p.batch * p.heads_q * ceil_div(p.seq_q, int64_t{Traits::kBlockQ}) * dq_slices_of(p);
 }
 
 }  // namespace ffpa::detail::sm80_backward

@@ -15,8 +15,11 @@
 
 namespace ffpa::detail::sm80_backward {
 
-// The columns of the gradients one CTA owns; slices = ceil(max(D, Dv) / it).
-inline constexpr int kSliceCols = 128;
+// The columns of the gradients one CTA owns (slices = ceil(max(D, Dv) / it)
+// for dK and dV, ceil(D / it) for dQ): each slice recomputes S and dP over the
+// whole head dims, so the widest slice whose accumulators stay in registers
+// (dK + dV: 128 a thread at 256).
+inline constexpr int kSliceCols = 256;
 
 // Workspace: delta, fp32 [B][Hq][Nq], and an additive mask's fp32 gradient sum.
 size_t workspace_bytes(const BackwardProblem& problem);

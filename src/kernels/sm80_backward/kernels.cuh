@@ -41,6 +41,14 @@ struct SharedTiles {
   }
 };
 
+// The 64-column chunks of a slice that hold columns of the gradient (the
+// last slice of a head dim that is not a multiple of kSliceCols has fewer):
+// chunks past them are neither loaded nor multiplied.
+template <class Traits>
+__device__ __forceinline__ int slice_chunk_count(int col0, int columns) {
+  return max(0, min(Traits::kSliceChunks, (columns - col0 + Traits::kChunk - 1) / Traits::kChunk));
+}
+
 template <class Element>
 __device__ __forceinline__ const Element* head_rows(const void* base, const int64_t (&stride)[3], int batch, int head) {
   return static_cast<const Element*>(base) + batch * stride[0] + head * stride[1];
@@ -75,7 +83,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dkdv_kernel(const Args ar
   const int group = static_cast<int>(p.group_size());
   const int pairs = group * blocks_per_head;
   const int n_d = (dim + Traits::kChunk - 1) / Traits::kChunk, n_dv = (value_dim + Traits::kChunk - 1) / Traits::kChunk;
-  const int steps_per_pair = n_d + n_dv + Traits::kSliceChunks;
+  const int slice_chunks = slice_chunk_count<Traits>(col0, max(dim, value_dim));
+  const int steps_per_pair = n_d + n_dv + slice_chunks;
 
   const Element* const k_rows = head_rows<Element>(p.k, p.k_stride, batch, kv_head);
   const Element* const v_rows = head_rows<Element>(p.v, p.v_stride, batch, kv_head);
@@ -132,6 +141,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dkdv_kernel(const Args ar
                                   tid);
 #pragma unroll
     for (int j = 0; j < Traits::kSliceChunks; ++j) {
+      if (j >= slice_chunks) break;
       ring.advance(issue);  // its barrier also publishes the Pd and dS tiles
       const uint32_t stage = Tiles::stage(ring.slot);
       accumulate_tn<Traits>(d_v, j, smem_address(Tiles::pd_tile()), stage, tid);
@@ -156,10 +166,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dq_kernel(const Args args
   const int seq_q = static_cast<int>(p.seq_q), seq_kv = static_cast<int>(p.seq_kv);
   const int dim = static_cast<int>(p.head_dim), value_dim = static_cast<int>(p.dv());
 
-  // Which CTA: slice fastest, then query block, head, batch.
+  // Which CTA: slice (of D) fastest, then query block, head, batch.
   int64_t linear = args.block_offset + blockIdx.x;
-  const int slice = static_cast<int>(linear % args.slices);
-  linear /= args.slices;
+  const int slice = static_cast<int>(linear % args.dq_slices);
+  linear /= args.dq_slices;
   const int q_blocks = (seq_q + Traits::kBlockQ - 1) / Traits::kBlockQ;
   const int q0 = static_cast<int>(linear % q_blocks) * Traits::kBlockQ;
   linear /= q_blocks;
@@ -169,7 +179,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dq_kernel(const Args args
   const int col0 = slice * Traits::kSliceCols;
   const int kv_blocks = (attended_kv_end(p, q0, Traits::kBlockQ) + Traits::kBlockK - 1) / Traits::kBlockK;
   const int n_d = (dim + Traits::kChunk - 1) / Traits::kChunk, n_dv = (value_dim + Traits::kChunk - 1) / Traits::kChunk;
-  const int steps_per_pair = n_d + n_dv + Traits::kSliceChunks;
+  const int slice_chunks = slice_chunk_count<Traits>(col0, dim);
+  const int steps_per_pair = n_d + n_dv + slice_chunks;
 
   const Element* const q_rows = head_rows<Element>(p.q, p.q_stride, batch, head);
   const Element* const d_o_rows = head_rows<Element>(args.d_o, args.d_o_stride, batch, head);
@@ -224,6 +235,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dq_kernel(const Args args
                                   Tiles::ds_tile(), tid, slice == 0 ? args.d_mask_sum : nullptr, args.mask_shape);
 #pragma unroll
     for (int j = 0; j < Traits::kSliceChunks; ++j) {
+      if (j >= slice_chunks) break;
       ring.advance(issue);  // its barrier also publishes the dS tile
       accumulate_nn<Traits>(d_q, j, smem_address(Tiles::ds_tile()), Tiles::stage(ring.slot), tid);
       ring.release();

@@ -75,7 +75,8 @@ struct Args {
   // slice; null when not requested.
   float* d_mask_sum;
   int64_t mask_shape[4];
-  int slices;                 // CTAs per block of rows, each one slice of the gradient columns
+  int slices;                 // dK/dV CTAs per key block: slices of max(D, Dv) columns
+  int dq_slices;              // dQ CTAs per query block: slices of D columns
   int64_t block_offset;       // first linear CTA index of this launch
   float scale_log2;           // scale * log2(e)
 };
