@@ -93,15 +93,17 @@ def _shape_reason(spec: CallSpec, limits: Limits | None) -> str | None:
         return f"batch sizes differ: query {batch}, key {k_batch}, value {spec.v_shape[0]}"
     if spec.v_shape[1:3] != spec.k_shape[1:3]:
         return f"value shape {spec.v_shape} does not match key shape {spec.k_shape} in heads and length"
-    if not head_dim == k_dim == spec.v_shape[3]:
-        return f"head dims differ: query {head_dim}, key {k_dim}, value {spec.v_shape[3]}"
-    if limits is not None and not (
-        limits.min_head_dim <= head_dim <= limits.max_head_dim and head_dim % limits.head_dim_multiple == 0
-    ):
-        return (
-            f"head dim {head_dim} is not a multiple of {limits.head_dim_multiple}"
-            f" in [{limits.min_head_dim}, {limits.max_head_dim}]"
-        )
+    if head_dim != k_dim:
+        return f"head dims differ: query {head_dim}, key {k_dim}"
+    # The value's head dim may differ (D_qk != D_v, e.g. absorbed MLA's 576 / 512); each must be valid.
+    for name, dim in (("head dim", head_dim), ("value head dim", spec.v_shape[3])):
+        if limits is not None and not (
+            limits.min_head_dim <= dim <= limits.max_head_dim and dim % limits.head_dim_multiple == 0
+        ):
+            return (
+                f"{name} {dim} is not a multiple of {limits.head_dim_multiple}"
+                f" in [{limits.min_head_dim}, {limits.max_head_dim}]"
+            )
     if seq_kv < 1:
         return "key length is 0"
     if heads_kv < 1:

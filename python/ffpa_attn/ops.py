@@ -56,9 +56,9 @@ def forward(
     fp8_v_scales: int = 0,
     fp8_smooth_v: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """o [B, Hq, Nq, D] and lse [B, Hq, Nq] fp32 (empty unless return_lse) of the attention.
+    """o [B, Hq, Nq, Dv] and lse [B, Hq, Nq] fp32 (empty unless return_lse) of the attention.
 
-    q [B, Hq, Nq, D], k and v [B, Hkv, Nkv, D] (any strides), mask broadcastable
+    q [B, Hq, Nq, D], k [B, Hkv, Nkv, D] and v [B, Hkv, Nkv, Dv] (any strides), mask broadcastable
     to [B, Hq, Nq, Nkv] or None; causal, accumulation, impl, precision,
     fp8_qk_format, fp8_qk_scales and fp8_v_scales are the C ABI's enum values
     (_library.Causal, Accumulation, Impl, Precision, Fp8QkFormat,
@@ -96,7 +96,7 @@ def _forward_fake(
     fp8_v_scales: int = 0,
     fp8_smooth_v: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    return new_output(q), _new_lse(q, return_lse)
+    return new_output(q, v.shape[-1]), _new_lse(q, return_lse)
 
 
 # The op's precision arguments for the inputs' own precision (precision, fp8_qk_format,
@@ -153,7 +153,10 @@ def launch(plan: "_Plan", q, k, v, mask, return_lse: bool, dropout_seed: int, dr
     q_data, k_data, v_data = q.data_ptr(), k.data_ptr(), v.data_ptr()
     if not plan.in_place or (q_data | k_data | v_data) % _VECTOR_BYTES:
         return None
-    o = torch.empty_like(q) if plan.o_like_q else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    if plan.value_dim != q.shape[-1]:
+        o = new_output(q, plan.value_dim)
+    else:
+        o = torch.empty_like(q) if plan.o_like_q else torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if return_lse else None
     # Split-KV's partial rows: from torch's caching allocator (and a graph's pool
     # under capture), not the library's stream-ordered fallback, which the
@@ -211,14 +214,15 @@ class _Slot:
 class _Plan:
     """What run works out once per combination of shapes, strides, dtypes and options."""
 
-    __slots__ = ("in_place", "o_like_q", "params", "threads", "workspace_bytes")
+    __slots__ = ("in_place", "o_like_q", "value_dim", "params", "threads", "workspace_bytes")
 
     def __init__(self, q, k, v, mask, return_lse, options) -> None:
         # Inputs the library reads where they are (their addresses are checked per call).
         self.in_place = all(t.numel() == 0 or _strides_readable(t) for t in (q, k, v))
         # o in q's layout when the library can write it (new_output's rule, decided once).
         self.o_like_q = _strides_readable(torch.empty_like(q))
-        o = new_output(q)
+        self.value_dim = v.shape[-1]  # o's last dim (D_qk != D_v: not q's)
+        o = new_output(q, self.value_dim)
         lse = _new_lse(q, True) if return_lse else None
         # The dropout seed and offset: written per call.
         self.params = _params_template(q, k, v, o, lse, _broadcast_mask(mask, q, k), options, 0, 0)
@@ -241,7 +245,7 @@ def _run_on_copies(
 ) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
     """run for inputs the library cannot read in place: copies of them, structs built for the call."""
     q, k, v = readable_by_library(q), readable_by_library(k), readable_by_library(v)
-    o = new_output(q)
+    o = new_output(q, v.shape[-1])
     lse = _new_lse(q, True) if return_lse else None
     params = _params_template(q, k, v, o, lse, _broadcast_mask(mask, q, k), options, dropout_seed, dropout_offset)
     if q.is_cuda:
@@ -334,10 +338,17 @@ raw_stream = _RAW_STREAM  # for gradients.py
 _CURRENT_DEVICE = getattr(torch._C, "_cuda_getDevice", torch.cuda.current_device)
 
 
-def new_output(q: torch.Tensor) -> torch.Tensor:
-    """o in q's layout (a [B, N, H, D] view in, [B, N, H, D] memory out) when the library can write it."""
-    o = torch.empty_like(q)
-    return o if _strides_readable(o) else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+def new_output(q: torch.Tensor, value_dim: Optional[int] = None) -> torch.Tensor:
+    """o [B, H, N, Dv] (Dv: value_dim, default q's D) in q's layout (a [B, N, H, D] view in, [B, N, H, Dv]
+    memory out) when the library can write it."""
+    if value_dim is None or value_dim == q.shape[-1]:
+        o = torch.empty_like(q)
+        return o if _strides_readable(o) else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    # q's first three dims outermost first (by stride), Dv innermost, then viewed as [B, H, N, Dv].
+    order = sorted(range(3), key=lambda d: q.stride(d), reverse=True)
+    memory = torch.empty([q.shape[d] for d in order] + [value_dim], dtype=q.dtype, device=q.device)
+    o = memory.permute(*[order.index(d) for d in range(3)], 3)
+    return o if _strides_readable(o) else torch.empty((*q.shape[:3], value_dim), dtype=q.dtype, device=q.device)
 
 
 def _new_lse(q: torch.Tensor, return_lse: bool) -> torch.Tensor:

@@ -74,6 +74,8 @@ SERVED = {
     "mask-gqa-full": kv_heads(2, enable_gqa=True, **mask((B, HQ, NQ, NKV))),
     # The library has the gradients; whether it or SDPA trains is routing's (speed) choice.
     "needs-grad": dict(needs_grad=True),
+    # D_qk != D_v (absorbed MLA's 576 / 512): served; routing picks the path.
+    "v-head-dim-differs": dict(v_shape=(B, HQ, NKV, D + 64)),
 }
 
 
@@ -103,7 +105,7 @@ FALLBACK = {
     "D-between-multiples": (head_dim(D_MIN + D_STEP + D_STEP // 2), str(D_MIN + D_STEP + D_STEP // 2)),
     "D100-not-multiple-of-8": (head_dim(100), "100"),
     "k-head-dim-differs": (dict(k_shape=(B, HQ, NKV, 64)), None),
-    "v-head-dim-differs": (dict(v_shape=(B, HQ, NKV, 64)), None),
+    "v-head-dim-invalid": (dict(v_shape=(B, HQ, NKV, 2 * D_MAX)), "value head dim"),
     "kv-lengths-differ": (dict(v_shape=(B, HQ, NKV + 1, D)), None),
     "kv-heads-differ": (dict(v_shape=(B, 4, NKV, D), enable_gqa=True), None),
     "Nkv0": (dict(k_shape=(B, HQ, 0, D), v_shape=(B, HQ, 0, D)), None),

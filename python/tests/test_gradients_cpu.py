@@ -175,3 +175,30 @@ def test_opcheck_of_both_ops():
     d_o, d_lse = torch.randn_like(o), torch.randn_like(lse)
     backward_args = (q.detach(), k.detach(), v.detach(), mask.detach(), o.detach(), lse.detach(), d_o, d_lse, True)
     torch.library.opcheck(torch.ops.ffpa_attn.backward.default, (*backward_args, *options, 5, 9))
+
+
+@pytest.mark.parametrize("value_dim", [8, 24])
+def test_unequal_value_head_dim(value_dim):
+    """D_qk != D_v (absorbed MLA's shape, small): o [B, H, N, Dv] against SDPA's math kernel, o's layout
+    follows q's (bnhd), the fake implementation's shape, and gradcheck in double."""
+    q, k, _ = qkv(1, 4, 1, 5, 7, 16)
+    (v,) = leaves(torch.randn(1, 1, 7, value_dim, dtype=torch.float64))
+    o, lse = attention(q, k, v, causal="bottom_right")
+    assert o.shape == (1, 4, 5, value_dim)
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, k.expand(1, 4, 7, 16), v.expand(1, 4, 7, value_dim),
+        attn_mask=torch.ones(5, 7, dtype=torch.bool).tril(2),
+    )  # fmt: skip
+    torch.testing.assert_close(o, expected)
+    q_bnhd = q.detach().transpose(1, 2).contiguous().transpose(1, 2)
+    o_bnhd, _ = attention(q_bnhd, k.detach(), v.detach())
+    assert o_bnhd.transpose(1, 2).is_contiguous(), "o keeps q's [B, N, H, D] memory order"
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode()
+    fakes = [mode.from_tensor(t.detach()) for t in (q, k, v)]
+    with mode:
+        fake = attention(*fakes)
+    assert fake[0].shape == (1, 4, 5, value_dim)
+    assert torch.autograd.gradcheck(lambda q, k, v: attention(q, k, v, causal="bottom_right")[0], (q, k, v))
+

@@ -218,3 +218,10 @@ def test_calls_that_need_grad_train_on_sdpa_under_auto_and_on_ffpa_when_asked():
         assert route(spec(512, needs_grad=True), CUDABackend(impl=impl), return_lse=False).path == "ffpa"
     assert route(spec(512), AUTO, return_lse=False).path == "ffpa", "without grad: unchanged"
 
+
+def test_unequal_value_head_dims_stay_on_sdpa_under_auto_until_measured():
+    mla = served_call_spec((1, 16, 300, 576), (1, 1, 300, 576), (1, 1, 300, 512), enable_gqa=True)
+    chosen = route(mla, AUTO, return_lse=False)
+    assert chosen.path == "sdpa" and "D_qk != D_v" in chosen.reason
+    assert route(mla, CUDABackend(impl="ffpa"), return_lse=False).path == "ffpa"
+
