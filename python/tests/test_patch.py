@@ -40,6 +40,23 @@ def test_patch_and_unpatch_are_idempotent(restored_sdpa):
     assert F.scaled_dot_product_attention is restored_sdpa
 
 
+def test_monkey_patch_with_a_backend(restored_sdpa):
+    from ffpa_attn import CUDABackend
+
+    backend = CUDABackend(impl="ffpa")
+    monkey_patch(backend=backend)
+    patched = F.scaled_dot_product_attention
+    assert patched.func is ffpa_attn_func and patched.keywords == {"backend": backend}
+    assert patched.__name__ == ffpa_attn_func.__name__
+    monkey_patch()  # another backend replaces the first, unpatch still restores the original
+    assert F.scaled_dot_product_attention is ffpa_attn_func
+    unpatch()
+    assert F.scaled_dot_product_attention is restored_sdpa
+    with pytest.raises(TypeError):
+        monkey_patch(backend="ffpa")
+    assert F.scaled_dot_product_attention is restored_sdpa
+
+
 def patch_by(installation, monkeypatch):
     """Installs ffpa_attn_func the package's way or the issue's way (plain assignment)."""
     if installation == "monkey_patch":
