@@ -78,53 +78,60 @@ uint64_t case_seed(const BackwardCase& c) {
   return seed;
 }
 
-// The call on device copies of the host tensors (same strides and gaps), the
-// gradients copied back into the host buffers.
-void run_on_device(BackwardTensors& t) {
+// Device copies of a case's host tensors (same strides and gaps) and the call
+// on them.
+struct DeviceBackward {
   DeviceTensor q, k, v, o, lse, mask, d_o, d_lse, d_q, d_k, d_v, d_mask;
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.q.buffer, t.q.view, &q));
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.k.buffer, t.k.view, &k));
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.v.buffer, t.v.view, &v));
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.o.buffer, t.o.view, &o));
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.lse.buffer, t.lse.view, &lse));
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.d_o.buffer, t.d_o.view, &d_o));
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.d_q.buffer, t.d_q.view, &d_q));
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.d_k.buffer, t.d_k.view, &d_k));
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.d_v.buffer, t.d_v.view, &d_v));
-  BackwardParams device = t.params;
-  device.q = q.tensor, device.k = k.tensor, device.v = v.tensor, device.o = o.tensor, device.lse = lse.tensor;
-  device.d_o = d_o.tensor, device.d_q = d_q.tensor, device.d_k = d_k.tensor, device.d_v = d_v.tensor;
-  if (t.mask.present()) {
-    ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.mask.buffer, t.mask.view, &mask));
-    device.mask = mask.tensor;
+  BackwardParams params;
+
+  void mirror(const BackwardTensors& t) {
+    struct Mirrored {
+      const HostView* host;
+      DeviceTensor* device;
+      Tensor* param;
+    };
+    params = t.params;
+    for (const Mirrored& m : {Mirrored{&t.q, &q, &params.q}, Mirrored{&t.k, &k, &params.k},
+                              Mirrored{&t.v, &v, &params.v}, Mirrored{&t.o, &o, &params.o},
+                              Mirrored{&t.lse, &lse, &params.lse}, Mirrored{&t.mask, &mask, &params.mask},
+                              Mirrored{&t.d_o, &d_o, &params.d_o}, Mirrored{&t.d_lse, &d_lse, &params.d_lse},
+                              Mirrored{&t.d_q, &d_q, &params.d_q}, Mirrored{&t.d_k, &d_k, &params.d_k},
+                              Mirrored{&t.d_v, &d_v, &params.d_v}, Mirrored{&t.d_mask, &d_mask, &params.d_mask}}) {
+      if (!m.host->present()) continue;
+      ASSERT_NO_FATAL_FAILURE(mirror_to_device(m.host->buffer, m.host->view, m.device));
+      *m.param = m.device->tensor;
+    }
   }
-  if (t.d_lse.present()) {
-    ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.d_lse.buffer, t.d_lse.view, &d_lse));
-    device.d_lse = d_lse.tensor;
+
+  // The gradients back into the host buffers.
+  void copy_back(BackwardTensors& t, cudaStream_t stream) {
+    ASSERT_NO_FATAL_FAILURE(copy_to_host(d_q, &t.d_q.buffer, stream));
+    ASSERT_NO_FATAL_FAILURE(copy_to_host(d_k, &t.d_k.buffer, stream));
+    ASSERT_NO_FATAL_FAILURE(copy_to_host(d_v, &t.d_v.buffer, stream));
+    if (t.d_mask.present()) ASSERT_NO_FATAL_FAILURE(copy_to_host(d_mask, &t.d_mask.buffer, stream));
   }
-  if (t.d_mask.present()) {
-    ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.d_mask.buffer, t.d_mask.view, &d_mask));
-    device.d_mask = d_mask.tensor;
-  }
+};
+
+// The call on the device, in the workspace the size query reports, on a stream of its own.
+void run_on_device(BackwardTensors& t) {
+  DeviceBackward device;
+  ASSERT_NO_FATAL_FAILURE(device.mirror(t));
   cudaStream_t stream = nullptr;
   FFPA_ASSERT_CUDA(cudaStreamCreate(&stream));
-  device.stream = stream;
+  device.params.stream = stream;
   size_t workspace_bytes = 0;
   {
-    const Status status = backward_workspace_size(device, &workspace_bytes);
+    const Status status = backward_workspace_size(device.params, &workspace_bytes);
     ASSERT_TRUE(status.ok()) << status_name(status.code) << ": " << status.message;
   }
   DeviceBuffer workspace;
   if (workspace_bytes > 0) ASSERT_NO_FATAL_FAILURE(workspace.allocate(workspace_bytes));
-  device.workspace = workspace.data(), device.workspace_bytes = workspace_bytes;
+  device.params.workspace = workspace.data(), device.params.workspace_bytes = workspace_bytes;
   {
-    const Status status = backward(device);
+    const Status status = backward(device.params);
     ASSERT_TRUE(status.ok()) << status_name(status.code) << ": " << status.message;
   }
-  ASSERT_NO_FATAL_FAILURE(copy_to_host(d_q, &t.d_q.buffer, stream));
-  ASSERT_NO_FATAL_FAILURE(copy_to_host(d_k, &t.d_k.buffer, stream));
-  ASSERT_NO_FATAL_FAILURE(copy_to_host(d_v, &t.d_v.buffer, stream));
-  if (t.d_mask.present()) ASSERT_NO_FATAL_FAILURE(copy_to_host(d_mask, &t.d_mask.buffer, stream));
+  ASSERT_NO_FATAL_FAILURE(device.copy_back(t, stream));
   FFPA_EXPECT_CUDA(cudaStreamDestroy(stream));
 }
 
@@ -145,23 +152,13 @@ TEST(GpuBackwardRefusals, Sm90Impl) {
   if (const auto& reason = gpu_unavailable_reason()) GTEST_SKIP() << *reason;
   BackwardTensors t;
   ASSERT_NO_FATAL_FAILURE(make_backward_tensors({"refusal", shape_case(DType::bf16, 1, 1, 1, 16, 16, 64)}, 7, &t));
-  DeviceTensor q, k, v, o, lse, d_o, d_q, d_k, d_v;
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.q.buffer, t.q.view, &q));
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.k.buffer, t.k.view, &k));
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.v.buffer, t.v.view, &v));
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.o.buffer, t.o.view, &o));
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.lse.buffer, t.lse.view, &lse));
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.d_o.buffer, t.d_o.view, &d_o));
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.d_q.buffer, t.d_q.view, &d_q));
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.d_k.buffer, t.d_k.view, &d_k));
-  ASSERT_NO_FATAL_FAILURE(mirror_to_device(t.d_v.buffer, t.d_v.view, &d_v));
-  BackwardParams p = t.params;
-  p.q = q.tensor, p.k = k.tensor, p.v = v.tensor, p.o = o.tensor, p.lse = lse.tensor, p.d_o = d_o.tensor;
-  p.d_q = d_q.tensor, p.d_k = d_k.tensor, p.d_v = d_v.tensor;
+  DeviceBackward device;
+  ASSERT_NO_FATAL_FAILURE(device.mirror(t));
+  BackwardParams p = device.params;
   p.options.impl = Impl::sm90_wgmma;
   const Status status = backward(p);
   EXPECT_EQ(status.code, StatusCode::impl_unavailable) << status.message;
-  ASSERT_NO_FATAL_FAILURE(copy_to_host(d_q, &t.d_q.buffer, nullptr));
+  ASSERT_NO_FATAL_FAILURE(device.copy_back(t, nullptr));
   EXPECT_TRUE(std::isnan(element_as_double(t.d_q.view, {0, 0, 0, 0}))) << "d_q was written";
 }
 

@@ -54,6 +54,69 @@ __device__ __forceinline__ const Element* head_rows(const void* base, const int6
   return static_cast<const Element*>(base) + batch * stride[0] + head * stride[1];
 }
 
+// A CTA's place in its grid: slice fastest, then block (of keys or query
+// rows), head, batch.
+struct CtaPlace {
+  int slice, block, head, batch;
+};
+
+__device__ __forceinline__ CtaPlace cta_place(const Args& args, int slices, int blocks, int64_t heads) {
+  int64_t linear = args.block_offset + blockIdx.x;
+  CtaPlace place;
+  place.slice = static_cast<int>(linear % slices);
+  linear /= slices;
+  place.block = static_cast<int>(linear % blocks);
+  linear /= blocks;
+  place.head = static_cast<int>(linear % heads);
+  place.batch = static_cast<int>(linear / heads);
+  return place;
+}
+
+// One block pair's operands for S and dP: the query rows' Q and dO, the
+// keys' K and V (each its head's row 0), and where the pair starts.
+template <class Element>
+struct PairRows {
+  const Element *q, *d_o, *k, *v;
+  int q0, k0;
+};
+
+// The first n_d + n_dv steps of a block pair's program, both kernels':
+// 64-column chunks of (Q, K) over D, then of (dO, V) over Dv.
+template <class Traits>
+__device__ __forceinline__ void copy_score_step(uint32_t stage, int step, int n_d, const Args& args,
+                                                const PairRows<typename Traits::Element>& rows, unsigned tid) {
+  const AttentionProblem& p = args.p;
+  const int seq_q = static_cast<int>(p.seq_q), seq_kv = static_cast<int>(p.seq_kv);
+  if (step < n_d) {
+    const int c = step * Traits::kChunk, dim = static_cast<int>(p.head_dim);
+    copy_block<Traits>(stage, {rows.q, p.q_stride[2], rows.q0, seq_q, c, dim}, tid);
+    copy_block<Traits>(stage + Traits::kHalfBytes, {rows.k, p.k_stride[2], rows.k0, seq_kv, c, dim}, tid);
+  } else {
+    const int c = (step - n_d) * Traits::kChunk, value_dim = static_cast<int>(p.dv());
+    copy_block<Traits>(stage, {rows.d_o, args.d_o_stride[2], rows.q0, seq_q, c, value_dim}, tid);
+    copy_block<Traits>(stage + Traits::kHalfBytes, {rows.v, p.v_stride[2], rows.k0, seq_kv, c, value_dim}, tid);
+  }
+}
+
+// S = Q K^T and dP = dO V^T of a block pair: its first n_d + n_dv ring steps.
+template <class Traits, class Issue>
+__device__ __forceinline__ void accumulate_pair_scores(Ring<Traits>& ring, Issue& issue, int n_d, int n_dv,
+                                                       float (&s)[Traits::ScoreLayout::kElements],
+                                                       float (&dp)[Traits::ScoreLayout::kElements], unsigned tid) {
+#pragma unroll 1
+  for (int c = 0; c < n_d; ++c) {
+    ring.advance(issue);
+    accumulate_scores<Traits>(s, SharedTiles<Traits>::stage(ring.slot), tid);
+    ring.release();
+  }
+#pragma unroll 1
+  for (int c = 0; c < n_dv; ++c) {
+    ring.advance(issue);
+    accumulate_scores<Traits>(dp, SharedTiles<Traits>::stage(ring.slot), tid);
+    ring.release();
+  }
+}
+
 template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1) dkdv_kernel(const Args args) {
   using Element = typename Traits::Element;
@@ -63,16 +126,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dkdv_kernel(const Args ar
   const int seq_q = static_cast<int>(p.seq_q), seq_kv = static_cast<int>(p.seq_kv);
   const int dim = static_cast<int>(p.head_dim), value_dim = static_cast<int>(p.dv());
 
-  // Which CTA: slice fastest, then key block, KV head, batch.
-  int64_t linear = args.block_offset + blockIdx.x;
-  const int slice = static_cast<int>(linear % args.slices);
-  linear /= args.slices;
-  const int key_blocks = (seq_kv + Traits::kBlockK - 1) / Traits::kBlockK;
-  const int k0 = static_cast<int>(linear % key_blocks) * Traits::kBlockK;
-  linear /= key_blocks;
-  const int kv_head = static_cast<int>(linear % p.heads_kv);
-  const int batch = static_cast<int>(linear / p.heads_kv);
-  const int col0 = slice * Traits::kSliceCols;
+  // Which CTA: a slice of max(D, Dv), a block of keys, a KV head.
+  const CtaPlace place = cta_place(args, args.slices, (seq_kv + Traits::kBlockK - 1) / Traits::kBlockK, p.heads_kv);
+  const int k0 = place.block * Traits::kBlockK, kv_head = place.head, batch = place.batch;
+  const int col0 = place.slice * Traits::kSliceCols;
 
   // The query blocks that attend a key of the block: causal, row i sees key
   // k0 once i + shift >= k0.
@@ -96,22 +153,17 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dkdv_kernel(const Args ar
   int load_pair = 0, load_step = 0;
   auto issue = [&](int into_slot) {
     if (load_pair < pairs) {
-      const int head = pair_head(load_pair), q0 = pair_q0(load_pair);
-      const Element* const q_rows = head_rows<Element>(p.q, p.q_stride, batch, head);
-      const Element* const d_o_rows = head_rows<Element>(args.d_o, args.d_o_stride, batch, head);
+      const int head = pair_head(load_pair);
+      const PairRows<Element> rows{head_rows<Element>(p.q, p.q_stride, batch, head),
+                                   head_rows<Element>(args.d_o, args.d_o_stride, batch, head), k_rows, v_rows,
+                                   pair_q0(load_pair), k0};
       const uint32_t stage = Tiles::stage(into_slot);
-      if (load_step < n_d) {
-        const int c = load_step * Traits::kChunk;
-        copy_block<Traits>(stage, {q_rows, p.q_stride[2], q0, seq_q, c, dim}, tid);
-        copy_block<Traits>(stage + Traits::kHalfBytes, {k_rows, p.k_stride[2], k0, seq_kv, c, dim}, tid);
-      } else if (load_step < n_d + n_dv) {
-        const int c = (load_step - n_d) * Traits::kChunk;
-        copy_block<Traits>(stage, {d_o_rows, args.d_o_stride[2], q0, seq_q, c, value_dim}, tid);
-        copy_block<Traits>(stage + Traits::kHalfBytes, {v_rows, p.v_stride[2], k0, seq_kv, c, value_dim}, tid);
+      if (load_step < n_d + n_dv) {
+        copy_score_step<Traits>(stage, load_step, n_d, args, rows, tid);
       } else {
         const int c = col0 + (load_step - n_d - n_dv) * Traits::kChunk;
-        copy_block<Traits>(stage, {d_o_rows, args.d_o_stride[2], q0, seq_q, c, value_dim}, tid);
-        copy_block<Traits>(stage + Traits::kHalfBytes, {q_rows, p.q_stride[2], q0, seq_q, c, dim}, tid);
+        copy_block<Traits>(stage, {rows.d_o, args.d_o_stride[2], rows.q0, seq_q, c, value_dim}, tid);
+        copy_block<Traits>(stage + Traits::kHalfBytes, {rows.q, p.q_stride[2], rows.q0, seq_q, c, dim}, tid);
       }
       if (++load_step == steps_per_pair) load_step = 0, ++load_pair;
     }
@@ -124,18 +176,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dkdv_kernel(const Args ar
 #pragma unroll 1
   for (int pair = 0; pair < pairs; ++pair) {
     float s[Traits::ScoreLayout::kElements] = {}, dp[Traits::ScoreLayout::kElements] = {};
-#pragma unroll 1
-    for (int c = 0; c < n_d; ++c) {
-      ring.advance(issue);
-      accumulate_scores<Traits>(s, Tiles::stage(ring.slot), tid);
-      ring.release();
-    }
-#pragma unroll 1
-    for (int c = 0; c < n_dv; ++c) {
-      ring.advance(issue);
-      accumulate_scores<Traits>(dp, Tiles::stage(ring.slot), tid);
-      ring.release();
-    }
+    accumulate_pair_scores(ring, issue, n_d, n_dv, s, dp, tid);
     const TileCoordinates tile = block_pair_tile(pair_q0(pair), pair_head(pair), batch, kv_head, Traits::kBlockQ);
     write_score_gradients<Traits>(s, dp, p, args.delta, tile, k0, args.scale_log2, Tiles::pd_tile(), Tiles::ds_tile(),
                                   tid);
@@ -166,15 +207,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dq_kernel(const Args args
   const int seq_q = static_cast<int>(p.seq_q), seq_kv = static_cast<int>(p.seq_kv);
   const int dim = static_cast<int>(p.head_dim), value_dim = static_cast<int>(p.dv());
 
-  // Which CTA: slice (of D) fastest, then query block, head, batch.
-  int64_t linear = args.block_offset + blockIdx.x;
-  const int slice = static_cast<int>(linear % args.dq_slices);
-  linear /= args.dq_slices;
-  const int q_blocks = (seq_q + Traits::kBlockQ - 1) / Traits::kBlockQ;
-  const int q0 = static_cast<int>(linear % q_blocks) * Traits::kBlockQ;
-  linear /= q_blocks;
-  const int head = static_cast<int>(linear % p.heads_q);
-  const int batch = static_cast<int>(linear / p.heads_q);
+  // Which CTA: a slice of D, a block of query rows, a query head.
+  const CtaPlace place = cta_place(args, args.dq_slices, (seq_q + Traits::kBlockQ - 1) / Traits::kBlockQ, p.heads_q);
+  const int slice = place.slice, q0 = place.block * Traits::kBlockQ, head = place.head, batch = place.batch;
   const int kv_head = head / static_cast<int>(p.group_size());
   const int col0 = slice * Traits::kSliceCols;
   const int kv_blocks = (attended_kv_end(p, q0, Traits::kBlockQ) + Traits::kBlockK - 1) / Traits::kBlockK;
@@ -194,14 +229,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dq_kernel(const Args args
     if (load_block < kv_blocks) {
       const int k0 = load_block * Traits::kBlockK;
       const uint32_t stage = Tiles::stage(into_slot);
-      if (load_step < n_d) {
-        const int c = load_step * Traits::kChunk;
-        copy_block<Traits>(stage, {q_rows, p.q_stride[2], q0, seq_q, c, dim}, tid);
-        copy_block<Traits>(stage + Traits::kHalfBytes, {k_rows, p.k_stride[2], k0, seq_kv, c, dim}, tid);
-      } else if (load_step < n_d + n_dv) {
-        const int c = (load_step - n_d) * Traits::kChunk;
-        copy_block<Traits>(stage, {d_o_rows, args.d_o_stride[2], q0, seq_q, c, value_dim}, tid);
-        copy_block<Traits>(stage + Traits::kHalfBytes, {v_rows, p.v_stride[2], k0, seq_kv, c, value_dim}, tid);
+      if (load_step < n_d + n_dv) {
+        copy_score_step<Traits>(stage, load_step, n_d, args, {q_rows, d_o_rows, k_rows, v_rows, q0, k0}, tid);
       } else {
         const int c = col0 + (load_step - n_d - n_dv) * Traits::kChunk;
         copy_block<Traits>(stage, {k_rows, p.k_stride[2], k0, seq_kv, c, dim}, tid);
@@ -218,18 +247,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dq_kernel(const Args args
 #pragma unroll 1
   for (int block = 0; block < kv_blocks; ++block) {
     float s[Traits::ScoreLayout::kElements] = {}, dp[Traits::ScoreLayout::kElements] = {};
-#pragma unroll 1
-    for (int c = 0; c < n_d; ++c) {
-      ring.advance(issue);
-      accumulate_scores<Traits>(s, Tiles::stage(ring.slot), tid);
-      ring.release();
-    }
-#pragma unroll 1
-    for (int c = 0; c < n_dv; ++c) {
-      ring.advance(issue);
-      accumulate_scores<Traits>(dp, Tiles::stage(ring.slot), tid);
-      ring.release();
-    }
+    accumulate_pair_scores(ring, issue, n_d, n_dv, s, dp, tid);
     // Every slice computes the same dS: the first adds it to the mask's gradient.
     write_score_gradients<Traits>(s, dp, p, args.delta, tile, block * Traits::kBlockK, args.scale_log2, nullptr,
                                   Tiles::ds_tile(), tid, slice == 0 ? args.d_mask_sum : nullptr, args.mask_shape);
