@@ -9,7 +9,8 @@
 //   - select_kernel and workspace_size agree with forward;
 //   - a successful call equals an independent fp64 reference (written here,
 //     from the spec: masks, both causal alignments, GQA, dropout, LSE, Dv != D);
-//   - with its lse, the call's backward gives the same status and the same
+//   - with its lse, the call's backward (half the time with a gradient of the lse
+//     too) gives the same status and the same
 //     gradient bits through both APIs;
 //   - in a sixth of the valid calls (drawn from a third generator), K and V
 //     go through fp8_quantize_kv (both APIs: the same status and cache bytes,
@@ -109,6 +110,7 @@ ffpa_backward_params c_backward_params(const ffpa::BackwardParams& p) {
   c.q = c_tensor(p.q), c.k = c_tensor(p.k), c.v = c_tensor(p.v), c.o = c_tensor(p.o);
   c.lse = c_tensor(p.lse), c.mask = c_tensor(p.mask), c.d_o = c_tensor(p.d_o);
   c.d_q = c_tensor(p.d_q), c.d_k = c_tensor(p.d_k), c.d_v = c_tensor(p.d_v), c.d_mask = c_tensor(p.d_mask);
+  c.d_lse = c_tensor(p.d_lse);
   ForwardParams forward;
   forward.options = p.options;
   c.options = c_params(forward).options;
@@ -395,6 +397,13 @@ void check_backward(uint64_t seed, const Case& c, std::mt19937_64& rng, Tally* t
   ffpa::BackwardParams p;
   p.q = c.params.q, p.k = c.params.k, p.v = c.params.v, p.o = c.params.o, p.lse = c.params.lse;
   p.mask = c.params.mask, p.options = c.params.options, p.d_o = d_o.tensor;
+  // Half the calls also differentiate a loss that reads the lse.
+  HostTensor d_lse;
+  if (rng() % 2 == 0) {
+    d_lse = ffpa::testing::make_host_lse(c.batch, c.heads_q, c.seq_q);
+    ffpa::testing::fill_uniform(d_lse, rng(), -1.0f, 1.0f);
+    p.d_lse = d_lse.tensor;
+  }
   Status statuses[2];
   for (int api = 0; api < 2; ++api) {
     grads[api][0] = make_host_tensor(c.dtype, {c.batch, c.heads_q, c.seq_q, c.dim});
