@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <vector>
 
@@ -34,8 +35,16 @@ struct LaneOutput {
   float f[4];
 };
 
+struct Copy {
+  uint32_t dst;
+  const void* src;
+  bool valid;
+};
+
 struct Fiber {
   ucontext_t context;
+  std::vector<Copy> open_group;           // cp.async since the last commit
+  std::deque<std::vector<Copy>> groups;   // committed, not yet waited for: oldest first
   std::unique_ptr<char[]> stack;
   bool done = false;
   const uint64_t* wait_generation = nullptr;  // blocked until *wait_generation >= wait_until
@@ -243,6 +252,29 @@ void run_cta(Index3 block, int threads, unsigned char* shared, const std::functi
     if (r.arrived != 0) fail("a warp collective left incomplete");
   if (cta.barrier.arrived != 0) fail("threads finished while others waited at __syncthreads");
   g_cta = nullptr;
+}
+
+void cp_async_16(uint32_t dst, const void* src, bool valid) { me().open_group.push_back({dst, src, valid}); }
+
+void cp_async_commit() {
+  Fiber& fiber = me();
+  fiber.groups.push_back(std::move(fiber.open_group));
+  fiber.open_group.clear();
+}
+
+void cp_async_wait(int pending) {
+  Fiber& fiber = me();
+  while (static_cast<int>(fiber.groups.size()) > pending) {
+    for (const Copy& copy : fiber.groups.front()) {
+      unsigned char* to = g_cta->shared + copy.dst;
+      if (copy.valid) {
+        std::memcpy(to, copy.src, 16);
+      } else {
+        std::memset(to, 0, 16);
+      }
+    }
+    fiber.groups.pop_front();
+  }
 }
 
 void sync_threads() {

@@ -2,8 +2,10 @@
 // machine without a GPU: one CTA at a time, each thread a fiber (ucontext),
 // the warp-collective instructions the portable kernels use (ldmatrix,
 // mma.sync m16n8k16, shuffles, vote) and __syncthreads computed once all
-// their participants have arrived. cp.async copies at once (stricter than
-// the hardware: a stage overwritten while another warp still reads it shows).
+// their participants have arrived. cp.async is asynchronous as on the
+// hardware, at its latest: a thread's copies land when it waits for their
+// group (cp.async.wait_group), so a read of a stage before its wait sees the
+// old bytes.
 // The kernel sources compile unchanged as host code through the shims in
 // shim/ (ptx.cuh, compiler_hints.cuh, shared_memory.cuh, fast_math.cuh) and
 // device_shim.hpp (threadIdx, __shfl_sync, ...). Timing means nothing here;
@@ -33,6 +35,13 @@ unsigned char* shared_memory_base();
 // `block` whose dynamic shared memory is `shared` (the kernel's extern array).
 // Aborts with a message on a deadlock (threads waiting at different barriers).
 void run_cta(Index3 block, int threads, unsigned char* shared, const std::function<void()>& body);
+
+// cp.async of 16 bytes (zero-fill when !valid) into shared-window address
+// dst, queued in the thread's open group; commit closes the group; wait
+// lands every group but the `pending` newest.
+void cp_async_16(uint32_t dst, const void* src, bool valid);
+void cp_async_commit();
+void cp_async_wait(int pending);
 
 // Collectives: every lane of the warp (every thread of the CTA for
 // sync_threads) calls them, converged.

@@ -1,5 +1,5 @@
 // Emulation shim of src/kernels/sm80_split_d/ptx.cuh: the same wrappers on the
-// emulator (cp.async copies at once).
+// emulator (cp.async lands when its group is waited for).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -13,19 +13,14 @@
 
 namespace ffpa::detail::sm80_split_d {
 
-inline void cp_async_16(uint32_t dst, const void* src, bool valid) {
-  unsigned char* to = ::ffpa::emulation::shared_memory_base() + dst;
-  if (valid) {
-    std::memcpy(to, src, 16);
-  } else {
-    std::memset(to, 0, 16);
-  }
-}
+inline void cp_async_16(uint32_t dst, const void* src, bool valid) { ::ffpa::emulation::cp_async_16(dst, src, valid); }
 
-inline void cp_async_commit() {}
+inline void cp_async_commit() { ::ffpa::emulation::cp_async_commit(); }
 
 template <int kPending>
-inline void cp_async_wait() {}
+inline void cp_async_wait() {
+  ::ffpa::emulation::cp_async_wait(kPending);
+}
 
 inline void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) { ::ffpa::emulation::ldmatrix_x4(r, addr, false); }
 inline void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) { ::ffpa::emulation::ldmatrix_x4(r, addr, true); }
