@@ -137,6 +137,18 @@ TEST(EmulatedSm80Forward, Out1024EightWarpColumnsBnhd) {
   check<1024>("out1024", shape_case(DType::f16, 1, 1, 1, 40, 300, 1024).with_layout(Layout::bnhd));
 }
 
+// GQA packing (decode): a tile holds the same rows of several query heads.
+TEST(EmulatedSm80Forward, PackedHeadsDecodeMaskDropout) {
+  check<128>("packed decode", shape_case(DType::bf16, 2, 16, 2, 1, 300, 128)
+                                  .with_mask(DType::f32, MaskShape::full, false)
+                                  .with_dropout(0.2f));
+  check<64>("packed speculative", shape_case(DType::f16, 1, 32, 2, 4, 130, 64).with_causal(Causal::bottom_right));
+}
+
+TEST(EmulatedSm80Forward, MlaDecodePacked) {
+  check<512>("mla decode 576/512", shape_case(DType::bf16, 2, 16, 1, 1, 200, 576), 512);
+}
+
 TEST(EmulatedSm80Forward, NarrowValueDim) {
   check<128>("dv 128 < d 576", shape_case(DType::bf16, 1, 2, 1, 64, 100, 576).with_causal(Causal::bottom_right), 128);
 }

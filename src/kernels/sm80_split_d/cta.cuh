@@ -77,7 +77,8 @@ struct Cta {
     int64_t block = args.block_offset + blockIdx.x;
     split = static_cast<int>(block % args.value_splits);
     block /= args.value_splits;
-    tile = tile_coordinates<int64_t>(p, block, args.row_blocks, Traits::kBlockM, Traits::kBlockN);
+    tile = tile_coordinates<int64_t>(p, block, args.row_blocks, Traits::kBlockM, Traits::kBlockN, 1, 0,
+                                     args.heads_per_tile);
     dv0 = split * Traits::kOutCols;
     n_qk = (head_dim + Traits::kChunk - 1) / Traits::kChunk;
     out_cols = min(Traits::kOutCols, static_cast<int>(p.dv()) - dv0);

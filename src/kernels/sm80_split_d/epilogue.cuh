@@ -31,8 +31,8 @@ __device__ __forceinline__ void Cta<Traits>::store_output(const OAccumulator& o_
   if (p.lse != nullptr && split == 0 && warp_n == 0 && t == 0) {
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-      const int i = tile.q0 + local_row(r);
-      if (i < seq_q) store_lse(p, tile.batch, tile.head, i, row_log_sum_exp(row_max[r], row_sum[r]));
+      const int i = tile.query_row(local_row(r));
+      if (i < seq_q) store_lse(p, tile.batch, tile.row_head(local_row(r)), i, row_log_sum_exp(row_max[r], row_sum[r]));
     }
   }
 
@@ -55,15 +55,16 @@ __device__ __forceinline__ void Cta<Traits>::store_output(const OAccumulator& o_
           pack2<Element>(v[2] * out_scale[2 * mt + 1], v[3] * out_scale[2 * mt + 1]);
     }
   __syncthreads();
-  Element* const o_base =
-      static_cast<Element*>(p.o) + tile.batch * p.o_stride[0] + tile.head * p.o_stride[1];
+  Element* const o_batch = static_cast<Element*>(p.o) + tile.batch * p.o_stride[0];
   for (int s = tid; s < kBlockM * Traits::kOutCols / 8; s += Traits::kThreads) {
     const int subtile = s / (kBlockM * 8), row = (s / 8) % kBlockM, segment = s % 8;
     const int col = subtile * 64 + segment * 8;
-    if (tile.q0 + row < seq_q && col < out_cols) {
+    const int i = tile.query_row(row);
+    if (i < seq_q && col < out_cols) {
       const uint4 value = *reinterpret_cast<const uint4*>(ring() + subtile * (kBlockM * Traits::kRowBytes) +
                                                           swizzle128<kElementBytes>(row, segment * 8));
-      *reinterpret_cast<uint4*>(o_base + static_cast<int64_t>(tile.q0 + row) * p.o_stride[2] + dv0 + col) = value;
+      *reinterpret_cast<uint4*>(o_batch + tile.row_head(row) * p.o_stride[1] + static_cast<int64_t>(i) * p.o_stride[2] +
+                                dv0 + col) = value;
     }
   }
 }

@@ -24,9 +24,8 @@ __device__ __forceinline__ void Cta<Traits>::issue_next_step(int into_slot) {
     const unsigned thread = opaque(tid);
     const int seg = thread % 8, first_row = thread / 8;
     const uint32_t seg_offset = swizzle128<Traits::kElementBytes>(first_row, seg * 8);
-    const int64_t q_stride = p.q_stride[2], k_stride = p.k_stride[2], v_stride = p.v_stride[2];
-    const Element* const q_src = static_cast<const Element*>(p.q) + tile.batch * p.q_stride[0] +
-                                 tile.head * p.q_stride[1] + (tile.q0 + first_row) * q_stride + seg * 8;
+    const int64_t k_stride = p.k_stride[2], v_stride = p.v_stride[2];
+    const Element* const q_batch = static_cast<const Element*>(p.q) + tile.batch * p.q_stride[0] + seg * 8;
     const int kv0 = load_tile * kBlockN;
     const uint32_t stage = smem_address(ring() + into_slot * Traits::kStageBytes) + seg_offset;
     if (load_r < n_qk) {  // kBlockM rows of Q, then kBlockN rows of K, one 64-column chunk
@@ -38,8 +37,10 @@ __device__ __forceinline__ void Cta<Traits>::issue_next_step(int into_slot) {
 #pragma unroll
       for (int k = 0; k < (kBlockM + kBlockN) / kRowsPerPass; ++k) {
         if (k < kQPasses) {
-          const bool valid = valid_col && tile.q0 + first_row + k * kRowsPerPass < seq_q;
-          cp_async_16(stage + k * kRowsPerPass * 128, q_src + k * kRowsPerPass * q_stride + col, valid);
+          // Tile row -> (head, query row): the same head and q0 + row unless the tile packs heads.
+          const int row = first_row + k * kRowsPerPass, i = tile.query_row(row);
+          const Element* const q_src = q_batch + tile.row_head(row) * p.q_stride[1] + i * p.q_stride[2];
+          cp_async_16(stage + k * kRowsPerPass * 128, q_src + col, valid_col && i < seq_q);
         } else {
           const int row = (k - kQPasses) * kRowsPerPass;
           const bool valid = valid_col && kv0 + first_row + row < seq_kv;

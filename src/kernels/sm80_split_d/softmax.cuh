@@ -81,7 +81,6 @@ __device__ __forceinline__ void Cta<Traits>::softmax(int kv0, SAccumulator& s_ac
     // Bit 4 * nt + e of dropped[mt] says whether s_acc[mt][nt][e] is dropped.
     // The Philox rounds run in a rolled loop to keep register pressure flat.
     using DropBits = std::conditional_t<(kSTiles * 4 > 32), uint64_t, uint32_t>;
-    const uint64_t head_word = dropout_head_word(p, static_cast<int64_t>(tile.batch) * p.heads_q + tile.head);
 #pragma unroll
     for (int mt = 0; mt < kMTiles; ++mt) {
       DropBits dropped = 0;
@@ -89,7 +88,11 @@ __device__ __forceinline__ void Cta<Traits>::softmax(int kv0, SAccumulator& s_ac
       for (int nt = 0; nt < kSTiles; ++nt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const DroppedPair pair = dropped_pair(p, head_word, tile.q0 + local_row(2 * mt + h), key0 + nt * 8, t);
+          // Each row's own head (a tile may pack several: tile_schedule.hpp).
+          const int row = local_row(2 * mt + h);
+          const uint64_t head_word =
+              dropout_head_word(p, static_cast<int64_t>(tile.batch) * p.heads_q + tile.row_head(row));
+          const DroppedPair pair = dropped_pair(p, head_word, tile.query_row(row), key0 + nt * 8, t);
           dropped |= (DropBits{pair.first} | (DropBits{pair.second} << 1)) << (4 * nt + 2 * h);
         }
       }

@@ -11,7 +11,9 @@
 #include "kernels/common/math_constants.hpp"
 #include "kernels/common/accumulator_layout.cuh"
 #include "kernels/common/element.cuh"
+#include "kernels/common/split_kv.hpp"
 #include "kernels/common/swizzle.hpp"
+#include "kernels/common/tile_schedule.hpp"
 #include "kernels/sm80_split_d/tiles.hpp"
 
 namespace ffpa::detail::sm80_split_d {
@@ -75,7 +77,11 @@ struct Traits {
 struct Args {
   AttentionProblem p;
   int value_splits;      // CTAs per row block, each one slice of Dv
-  int row_blocks;        // ceil(Nq / kBlockM)
+  // GQA packing (split_kv.hpp's packed_heads): a tile holds the same query
+  // rows of heads_per_tile query heads of one KV head, so decode reads each
+  // K/V byte once for all of them (tile_schedule.hpp: row_head, query_row).
+  int heads_per_tile;
+  int row_blocks;        // tiles along a head's Nq rows: head_row_blocks()
   int64_t block_offset;  // first linear CTA index of this launch
   float scale_log2;      // scale * log2(e)
 };
@@ -87,14 +93,16 @@ inline Args forward_args(const AttentionProblem& problem, int value_splits) {
   Args args{};
   args.p = problem;
   args.value_splits = value_splits;
-  args.row_blocks = static_cast<int>((problem.seq_q + Traits::kBlockM - 1) / Traits::kBlockM);
+  args.heads_per_tile = packed_heads(problem.group_size(), problem.seq_q, Traits::kBlockM);
+  args.row_blocks = static_cast<int>(head_row_blocks(problem.seq_q, Traits::kBlockM, args.heads_per_tile));
   args.scale_log2 = problem.scale * kLog2e;
   return args;
 }
 
 template <class Traits>
 inline int64_t forward_ctas(const Args& args) {
-  return args.p.batch * args.p.heads_q * args.row_blocks * static_cast<int64_t>(args.value_splits);
+  return args.p.batch * (args.p.heads_q / args.heads_per_tile) * args.row_blocks *
+         static_cast<int64_t>(args.value_splits);
 }
 
 }  // namespace ffpa::detail::sm80_split_d
