@@ -75,14 +75,25 @@ class Case:
     mask: str = "none"  # none, add-keys (additive [1,1,1,N] in the input dtype), bool-keypad ([B,1,1,N], 10 %)
     dropout: float = 0.0
     mode: str = "fwd"  # fwd; fp8 (FP8 path: bf16 in and out, quantization included); bwd (backward only)
+    Dv: int = 0  # the value's head dim (issue 14's D_qk != D_v rows); 0: D
 
     @property
     def gqa(self) -> bool:
         return self.Hq != self.Hkv
 
+    @property
+    def value_dim(self) -> int:
+        return self.Dv or self.D
+
     def flops(self) -> float:
-        return bc.attention_flops(self.B, self.Hq, self.Nq, self.Nkv, self.D, self.causal != "none",
-                                  backward=self.mode == "bwd")
+        # 2 B Hq Nq Nkv (D + Dv): the compass's 4 B Hq Nq Nkv D with D the mean of the two head dims.
+        return bc.attention_flops(self.B, self.Hq, self.Nq, self.Nkv, (self.D + self.value_dim) / 2,
+                                  self.causal != "none", backward=self.mode == "bwd")
+
+    def hbm_bound_ms(self, bandwidth: float = 4.8e12) -> float:
+        """Reading q, k, v and writing o once at the H200's HBM bandwidth (what decode approaches)."""
+        elements = self.B * (self.Hq * self.Nq * (self.D + self.value_dim) + self.Hkv * self.Nkv * (self.D + self.value_dim))
+        return elements * bc.ELEMENT_BYTES / bandwidth * 1e3
 
     def shape(self) -> tuple[int, int, int, int, int, int]:
         return self.B, self.Hq, self.Hkv, self.Nq, self.Nkv, self.D
@@ -94,7 +105,8 @@ class Case:
         extras += [f"mask {self.mask}"] if self.mask != "none" else []
         extras += [f"dropout {self.dropout:g}"] if self.dropout else []
         extras += [self.mode] if self.mode != "fwd" else []
-        return f"B{self.B} {heads} {seq} D{self.D} " + " ".join(extras)
+        dims = f"D{self.D}" if self.value_dim == self.D else f"D{self.D}/Dv{self.value_dim}"
+        return f"B{self.B} {heads} {seq} {dims} " + " ".join(extras)
 
 
 HEAD_DIMS = (64, 128, 256, 320, 384, 448, 512, 576, 640, 768, 896, 1024)
@@ -126,6 +138,9 @@ CASES: tuple[Case, ...] = (
     Case("fp8-d512", 512, mode="fp8"),
     Case("fp8-d1024", 1024, mode="fp8"),
     Case("fp8-d512-causal", 512, causal=TOP_LEFT, mode="fp8"),
+    # Issue 14: absorbed MLA (D_qk 576, D_v 512, one KV head shared by every query head).
+    Case("mla-prefill-576-512", 576, Hq=128, Hkv=1, Nq=4096, Nkv=4096, causal=TOP_LEFT, Dv=512),
+    Case("mla-decode-b64-n8k", 576, B=64, Hq=128, Hkv=1, Nq=1, Nkv=8192, Dv=512),
     Case("bwd-d512", 512, mode="bwd"),
     Case("bwd-d512-causal", 512, causal=TOP_LEFT, mode="bwd"),
     Case("bwd-d1024", 1024, mode="bwd"),
@@ -189,18 +204,21 @@ def host_us_seconds(args: argparse.Namespace) -> float:
 
 def case_row(case: Case) -> dict[str, Any]:
     return {"case": case.id, "shape": case.describe(), **{k: v for k, v in asdict(case).items() if k != "id"},
-            "flops": case.flops()}
+            "flops": case.flops(), "hbm_bound_ms": case.hbm_bound_ms()}
 
 
 def case_inputs(gpu: bc.GpuSession, case: Case, args: argparse.Namespace) -> tuple[list[Any], Any, int]:
     """(input sets, the SDPA-side mask or None, number of sets). The mask is what SDPA gets: the case's
     mask, or for bottom-right causal the equivalent bool [1, 1, Nq, Nkv] mask."""
     torch = gpu.torch
-    set_bytes = bc.ELEMENT_BYTES * case.B * (case.Hq * case.Nq + 2 * case.Hkv * case.Nkv) * case.D
+    set_bytes = bc.ELEMENT_BYTES * case.B * (case.Hq * case.Nq * case.D + case.Hkv * case.Nkv * (case.D + case.value_dim))
     count = 1 if case.mode == "bwd" else gpu.set_count(set_bytes)
     seed = args.seed + zlib.crc32(case.id.encode()) % 1_000_000 * 10
     dtype = "bf16" if case.mode == "fp8" else case.dtype
     sets = gpu.qkv_sets(*case.shape(), dtype, seed, count)
+    if case.value_dim != case.D:  # v with its own head dim
+        sets = [(q, k, gpu.random((case.B, case.Hkv, case.Nkv, case.value_dim), gpu.dtype(dtype), seed + 3 * i + 2))
+                for i, (q, k, _) in enumerate(sets)]
     mask = None
     if case.mask == "add-keys":
         t = gpu.dtype(dtype)
@@ -563,7 +581,8 @@ def main(argv: list[str]) -> int:
     weights = [estimate_seconds(c, args) for c in cases]
     if args.list:
         for c, w in zip(cases, weights):
-            mode = "" if c.mode == "fwd" else f"  ({NOT_YET[c.mode].split(' (')[0].split(':')[0]})"
+            not_yet = NOT_YET.get(c.mode)
+            mode = f"  ({not_yet.split(' (')[0].split(':')[0]})" if not_yet else ""
             print(f"{c.id:<30} {c.describe():<52} {c.flops() / 1e12:8.2f} TFLOP  ~{w:5.1f} s{mode}")
         total = sum(weights) + host_us_seconds(args)
         print(f"{len(cases)} cases; estimated {total:.0f} s ({total / 60:.1f} min) on an H200, host-us included")
