@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -136,5 +138,44 @@ TEST(EmulatedSm80Backward, PaddedRowsScale) {
   check({"padded", shape_case(DType::bf16, 1, 1, 1, 64, 64, 64).with_row_pad(8).with_scale(0.3f)});
 }
 
+// Random small cases (FFPA_EMULATION_CASES of them, 6 by default; seed
+// FFPA_TEST_SEED): every feature drawn at once, d_lse and d_mask included.
+TEST(EmulatedSm80Backward, RandomCases) {
+  const char* count_text = std::getenv("FFPA_EMULATION_CASES");
+  const char* seed_text = std::getenv("FFPA_TEST_SEED");
+  const int count = count_text ? std::atoi(count_text) : 6;
+  std::mt19937_64 rng(seed_text ? std::strtoull(seed_text, nullptr, 0) : 20261202);
+  auto pick = [&](int lo, int hi) { return lo + static_cast<int>(rng() % static_cast<uint64_t>(hi - lo + 1)); };
+  for (int n = 0; n < count; ++n) {
+    const int heads_kv = pick(1, 2), group = 1 << pick(0, 2);
+    // At least 8 keys: with one key every dS is 0 in exact arithmetic and the
+    // fp32 delta's rounding is all that remains (the reference's relative
+    // error then measures noise against noise).
+    ForwardCase c = shape_case(pick(0, 1) ? DType::bf16 : DType::f16, pick(1, 2), heads_kv * group, heads_kv,
+                               pick(1, 80), pick(8, 100), 8 * pick(1, 40));
+    BackwardCase bc{"", c};
+    bc.require_nonzero = false;
+    bc.value_dim = pick(0, 3) == 0 ? 8 * pick(1, 40) : 0;
+    bc.shape.causal = static_cast<Causal>(pick(0, 2));
+    // Top-left causal over one or two rows leaves each row one key (the degenerate case above).
+    if (bc.shape.causal == Causal::top_left && bc.shape.seq_q <= 2) bc.shape.causal = Causal::bottom_right;
+    if (pick(0, 2) == 0) {
+      const MaskShape shapes[] = {MaskShape::keys, MaskShape::batch_keys, MaskShape::batch_rows, MaskShape::full};
+      const bool additive = pick(0, 1) == 1;
+      bc.shape = bc.shape.with_mask(additive ? (pick(0, 1) ? DType::f32 : c.dtype) : DType::boolean,
+                                    shapes[pick(0, 3)], pick(0, 3) == 0);
+      bc.with_d_mask = additive && pick(0, 1) == 1;
+    }
+    if (pick(0, 3) == 0) bc.shape.dropout_p = 0.2f;
+    if (pick(0, 2) == 0) bc.shape.layout = Layout::bnhd;
+    if (pick(0, 3) == 0) bc.shape.row_pad = 8;
+    bc.with_d_lse = pick(0, 2) == 0;
+    bc.name = "random " + std::to_string(n) + " " + case_name(bc.shape) + " Dv" + std::to_string(bc.value_dim) +
+              (bc.with_d_lse ? " d_lse" : "") + (bc.with_d_mask ? " d_mask" : "");
+    check(bc);
+  }
+}
+
 }  // namespace
 }  // namespace ffpa::testing
+

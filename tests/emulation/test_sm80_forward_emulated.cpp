@@ -10,7 +10,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <iostream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -151,6 +153,43 @@ TEST(EmulatedSm80Forward, MlaDecodePacked) {
 
 TEST(EmulatedSm80Forward, NarrowValueDim) {
   check<128>("dv 128 < d 576", shape_case(DType::bf16, 1, 2, 1, 64, 100, 576).with_causal(Causal::bottom_right), 128);
+}
+
+// Random small cases (FFPA_EMULATION_CASES of them, 8 by default; seed
+// FFPA_TEST_SEED): every feature drawn at once, the instance the smallest of
+// 64 / 128 / 256 columns that holds Dv.
+TEST(EmulatedSm80Forward, RandomCases) {
+  const char* count_text = std::getenv("FFPA_EMULATION_CASES");
+  const char* seed_text = std::getenv("FFPA_TEST_SEED");
+  const int count = count_text ? std::atoi(count_text) : 8;
+  std::mt19937_64 rng(seed_text ? std::strtoull(seed_text, nullptr, 0) : 20261201);
+  auto pick = [&](int lo, int hi) { return lo + static_cast<int>(rng() % static_cast<uint64_t>(hi - lo + 1)); };
+  for (int n = 0; n < count; ++n) {
+    const int heads_kv = pick(1, 2), group = 1 << pick(0, 3);
+    const bool decode = pick(0, 3) == 0;
+    ForwardCase c = shape_case(pick(0, 1) ? DType::bf16 : DType::f16, pick(1, 2), heads_kv * group, heads_kv,
+                               decode ? pick(1, 4) : pick(1, 90), pick(1, 150), 8 * pick(1, 32));
+    const int64_t dv = pick(0, 3) == 0 ? 8 * pick(1, 32) : c.head_dim;
+    c.causal = static_cast<Causal>(pick(0, 2));
+    if (pick(0, 2) == 0) {
+      const DType mask_dtypes[] = {DType::boolean, DType::f32, c.dtype};
+      const MaskShape shapes[] = {MaskShape::keys, MaskShape::batch_keys, MaskShape::batch_rows, MaskShape::full,
+                                  MaskShape::stride0_view};
+      c = c.with_mask(mask_dtypes[pick(0, 2)], shapes[pick(0, 4)], pick(0, 3) == 0);
+    }
+    if (pick(0, 3) == 0) c.dropout_p = 0.2f;
+    if (pick(0, 2) == 0) c.layout = Layout::bnhd;
+    if (pick(0, 3) == 0) c.row_pad = 8;
+    if (c.dtype == DType::f16 && pick(0, 3) == 0) c.accumulation = Accumulation::f16;
+    const std::string name = "random " + std::to_string(n) + " " + case_name(c) + " Dv" + std::to_string(dv);
+    if (dv <= 64) {
+      check<64>(name, c, dv);
+    } else if (dv <= 128) {
+      check<128>(name, c, dv);
+    } else {
+      check<256>(name, c, dv);
+    }
+  }
 }
 
 }  // namespace

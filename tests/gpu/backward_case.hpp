@@ -29,6 +29,9 @@ struct BackwardCase {
   int64_t value_dim = 0;     // Dv; 0: D
   bool with_d_lse = false;   // a loss that reads the lse too
   bool with_d_mask = false;  // an additive mask's gradient too
+  // An all-zero reference gradient fails the case (it would check nothing);
+  // random cases may draw one (every row masked): their gradients must then be ~0.
+  bool require_nonzero = true;
 };
 
 inline void PrintTo(const BackwardCase& c, std::ostream* out) { *out << c.name; }
@@ -146,7 +149,15 @@ void check_backward(const BackwardCase& bc, uint64_t seed, const char* label, do
     EXPECT_EQ(gaps_written, 0) << grad.name << ": the gaps between padded rows were written";
     double want_norm = 0.0;
     for (double x : *grad.want) want_norm += x * x;
-    EXPECT_GT(want_norm, 0.0) << grad.name << ": an all-zero reference checks nothing";
+    if (want_norm == 0.0) {
+      EXPECT_FALSE(bc.require_nonzero) << grad.name << ": an all-zero reference checks nothing";
+      // Rows that attend one key have dS = 0 exactly; the kernels' delta from the rounded O leaves
+      // |dS| of the order of the dtype's rounding (the inputs are O(1)).
+      double largest = 0.0;
+      for (double x : got) largest = std::max(largest, std::fabs(x));
+      EXPECT_LE(largest, 2 * tolerance) << grad.name << ": the reference is all zero";
+      continue;
+    }
     const ErrorMetrics m = error_metrics(got, *grad.want);
     std::cout << "[ " << label << " ] " << bc.name << " " << grad.name << " relative L2 " << m.relative_l2 << "\n";
     EXPECT_LE(m.relative_l2, tolerance) << grad.name;
