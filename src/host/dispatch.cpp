@@ -155,9 +155,18 @@ Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
   sm80_split_d::Route route;
   if (Status status = split_d_shared_memory_route(problem, info, &route); !status.ok()) return status;
   if (Status status = sm80_split_d::runnable(problem, route, info.device); !status.ok()) return status;
+  int sm_count = 0;
+  if (const cudaError_t error = cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, info.device);
+      error != cudaSuccess) {
+    return no_device(Impl::sm80_split_d, error, "cudaDeviceGetAttribute");
+  }
   choice->impl = Impl::sm80_split_d;
   choice->padded_head_dim = route.out_cols;
   choice->value_splits = route.value_splits;
+  // Split-KV where the tiles leave SMs idle (decode): split_blocks in the instance's KV blocks.
+  const KvSplits splits = sm80_split_d::plan_kv_splits(problem, route, sm_count);
+  choice->kv_splits = splits.count;
+  choice->split_blocks = static_cast<int32_t>(splits.keys_per_split / sm80_split_d::tile_shape(route.out_cols).block_n);
   return {};
 }
 
@@ -233,9 +242,12 @@ Status plan_automatic_device(const AttentionProblem& problem, KernelChoice* choi
 std::string kernel_name(const AttentionProblem& problem, const KernelChoice& choice) {
   switch (choice.impl) {
     case Impl::cpu_reference: return "cpu_reference<f64>";
-    case Impl::sm80_split_d:
-      return sm80_split_d::kernel_name(
+    case Impl::sm80_split_d: {
+      std::string name = sm80_split_d::kernel_name(
           problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits});
+      if (choice.kv_splits > 1) name += ",kv_splits" + std::to_string(choice.kv_splits);
+      return name;
+    }
     case Impl::sm90_wgmma:
       if (choice.precision == Precision::fp8) return sm90_wgmma::fp8_kernel_name(problem, static_cast<int>(choice.padded_head_dim));
       for (int i = 0; i < sm90_wgmma::kInstanceCount; ++i) {
@@ -369,6 +381,32 @@ Status run_fp8(const AttentionProblem& problem, const Fp8KvCache* kv_cache, void
   return memory.release(fp8_forward(problem, problem.quantization, base, bytes, stream, kv_cache));
 }
 
+// The portable family's split-KV: the partial rows as for the sm90 family's,
+// then the kernel and the combine (a plain launch: PDL is Hopper's).
+Status run_sm80_split_kv(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
+                         size_t workspace_size, cudaStream_t stream) {
+  const split_kv::PartialLayout layout = split_kv::partial_layout(problem, choice.kv_splits);
+  Workspace memory(workspace, workspace_size, stream);
+  void* partials = nullptr;
+  if (Status status = memory.acquire(static_cast<size_t>(layout.bytes), "split-KV's partial rows", &partials);
+      !status.ok()) {
+    return status;
+  }
+  unsigned char* const base = static_cast<unsigned char*>(partials);
+  const sm80_split_d::Route route{static_cast<int>(choice.padded_head_dim), choice.value_splits};
+  sm80_split_d::SplitLaunch split;
+  split.kv_splits = choice.kv_splits;
+  split.keys_per_split = static_cast<int64_t>(choice.split_blocks) * sm80_split_d::tile_shape(route.out_cols).block_n;
+  split.partial_o = reinterpret_cast<float*>(base + layout.o_offset);
+  split.partial_states = reinterpret_cast<RowSoftmaxState*>(base + layout.states_offset);
+  Status status = sm80_split_d::run(problem, route, split, stream);
+  if (status.ok()) {
+    status = split_kv::launch_combine(problem, {split.partial_o, split.partial_states, split.kv_splits},
+                                      /*programmatic=*/false, stream);
+  }
+  return memory.release(status);
+}
+
 // Split-KV: the partial rows in the caller's workspace, or in stream-ordered
 // memory freed after the combine; then the kernel and the combine.
 Status run_sm90_split_kv(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
@@ -409,8 +447,9 @@ Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, 
       }
       return {};
     case Impl::sm80_split_d:
+      if (choice.kv_splits > 1) return run_sm80_split_kv(problem, choice, workspace, workspace_size, stream);
       return sm80_split_d::run(
-          problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits},
+          problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits}, {},
           stream);
     case Impl::sm90_wgmma:
       if (choice.precision == Precision::fp8) return run_fp8(problem, kv_cache, workspace, workspace_size, stream);

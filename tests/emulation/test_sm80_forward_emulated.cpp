@@ -19,6 +19,7 @@
 #include "ffpa/ffpa.hpp"
 #include "gpu/forward_case.hpp"
 #include "host/validate.hpp"
+#include "kernels/common/split_kv.hpp"
 #include "kernels/sm80_split_d/kernel.cuh"
 #include "reference/cpu_attention.hpp"
 #include "support/error_metrics.hpp"
@@ -40,19 +41,50 @@ using TileTraits = split_d::Traits<Element, kAccumF16, kOutCols, split_d::tile_s
                                    split_d::tile_shape(kOutCols).block_n, split_d::tile_shape(kOutCols).pv_keys,
                                    split_d::tile_shape(kOutCols).stages>;
 
+// The kernel on every CTA; with wanted_splits > 1 split-KV: the partial rows,
+// then the combine's arithmetic on the host (split_kv.hpp's merge and weights,
+// what kernels/split_kv/combine.cu runs) into o and lse.
 template <class Traits>
-void run_emulated(const detail::AttentionProblem& problem, int value_splits) {
+void run_emulated(const detail::AttentionProblem& problem, int value_splits, int wanted_splits) {
   static_assert(Traits::kSmemBytes <= sizeof split_d::cta_smem);
-  const split_d::Args args = split_d::forward_args<Traits>(problem, value_splits);
+  split_d::SplitLaunch split;
+  const detail::KvSplits splits = detail::kv_splits_of(problem.seq_kv, wanted_splits, Traits::kBlockN);
+  const int64_t rows = problem.batch * problem.heads_q * problem.seq_q, dv = problem.dv();
+  std::vector<float> partial_o;
+  std::vector<detail::RowSoftmaxState> states;
+  if (splits.count > 1) {
+    partial_o.assign(static_cast<size_t>(splits.count * rows * dv), std::nanf(""));
+    states.assign(static_cast<size_t>(splits.count * rows), detail::RowSoftmaxState{std::nanf(""), std::nanf("")});
+    split = {splits.count, splits.keys_per_split, partial_o.data(), states.data()};
+  }
+  const split_d::Args args = split_d::forward_args<Traits>(problem, value_splits, split);
   for (int64_t cta = 0; cta < split_d::forward_ctas<Traits>(args); ++cta)
     emulation::run_cta({static_cast<unsigned>(cta), 0, 0}, Traits::kThreads, split_d::cta_smem,
                        [&] { split_d::forward_kernel<Traits>(args); });
+  if (splits.count == 1) return;
+  const float keep_scale = problem.dropout_p > 0.0f ? problem.dropout_scale : 1.0f;
+  for (int64_t row = 0; row < rows; ++row) {
+    const detail::RowSoftmaxState merged = detail::merge_split_states(states.data() + row, rows, splits.count);
+    const int64_t i = row % problem.seq_q, bh = row / problem.seq_q;
+    const int64_t b = bh / problem.heads_q, h = bh % problem.heads_q;
+    for (int64_t c = 0; c < dv; ++c) {
+      double sum = 0.0;
+      for (int sp = 0; sp < splits.count; ++sp)
+        sum += detail::split_weight(states[static_cast<size_t>(sp * rows + row)], merged) * keep_scale *
+               partial_o[static_cast<size_t>((sp * rows + row) * dv + c)];
+      const Tensor o{problem.o, problem.dtype, 4, {0, 0, 0, 0}, {problem.o_stride[0], problem.o_stride[1], problem.o_stride[2], 1}};
+      set_element(o, {b, h, i, c}, sum);
+    }
+    if (problem.lse != nullptr)
+      problem.lse[b * problem.lse_stride[0] + h * problem.lse_stride[1] + i * problem.lse_stride[2]] =
+          detail::log_sum_exp(merged);
+  }
 }
 
 // Runs the kernel of instance kOutCols (value splits as routing would give
 // them) on the case and compares o and lse with the fp64 reference.
 template <int kOutCols>
-void check(const std::string& name, const ForwardCase& c, int64_t value_dim = 0) {
+void check(const std::string& name, const ForwardCase& c, int64_t value_dim = 0, int wanted_splits = 1) {
   SCOPED_TRACE(name);
   const uint64_t seed = splitmix64(std::hash<std::string>{}(name));
   const int64_t dv = value_dim > 0 ? value_dim : c.head_dim;
@@ -84,11 +116,11 @@ void check(const std::string& name, const ForwardCase& c, int64_t value_dim = 0)
 
   const int value_splits = static_cast<int>((dv + kOutCols - 1) / kOutCols);
   if (c.dtype == DType::bf16) {
-    run_emulated<TileTraits<__nv_bfloat16, false, kOutCols>>(problem, value_splits);
+    run_emulated<TileTraits<__nv_bfloat16, false, kOutCols>>(problem, value_splits, wanted_splits);
   } else if (c.accumulation == Accumulation::f16) {
-    run_emulated<TileTraits<__half, true, kOutCols>>(problem, value_splits);
+    run_emulated<TileTraits<__half, true, kOutCols>>(problem, value_splits, wanted_splits);
   } else {
-    run_emulated<TileTraits<__half, false, kOutCols>>(problem, value_splits);
+    run_emulated<TileTraits<__half, false, kOutCols>>(problem, value_splits, wanted_splits);
   }
 
   std::vector<double> got_o, got_lse;
@@ -151,13 +183,23 @@ TEST(EmulatedSm80Forward, MlaDecodePacked) {
   check<512>("mla decode 576/512", shape_case(DType::bf16, 2, 16, 1, 1, 200, 576), 512);
 }
 
+// Split-KV: each split's partial rows combined as the combine kernel does.
+TEST(EmulatedSm80Forward, SplitKvDecodeAndShortPrefill) {
+  check<128>("split decode gqa", shape_case(DType::bf16, 1, 8, 2, 1, 700, 128).with_dropout(0.1f), 0, 4);
+  check<64>("split causal mask", shape_case(DType::f16, 1, 2, 2, 40, 500, 64)
+                                     .with_causal(Causal::bottom_right)
+                                     .with_mask(DType::boolean, MaskShape::batch_keys, false).with_f16_accumulation(),
+            0, 3);
+  check<512>("split mla decode", shape_case(DType::bf16, 1, 16, 1, 1, 600, 576), 512, 5);
+}
+
 TEST(EmulatedSm80Forward, NarrowValueDim) {
   check<128>("dv 128 < d 576", shape_case(DType::bf16, 1, 2, 1, 64, 100, 576).with_causal(Causal::bottom_right), 128);
 }
 
 // Random small cases (FFPA_EMULATION_CASES of them, 8 by default; seed
-// FFPA_TEST_SEED): every feature drawn at once, the instance the smallest of
-// 64 / 128 / 256 columns that holds Dv.
+// FFPA_TEST_SEED): every feature drawn at once (split-KV included), the
+// instance the smallest of 64 / 128 / 256 columns that holds Dv.
 TEST(EmulatedSm80Forward, RandomCases) {
   const char* count_text = std::getenv("FFPA_EMULATION_CASES");
   const char* seed_text = std::getenv("FFPA_TEST_SEED");
@@ -182,12 +224,13 @@ TEST(EmulatedSm80Forward, RandomCases) {
     if (pick(0, 3) == 0) c.row_pad = 8;
     if (c.dtype == DType::f16 && pick(0, 3) == 0) c.accumulation = Accumulation::f16;
     const std::string name = "random " + std::to_string(n) + " " + case_name(c) + " Dv" + std::to_string(dv);
+    const int wanted_splits = pick(1, 3);  // split-KV where the keys make whole blocks of more than one
     if (dv <= 64) {
-      check<64>(name, c, dv);
+      check<64>(name, c, dv, wanted_splits);
     } else if (dv <= 128) {
-      check<128>(name, c, dv);
+      check<128>(name, c, dv, wanted_splits);
     } else {
-      check<256>(name, c, dv);
+      check<256>(name, c, dv, wanted_splits);
     }
   }
 }

@@ -42,6 +42,7 @@ struct Cta {
     return reinterpret_cast<float*>(cta_smem + Traits::kRingOrEpilogueBytes + Traits::kPBytes);
   }
 
+  const Args& args;  // the kernel's parameters (split-KV's partial rows)
   const AttentionProblem& p;
   const float scale_log2;
   // The thread index through opaque(): derived addresses are recomputed where
@@ -63,7 +64,8 @@ struct Cta {
   int load_tile = 0, load_r = 0, slot = 0;
 
   __device__ __forceinline__ explicit Cta(const Args& args)
-      : p(args.p),
+      : args(args),
+        p(args.p),
         scale_log2(args.scale_log2),
         tid(opaque(static_cast<unsigned>(threadIdx.x))),
         warp_m(static_cast<int>(tid / 32) / Traits::kWarpsN),
@@ -77,8 +79,8 @@ struct Cta {
     int64_t block = args.block_offset + blockIdx.x;
     split = static_cast<int>(block % args.value_splits);
     block /= args.value_splits;
-    tile = tile_coordinates<int64_t>(p, block, args.row_blocks, Traits::kBlockM, Traits::kBlockN, 1, 0,
-                                     args.heads_per_tile);
+    tile = tile_coordinates<int64_t>(p, block, args.row_blocks, Traits::kBlockM, Traits::kBlockN, args.kv_splits,
+                                     args.split_blocks, args.heads_per_tile);
     dv0 = split * Traits::kOutCols;
     n_qk = (head_dim + Traits::kChunk - 1) / Traits::kChunk;
     out_cols = min(Traits::kOutCols, static_cast<int>(p.dv()) - dv0);
@@ -114,6 +116,8 @@ struct Cta {
   // epilogue.cuh
   __device__ __forceinline__ void store_output(const OAccumulator& o_acc, const float (&row_max)[kRows],
                                float (&row_sum)[kRows]);
+  __device__ __forceinline__ void store_partial(const OAccumulator& o_acc, const float (&row_max)[kRows],
+                                                const float (&row_sum)[kRows]);
 };
 
 }  // namespace ffpa::detail::sm80_split_d

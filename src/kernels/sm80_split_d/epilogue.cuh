@@ -23,6 +23,10 @@ __device__ __forceinline__ void Cta<Traits>::store_output(const OAccumulator& o_
 #pragma unroll
   for (int r = 0; r < kRows; ++r) row_sum[r] = quad_sum(row_sum[r]);
   reduce_across_warps(row_sum, SumOp{});
+  if (args.kv_splits > 1) {
+    store_partial(o_acc, row_max, row_sum);
+    return;
+  }
   const float keep_scale = dropout_keep_scale(p);
   float out_scale[kRows];
 #pragma unroll
@@ -65,6 +69,41 @@ __device__ __forceinline__ void Cta<Traits>::store_output(const OAccumulator& o_
                                                           swizzle128<kElementBytes>(row, segment * 8));
       *reinterpret_cast<uint4*>(o_batch + tile.row_head(row) * p.o_stride[1] + static_cast<int64_t>(i) * p.o_stride[2] +
                                 dv0 + col) = value;
+    }
+  }
+}
+
+// Split-KV: this split's rows as the combine reads them (split_kv/combine.hpp):
+// the softmax state (the log2-domain maximum and the row's sum, reduced over
+// the quad and the row's warps) by one thread a row of the first value split,
+// and the unnormalized O columns of this value split, fp32 pairs from the
+// registers. A split whose keys a row never attends writes max -inf, sum 0
+// and zeros.
+template <class Traits>
+__device__ __forceinline__ void Cta<Traits>::store_partial(const OAccumulator& o_acc, const float (&row_max)[kRows],
+                                                           const float (&row_sum)[kRows]) {
+  const int64_t rows = p.batch * p.heads_q * p.seq_q;
+  const int64_t value_dim = p.dv();
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int local = local_row(r), i = tile.query_row(local);
+    if (i >= seq_q) continue;
+    const int64_t partial_row =
+        tile.kv_split * rows + (static_cast<int64_t>(tile.batch) * p.heads_q + tile.row_head(local)) * p.seq_q + i;
+    if (split == 0 && warp_n == 0 && t == 0) args.partial_states[partial_row] = RowSoftmaxState{row_max[r], row_sum[r]};
+    float* const o_row = args.partial_o + partial_row * value_dim + dv0;
+    const int mt = r / 2, h = r % 2;
+#pragma unroll
+    for (int nt = 0; nt < kOTiles; ++nt) {
+      const int col = warp_n * Traits::kWarpCols + nt * 8 + 2 * t;
+      if (col >= out_cols) continue;  // out_cols is a multiple of 8: both columns or neither
+      float2 pair;
+      if constexpr (Traits::kAccumF16) {
+        pair = unpack_half2(o_acc[mt][nt][h]);
+      } else {
+        pair = make_float2(o_acc[mt][nt][2 * h], o_acc[mt][nt][2 * h + 1]);
+      }
+      *reinterpret_cast<float2*>(o_row + col) = pair;
     }
   }
 }

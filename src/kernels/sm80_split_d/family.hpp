@@ -9,18 +9,20 @@
 
 #include "common/attention_problem.hpp"
 #include "ffpa/ffpa.hpp"
+#include "kernels/common/split_kv.hpp"
+#include "kernels/sm80_split_d/split_launch.hpp"
 #include "kernels/sm80_split_d/tiles.hpp"
 
 namespace ffpa::detail::sm80_split_d {
 
-using Launcher = Status (*)(const AttentionProblem&, int value_splits, cudaStream_t);
+using Launcher = Status (*)(const AttentionProblem&, int value_splits, const SplitLaunch&, cudaStream_t);
 using RunnableCheck = Status (*)(DType, Accumulation, int device);
 
 // Defined in launch.cuh, explicitly instantiated per head dim in the
 // generated sm80_split_d_d<D>.cu translation units.
 template <int kOutCols>
-Status launch_instance(const AttentionProblem& problem, int value_splits,
-                               cudaStream_t stream);
+Status launch_instance(const AttentionProblem& problem, int value_splits, const SplitLaunch& split,
+                       cudaStream_t stream);
 // Whether the instance's kernel for the dtype and accumulation runs on the
 // current device, `device` (host/kernel_image.hpp): impl_unavailable when this
 // build has no image the device loads, or the device cannot give it its threads.
@@ -48,7 +50,11 @@ std::string kernel_name(const AttentionProblem& problem, Route route);
 // Whether the kernel of a route runs on the current device, `device`.
 Status runnable(const AttentionProblem& problem, Route route, int device);
 
-// Runs a routed instance.
-Status run(const AttentionProblem& problem, Route route, cudaStream_t stream);
+// Runs a routed instance; `split` (kv_splits > 1): split-KV's partial rows instead of O and LSE.
+Status run(const AttentionProblem& problem, Route route, const SplitLaunch& split, cudaStream_t stream);
+
+// The split-KV plan of a routed call on `sm_count` SMs: the tiles a call has
+// (GQA-packed rows, value splits) against the SMs, split_kv.hpp's rule.
+KvSplits plan_kv_splits(const AttentionProblem& problem, Route route, int sm_count);
 
 }  // namespace ffpa::detail::sm80_split_d

@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) forward_kernel(const Args
     typename CtaT::SAccumulator s_acc;
     cta.compute_s(s_acc);
     float alpha[CtaT::kRows];
-    cta.softmax(block * Traits::kBlockN, s_acc, row_max, row_sum, alpha);
+    cta.softmax((cta.tile.kv_first + block) * Traits::kBlockN, s_acc, row_max, row_sum, alpha);
     cta.rescale_o(o_acc, alpha);
     typename CtaT::PFragments p_frag;
     cta.write_p(s_acc, p_frag);

@@ -15,7 +15,7 @@
 namespace ffpa::detail::sm80_split_d {
 
 template <class Traits>
-Status launch(const AttentionProblem& problem, int value_splits, cudaStream_t stream) {
+Status launch(const AttentionProblem& problem, int value_splits, const SplitLaunch& split, cudaStream_t stream) {
   const auto kernel = forward_kernel<Traits>;
   int device = 0, smem_optin = 0;
   FFPA_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
@@ -33,7 +33,7 @@ Status launch(const AttentionProblem& problem, int value_splits, cudaStream_t st
   FFPA_RETURN_IF_DEVICE_ERROR("sm80_split_d", cudaFuncSetAttribute(
       kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes));
 
-  Args args = forward_args<Traits>(problem, value_splits);
+  Args args = forward_args<Traits>(problem, value_splits, split);
   const int64_t total_blocks = forward_ctas<Traits>(args);
   constexpr int64_t kMaxBlocksPerLaunch = int64_t{1} << 30;  // below gridDim.x's 2^31 - 1
   for (int64_t first = 0; first < total_blocks; first += kMaxBlocksPerLaunch) {
@@ -75,10 +75,10 @@ Status with_traits(DType dtype, Accumulation accumulation, Action&& action) {
 }
 
 template <int kOutCols>
-Status launch_instance(const AttentionProblem& problem, int value_splits,
-                               cudaStream_t stream) {
+Status launch_instance(const AttentionProblem& problem, int value_splits, const SplitLaunch& split,
+                       cudaStream_t stream) {
   return with_traits<kOutCols>(problem.dtype, problem.accumulation, [&](auto tag) {
-    return launch<typename decltype(tag)::type>(problem, value_splits, stream);
+    return launch<typename decltype(tag)::type>(problem, value_splits, split, stream);
   });
 }
 

@@ -26,7 +26,7 @@ __device__ __forceinline__ void Cta<Traits>::issue_next_step(int into_slot) {
     const uint32_t seg_offset = swizzle128<Traits::kElementBytes>(first_row, seg * 8);
     const int64_t k_stride = p.k_stride[2], v_stride = p.v_stride[2];
     const Element* const q_batch = static_cast<const Element*>(p.q) + tile.batch * p.q_stride[0] + seg * 8;
-    const int kv0 = load_tile * kBlockN;
+    const int kv0 = (tile.kv_first + load_tile) * kBlockN;  // tiles of a KV split start at its first block
     const uint32_t stage = smem_address(ring() + into_slot * Traits::kStageBytes) + seg_offset;
     if (load_r < n_qk) {  // kBlockM rows of Q, then kBlockN rows of K, one 64-column chunk
       const Element* const k_src = static_cast<const Element*>(p.k) + tile.batch * p.k_stride[0] +

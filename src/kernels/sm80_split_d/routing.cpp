@@ -2,6 +2,7 @@
 #include <string>
 
 #include "kernels/sm80_split_d/family.hpp"
+#include "kernels/common/tile_schedule.hpp"
 
 namespace ffpa::detail::sm80_split_d {
 
@@ -50,10 +51,19 @@ Status runnable(const AttentionProblem& problem, Route route, int device) {
   return instance->runnable(problem.dtype, problem.accumulation, device);
 }
 
-Status run(const AttentionProblem& problem, Route route, cudaStream_t stream) {
+Status run(const AttentionProblem& problem, Route route, const SplitLaunch& split, cudaStream_t stream) {
   const Instance* instance = find_instance(route.out_cols);
   if (instance == nullptr) return no_instance(route.out_cols);
-  return instance->launch(problem, route.value_splits, stream);
+  return instance->launch(problem, route.value_splits, split, stream);
+}
+
+KvSplits plan_kv_splits(const AttentionProblem& problem, Route route, int sm_count) {
+  const TileShape tile = tile_shape(route.out_cols);
+  const int block_m = tile.warp_rows * tile.warps_m;
+  const int heads_per_tile = packed_heads(problem.group_size(), problem.seq_q, block_m);
+  const int64_t tiles = problem.batch * (problem.heads_q / heads_per_tile) *
+                        head_row_blocks(problem.seq_q, block_m, heads_per_tile) * route.value_splits;
+  return choose_kv_splits(tiles, problem.seq_kv, sm_count, tile.block_n);
 }
 
 }  // namespace ffpa::detail::sm80_split_d

@@ -9,11 +9,13 @@
 
 #include "common/attention_problem.hpp"
 #include "kernels/common/math_constants.hpp"
+#include "kernels/common/softmax_state.hpp"
 #include "kernels/common/accumulator_layout.cuh"
 #include "kernels/common/element.cuh"
 #include "kernels/common/split_kv.hpp"
 #include "kernels/common/swizzle.hpp"
 #include "kernels/common/tile_schedule.hpp"
+#include "kernels/sm80_split_d/split_launch.hpp"
 #include "kernels/sm80_split_d/tiles.hpp"
 
 namespace ffpa::detail::sm80_split_d {
@@ -82,6 +84,13 @@ struct Args {
   // K/V byte once for all of them (tile_schedule.hpp: row_head, query_row).
   int heads_per_tile;
   int row_blocks;        // tiles along a head's Nq rows: head_row_blocks()
+  // Split-KV (kernels/common/split_kv.hpp; kv_splits > 1): each tile is one
+  // split of split_blocks KV blocks and writes its rows' unnormalized O and
+  // softmax state (split_kv/combine.hpp's layout) instead of O and LSE.
+  int kv_splits;
+  int split_blocks;
+  float* partial_o;
+  RowSoftmaxState* partial_states;
   int64_t block_offset;  // first linear CTA index of this launch
   float scale_log2;      // scale * log2(e)
 };
@@ -89,10 +98,14 @@ struct Args {
 // The arguments and CTA count of a call (shared by the launcher and the CPU
 // emulation of the kernel, tests/emulation/).
 template <class Traits>
-inline Args forward_args(const AttentionProblem& problem, int value_splits) {
+inline Args forward_args(const AttentionProblem& problem, int value_splits, const SplitLaunch& split = {}) {
   Args args{};
   args.p = problem;
   args.value_splits = value_splits;
+  args.kv_splits = split.kv_splits;
+  args.split_blocks = static_cast<int>(split.keys_per_split / Traits::kBlockN);
+  args.partial_o = split.partial_o;
+  args.partial_states = split.partial_states;
   args.heads_per_tile = packed_heads(problem.group_size(), problem.seq_q, Traits::kBlockM);
   args.row_blocks = static_cast<int>(head_row_blocks(problem.seq_q, Traits::kBlockM, args.heads_per_tile));
   args.scale_log2 = problem.scale * kLog2e;
@@ -102,7 +115,7 @@ inline Args forward_args(const AttentionProblem& problem, int value_splits) {
 template <class Traits>
 inline int64_t forward_ctas(const Args& args) {
   return args.p.batch * (args.p.heads_q / args.heads_per_tile) * args.row_blocks *
-         static_cast<int64_t>(args.value_splits);
+         static_cast<int64_t>(args.value_splits) * args.kv_splits;
 }
 
 }  // namespace ffpa::detail::sm80_split_d

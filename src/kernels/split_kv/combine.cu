@@ -88,9 +88,9 @@ __global__ void __launch_bounds__(kMaxWarps * 32) combine_kernel(const Attention
 #pragma unroll
   for (int k = 0; k < kSplitsPerLane; ++k) weight[k] = split_weight(mine[k], merged) * keep_scale;
 
-  const int head_dim = static_cast<int>(p.head_dim);
+  const int head_dim = static_cast<int>(p.dv());  // O's columns (Dv)
   const int col = static_cast<int>(blockIdx.y) * kChunkColumns + 4 * lane;
-  const bool in_row = col < head_dim;  // head_dim % 8 == 0: all four columns or none
+  const bool in_row = col < head_dim;  // Dv % 8 == 0: all four columns or none
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
   for (int s = warp; s < partials.splits; s += warps) {
@@ -133,7 +133,7 @@ PartialLayout partial_layout(const AttentionProblem& problem, int splits) {
   auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
   const int64_t rows = static_cast<int64_t>(splits) * problem.batch * problem.heads_q * problem.seq_q;
   PartialLayout layout;
-  layout.states_offset = aligned(rows * problem.head_dim * 4);
+  layout.states_offset = aligned(rows * problem.dv() * 4);
   layout.bytes = layout.states_offset + aligned(rows * static_cast<int64_t>(sizeof(RowSoftmaxState)));
   return layout;
 }
@@ -148,7 +148,7 @@ Status launch_combine(const AttentionProblem& problem, const Partials& partials,
   if (rows == 0) return {};
   if (rows > INT_MAX) return {StatusCode::impl_unavailable, "split-KV combine: more than 2^31 rows"};
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(rows), static_cast<unsigned>((problem.head_dim + kChunkColumns - 1) / kChunkColumns));
+  config.gridDim = dim3(static_cast<unsigned>(rows), static_cast<unsigned>((problem.dv() + kChunkColumns - 1) / kChunkColumns));
   config.blockDim = dim3(32 * std::min(partials.splits, kMaxWarps));
   config.stream = stream;
   // On Hopper the combine is the attention kernel's programmatic dependent:

@@ -14,7 +14,7 @@
 namespace ffpa::detail::split_kv {
 
 // Row r = (b x Hq + h) x Nq + i of split s: unnormalized O at o[(s x rows + r)
-// x head_dim + c] (fp32), its state at states[s x rows + r].
+// x Dv + c] (fp32), its state at states[s x rows + r].
 struct Partials {
   const float* o = nullptr;
   const RowSoftmaxState* states = nullptr;
