@@ -349,15 +349,22 @@ Status device_support(int device, Impl impl) {
 }
 
 Status with_kv_splits(const AttentionProblem& problem, int wanted, KernelChoice* choice) {
-  if (choice->impl != Impl::sm90_wgmma) {
-    return {StatusCode::invalid_option, std::string("KV splits are planned by impl sm90_wgmma only, not ") +
+  if (choice->impl != Impl::sm90_wgmma && choice->impl != Impl::sm80_split_d) {
+    return {StatusCode::invalid_option, std::string("KV splits are planned by impl sm90_wgmma and sm80_split_d, not ") +
                                             impl_name(choice->impl)};
   }
   if (wanted < 1 || wanted > kMaxKvSplits) {
     return {StatusCode::invalid_option, std::to_string(wanted) + " KV splits: expected 1 to " +
                                             std::to_string(kMaxKvSplits)};
   }
-  set_kv_splits(kv_splits_of(problem.seq_kv, wanted, sm90_wgmma::kTileKeys), choice);
+  if (choice->impl == Impl::sm90_wgmma) {
+    set_kv_splits(kv_splits_of(problem.seq_kv, wanted, sm90_wgmma::kTileKeys), choice);
+  } else {
+    const int block_n = sm80_split_d::tile_shape(static_cast<int>(choice->padded_head_dim)).block_n;
+    const KvSplits splits = kv_splits_of(problem.seq_kv, wanted, block_n);
+    choice->kv_splits = splits.count;
+    choice->split_blocks = static_cast<int32_t>(splits.keys_per_split / block_n);
+  }
   choice->kernel = kernel_name(problem, *choice);
   return {};
 }

@@ -28,7 +28,7 @@ std::string kernel_name(const AttentionProblem& problem, const KernelChoice& cho
 // kernels on CUDA device `device` (ffpa::device_support).
 Status device_support(int device, Impl impl);
 
-// A planned sm90_wgmma choice with its keys split into about `wanted` KV
+// A planned sm90_wgmma or sm80_split_d choice with its keys split into about `wanted` KV
 // splits (1: unsplit, keeping the plan's GQA packing) instead of the planned
 // count: for benchmarks that measure the split rule against other counts
 // (ffpa-bench --kv-splits). invalid_option for another impl or wanted outside
