@@ -10,6 +10,8 @@ This sweep measures the two kinds of call that routing.py still hands to SDPA fo
          F.scaled_dot_product_attention (SDPA's own dispatch, enable_gqa for GQA points).
          Points: D in {320, 384, 512, 640, 768, 1024} x N in {1024, 2048, 4096, 8192} x {causal, not},
          H = 32 (H = 16 from D = 768 on), and GQA Hq 32 / Hkv 8 at D = 512.
+  train_extra  training calls with a key-padding mask, with dropout 0.1 (causal or not) at D 512 and
+         1024, N 2048 and 8192, and with D_qk != D_v (576/512 Hq 32 / Hkv 1, 192/128 H 32, causal).
   dv     a forward with D_qk != D_v (no grad): MLA's absorbed shape (Hq = 128, Hkv = 1, D_qk 576,
          D_v 512) at N in {1024, 4096}, causal or not, its decode (Nq = 1, B = 8, Nkv 8192) and the
          non-absorbed prefill shape (H = 32, D_qk 192, D_v 128) at N in {1024, 4096}.
@@ -53,12 +55,16 @@ class Point:
     D: int
     Dv: int
     causal: bool
+    mask: bool = False  # a boolean key-padding mask [B, 1, 1, Nkv], the last 10 % of keys masked
+    dropout: float = 0.0
 
     def label(self) -> str:
         heads = f"H{self.Hq}" if self.Hq == self.Hkv else f"Hq{self.Hq}/Hkv{self.Hkv}"
         seq = f"N{self.Nq}" if self.Nq == self.Nkv else f"Nq{self.Nq}/Nkv{self.Nkv}"
         dims = f"D{self.D}" if self.D == self.Dv else f"D{self.D}/Dv{self.Dv}"
-        return f"{self.kind} B{self.B} {heads} {seq} {dims}{' causal' if self.causal else ''}"
+        extras = (" causal" if self.causal else "") + (" key-padding" if self.mask else "")
+        extras += f" dropout {self.dropout}" if self.dropout else ""
+        return f"{self.kind} B{self.B} {heads} {seq} {dims}{extras}"
 
 
 def make_points(kinds: tuple[str, ...]) -> list[Point]:
@@ -72,6 +78,16 @@ def make_points(kinds: tuple[str, ...]) -> list[Point]:
         for N in (2048, 8192):
             for causal in (False, True):
                 points.append(Point("train", 1, 32, 8, N, N, 512, 512, causal))
+    if "train_extra" in kinds:  # masks, dropout and D_qk != D_v in training calls
+        for D in (512, 1024):
+            H = 32 if D < 768 else 16
+            for N in (2048, 8192):
+                points.append(Point("train", 1, H, H, N, N, D, D, False, mask=True))
+                points.append(Point("train", 1, H, H, N, N, D, D, False, dropout=0.1))
+                points.append(Point("train", 1, H, H, N, N, D, D, True, dropout=0.1))
+        for N in (1024, 4096):
+            points.append(Point("train", 1, 32, 1, N, N, 576, 512, True))
+            points.append(Point("train", 1, 32, 32, N, N, 192, 128, True))
     if "dv" in kinds:
         for N in (1024, 4096):
             for causal in (False, True):
@@ -93,17 +109,22 @@ def inputs(p: Point, seed: int):
     k = rand(p.B, p.Hkv, p.Nkv, p.D)
     v = rand(p.B, p.Hkv, p.Nkv, p.Dv)
     d_out = torch.randn(p.B, p.Hq, p.Nq, p.Dv, device="cuda", dtype=torch.bfloat16, generator=g)
-    return q, k, v, d_out
+    mask = None
+    if p.mask:
+        mask = torch.ones(p.B, 1, 1, p.Nkv, device="cuda", dtype=torch.bool)
+        mask[..., p.Nkv - p.Nkv // 10 :] = False
+    return q, k, v, d_out, mask
 
 
-def make_call(p: Point, which: str, q, k, v, d_out):
+def make_call(p: Point, which: str, q, k, v, d_out, mask):
     gqa = p.Hq != p.Hkv
     backend = CUDABackend(impl="ffpa")
 
     def attend():
         if which == "sdpa":
-            return SDPA(q, k, v, is_causal=p.causal, enable_gqa=gqa)
-        return ffpa_attn.ffpa_attn_func(q, k, v, is_causal=p.causal, enable_gqa=gqa, backend=backend)
+            return SDPA(q, k, v, attn_mask=mask, dropout_p=p.dropout, is_causal=p.causal, enable_gqa=gqa)
+        return ffpa_attn.ffpa_attn_func(q, k, v, attn_mask=mask, dropout_p=p.dropout, is_causal=p.causal,
+                                        enable_gqa=gqa, backend=backend)
 
     if p.kind == "dv":
         return attend
@@ -133,20 +154,22 @@ def time_column(call, warmup: int, iters: int) -> float:
 
 
 def rel_l2(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.float(), b.float()
+    a, b = a.detach().float(), b.detach().float()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
 
 
 def run_point(p: Point, args: argparse.Namespace) -> dict:
     row = {"point": p.label(), **asdict(p)}
-    q, k, v, d_out = inputs(p, args.seed)
-    calls = {which: make_call(p, which, q, k, v, d_out) for which in ("sdpa", "ffpa")}
+    q, k, v, d_out, mask = inputs(p, args.seed)
+    calls = {which: make_call(p, which, q, k, v, d_out, mask) for which in ("sdpa", "ffpa")}
     try:
         first = {which: call() for which, call in calls.items()}
     except (RuntimeError, NotImplementedError) as error:  # e.g. out of memory
         row["error"] = str(error).strip().splitlines()[0][:300]
         return row
-    if p.kind == "train":
+    if p.dropout:
+        pass  # different keep-masks: nothing to compare
+    elif p.kind == "train":
         row["rel_err_out"] = rel_l2(first["ffpa"][0], first["sdpa"][0])
         row["rel_err_dq"] = rel_l2(first["ffpa"][1][0], first["sdpa"][1][0])
         row["rel_err_dk"] = rel_l2(first["ffpa"][1][1], first["sdpa"][1][1])
@@ -174,14 +197,15 @@ def markdown(report: dict) -> str:
         if "error" in row:
             lines.append(f"| {row['point']} | - | - | - | {row['error']} |")
             continue
-        err = f"{row['rel_err_out']:.1e}" + (f", {row['rel_err_dq']:.1e}" if "rel_err_dq" in row else "")
+        err = "-" if "rel_err_out" not in row else f"{row['rel_err_out']:.1e}"
+        err += f", {row['rel_err_dq']:.1e}" if "rel_err_dq" in row else ""
         lines.append(f"| {row['point']} | {row['sdpa_ms']:.3g} | {row['ffpa_ms']:.3g} | {row['ratio']:.2f}x | {err} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kinds", default="train,dv", help="train, dv or both (comma-separated)")
+    parser.add_argument("--kinds", default="train,dv", help="train, train_extra, dv (comma-separated)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=3)
