@@ -59,6 +59,25 @@ FFPA_FASTER_HOPPER_DECODE_MAX_ROWS = 32
 SDPA_FASTER_MHA_DECODE = ((448, 0), (512, 512), (1024, 8192))
 SDPA_FASTER_DECODE_MIN_ROWS = 128
 
+# Training calls (an input requires grad: ffpa's forward, then its backward, the
+# portable sm80 kernels, kernels/sm80_backward) against SDPA's forward and backward
+# (its memory-efficient kernels above D = 256), forward + backward of one call.
+# H200, torch 2.11, bf16, B = 1 (docs/perf/h200-2026-12-01f/routing_sweep.md,
+# routing_extra.md; bench/routing_sweep.py), SDPA ms / ffpa ms:
+#   D 320-768 (H 32; 16 at 768), N 1024-8192, causal or not: 1.03-1.73x
+#     (D 512 1.44-1.72x; GQA 32/8 at D 512 1.48-3.20x; key padding 1.42-1.50x;
+#     dropout 0.1 1.25-1.47x)
+#   D 1024 (H 16): N 1024 1.38-1.72x, N 2048 1.03-1.50x (key padding, dropout
+#     too); N 4096 0.98x (causal 1.18x); N 8192 0.82-0.92x (causal 1.01x)
+#   D_qk 576 / D_v 512, Hq 32, one KV head, causal: N 4096 1.81x, N 1024 0.63x
+#     (each dK/dV CTA owns a block of keys of one KV head: 1024 keys in all
+#     leave most SMs idle)
+#   D_qk 192 / D_v 128: SDPA 4-5x faster (flash / cuDNN at D <= 256)
+# The larger of D_qk and D_v decides (the backward's work follows both).
+FFPA_TRAINS_MAX_HEAD_DIM_ANY_LENGTH = 768
+FFPA_TRAINS_LARGE_HEAD_DIM_MAX_SEQ = 2048  # D above 768: ffpa trains when Nq and Nkv are at most this
+FFPA_TRAINS_MIN_KEYS = 4096  # B x Hkv x Nkv: fewer keys and SDPA trains (MLA at N 1024: 0.63x)
+
 # --- where SDPA's default dispatch computes a wrong result (measured) --------------------
 #
 # cuDNN (SDPA's first choice for D <= 256 on Hopper) is not told an fp32
@@ -125,20 +144,13 @@ def route(spec: CallSpec, backend: CUDABackend, return_lse: bool, hopper_family:
     hopper_family: the library runs its Hopper family (sm90_wgmma) at exactly the call's
     head dim on the call's device (asked of the library by the caller).
     """
-    if spec.needs_grad and backend.impl == "auto":
-        # ffpa's op has its autograd (gradients.py) on the library's GPU backward kernels; they are not
-        # measured against SDPA's backward yet (issue 13), so under auto SDPA trains; an explicit impl trains
-        # on ffpa.
-        return Route("sdpa", "an input requires grad: ffpa's GPU backward is not yet measured faster than SDPA's")
+    if spec.needs_grad and backend.impl == "auto" and (reason := training_sdpa_reason(spec)) is not None:
+        return Route("sdpa", reason)
     if (reason := only_ffpa_reason(spec, backend, return_lse)) is not None:
         return Route("ffpa", reason)
-    if spec.v_shape[3] != spec.q_shape[3]:
-        # The library serves D_qk != D_v on its portable kernels (the Hopper family declines it for now);
-        # not yet measured against SDPA's (issue 14): auto keeps SDPA, an explicit impl gets ffpa.
-        return Route("sdpa", "D_qk != D_v: ffpa's kernels for it are not yet measured faster than SDPA's")
     if (reason := sdpa_wrong_reason(spec)) is not None:
         return Route("ffpa", reason)
-    head_dim = spec.q_shape[-1]
+    head_dim = _widest_head_dim(spec)
     if hopper_family and (reason := _hopper_faster_reason(spec)) is not None:
         return Route("ffpa", reason)
     if head_dim <= SDPA_FASTER_MAX_HEAD_DIM:
@@ -152,6 +164,35 @@ def route(spec: CallSpec, backend: CUDABackend, return_lse: bool, hopper_family:
             "SDPA's memory-efficient kernel is faster (measured)",
         )
     return Route("ffpa", f"D = {head_dim}: ffpa's kernels are faster than SDPA's (measured)")
+
+
+def _widest_head_dim(spec: CallSpec) -> int:
+    """The larger of D_qk and D_v: with D_qk != D_v the routing rules read it (measured: D_qk 576 / D_v 512
+    5.6-11.6x faster on ffpa's portable kernels, D_qk 192 / D_v 128 2.3-3x faster on SDPA's, H200,
+    docs/perf/h200-2026-12-01f/routing_sweep.md)."""
+    return max(spec.q_shape[-1], spec.v_shape[-1]) if spec.v_shape else spec.q_shape[-1]
+
+
+def training_sdpa_reason(spec: CallSpec) -> str | None:
+    """Why SDPA trains a call that needs grad under impl="auto" (the table above), or None: ffpa trains it.
+
+    (Calls whose options have no backward, FP8 and fp16 accumulation, never get here: functional.py's
+    _no_gradient_reason sends them to SDPA first.)"""
+    head_dim = _widest_head_dim(spec)
+    if head_dim <= SDPA_FASTER_MAX_HEAD_DIM:
+        return f"training at D = {head_dim} <= {SDPA_FASTER_MAX_HEAD_DIM}: SDPA's backward is faster (measured)"
+    if len(spec.q_shape) != 4 or len(spec.k_shape) != 4:
+        return "training call of an unusual rank: not measured"
+    batch, _, seq_q, _ = spec.q_shape
+    heads_kv, seq_kv = spec.k_shape[1], spec.k_shape[2]
+    if batch * heads_kv * seq_kv < FFPA_TRAINS_MIN_KEYS:
+        return (f"training with B x Hkv x Nkv = {batch * heads_kv * seq_kv} < {FFPA_TRAINS_MIN_KEYS} keys: "
+                "ffpa's backward leaves the GPU idle, SDPA's is faster (measured)")
+    longest = max(seq_q, seq_kv)
+    if head_dim > FFPA_TRAINS_MAX_HEAD_DIM_ANY_LENGTH and longest > FFPA_TRAINS_LARGE_HEAD_DIM_MAX_SEQ:
+        return (f"training at D = {head_dim} > {FFPA_TRAINS_MAX_HEAD_DIM_ANY_LENGTH} with N = {longest} > "
+                f"{FFPA_TRAINS_LARGE_HEAD_DIM_MAX_SEQ}: SDPA's backward is as fast or faster (measured)")
+    return None
 
 
 def _hopper_faster_reason(spec: CallSpec) -> str | None:

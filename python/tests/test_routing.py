@@ -209,19 +209,48 @@ def test_fp8_calls_are_never_routed_to_sdpa_for_speed(call, hopper_family):
     assert chosen.path == "ffpa" and "fp8" in chosen.reason
 
 
-def test_calls_that_need_grad_train_on_sdpa_under_auto_and_on_ffpa_when_asked():
-    # ffpa's GPU backward is not yet measured against SDPA's: auto keeps SDPA's, an explicit impl gets ffpa's.
-    chosen = route(spec(512, needs_grad=True), AUTO, return_lse=False)
-    assert chosen.path == "sdpa" and "requires grad" in chosen.reason
-    assert route(spec(512, needs_grad=True), AUTO, return_lse=True).path == "sdpa"
-    for impl in ("ffpa", "sm80_split_d"):
-        assert route(spec(512, needs_grad=True), CUDABackend(impl=impl), return_lse=False).path == "ffpa"
-    assert route(spec(512), AUTO, return_lse=False).path == "ffpa", "without grad: unchanged"
+@pytest.mark.parametrize(
+    "call, path",
+    [
+        (spec(512, needs_grad=True), "ffpa"),  # 1.44-1.72x (H200, routing_sweep.md)
+        (spec(320, is_causal=True, needs_grad=True), "ffpa"),
+        (spec(768, needs_grad=True), "ffpa"),
+        (spec(512, mask_dtype="bool", mask_shape=(B, 1, 1, N), needs_grad=True), "ffpa"),
+        (spec(256, needs_grad=True), "sdpa"),  # SDPA's flash / cuDNN backward
+        (spec(128, needs_grad=True), "sdpa"),
+        (spec(1024, nq=2048, nkv=2048, needs_grad=True), "ffpa"),  # 1.03-1.72x up to N 2048
+        (spec(1024, nq=4096, nkv=4096, needs_grad=True), "sdpa"),  # 0.98x, 0.82-0.92x at 8192
+        (spec(896, nq=8192, nkv=8192, is_causal=True, needs_grad=True), "sdpa"),
+    ],
+    ids=["d512", "d320-causal", "d768", "d512-key-padding", "d256", "d128", "d1024-n2048", "d1024-n4096",
+         "d896-n8192-causal"],
+)
+def test_training_calls_under_auto_run_where_measured_faster(call, path):
+    chosen = route(call, AUTO, return_lse=False)
+    assert chosen.path == path, chosen.reason
+    if path == "sdpa":
+        assert "training" in chosen.reason and "measured" in chosen.reason
+    for impl in ("ffpa", "sm80_split_d"):  # an explicit impl always trains on ffpa
+        assert route(call, CUDABackend(impl=impl), return_lse=False).path == "ffpa"
 
 
-def test_unequal_value_head_dims_stay_on_sdpa_under_auto_until_measured():
+def test_training_with_few_keys_stays_on_sdpa():
+    # MLA's shape with one KV head: 1024 keys leave ffpa's dK/dV kernel mostly idle (0.63x); 4096 keys 1.81x.
+    few = served_call_spec((1, 32, 1024, 576), (1, 1, 1024, 576), (1, 1, 1024, 512), enable_gqa=True, needs_grad=True)
+    chosen = route(few, AUTO, return_lse=False)
+    assert chosen.path == "sdpa" and "keys" in chosen.reason
+    many = served_call_spec((1, 32, 4096, 576), (1, 1, 4096, 576), (1, 1, 4096, 512), enable_gqa=True, needs_grad=True)
+    assert route(many, AUTO, return_lse=False).path == "ffpa"
+
+
+def test_unequal_value_head_dims_route_by_the_wider_one():
+    # D_qk 576 / D_v 512 (MLA, absorbed): ffpa 5.6-11.6x; D_qk 192 / D_v 128: SDPA 2.3-3x (H200).
     mla = served_call_spec((1, 16, 300, 576), (1, 1, 300, 576), (1, 1, 300, 512), enable_gqa=True)
-    chosen = route(mla, AUTO, return_lse=False)
-    assert chosen.path == "sdpa" and "D_qk != D_v" in chosen.reason
-    assert route(mla, CUDABackend(impl="ffpa"), return_lse=False).path == "ffpa"
+    assert route(mla, AUTO, return_lse=False).path == "ffpa"
+    prefill = served_call_spec((1, 16, 300, 192), (1, 16, 300, 192), (1, 16, 300, 128))
+    chosen = route(prefill, AUTO, return_lse=False)
+    assert chosen.path == "sdpa" and "256" in chosen.reason
+    assert route(prefill, CUDABackend(impl="ffpa"), return_lse=False).path == "ffpa"
+    wide_value = served_call_spec((1, 16, 300, 128), (1, 16, 300, 128), (1, 16, 300, 512))
+    assert route(wide_value, AUTO, return_lse=False).path == "ffpa"
 
