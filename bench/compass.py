@@ -15,9 +15,9 @@ Per case, on the same inputs:
                  SDPA has no bottom-right is_causal: for specdec it gets the equivalent bool [Nq, Nkv] mask.
 fp8-* rows: ffpa_ms is ffpa_attn_func with CUDABackend(precision="fp8") (the pre-pass included; bf16 in
 and out), ffpa_impl_ms the library's bf16 path on the same inputs, fp8_speedup_vs_bf16 their ratio; SDPA is
-timed on the bf16 inputs. Cases the library cannot run today have "ffpa_ms": null and a "reason": bwd-*
-(no backward; SDPA's backward alone is timed: dq, dk, dv from a saved forward), a head dim outside
-ffpa_attn.library_info()'s limits.
+timed on the bf16 inputs. bwd-* rows: the backward alone (dq, dk, dv from a saved forward): ffpa_ms the
+library's GPU backward through the op's autograd, SDPA's per backend and default. Cases the library cannot
+run have "ffpa_ms": null and a "reason" (e.g. a head dim outside ffpa_attn.library_info()'s limits).
 
 Timing: bench/attention_bench.py's time_calls (CUDA events around each call, the calls queued behind
 a sleep kernel: the kernels' own time), inputs rotated beyond twice the L2, columns interleaved over

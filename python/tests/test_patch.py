@@ -97,7 +97,9 @@ def mixed_calls():
     gq, gk, gv = random_qkv(1, 8, 2, 77, 301, 320, f16, cuda, layout="bnhd")
     cq, ck, cv = random_qkv(2, 4, 4, 65, 129, 1024, bf16, cuda)
     mask = random_mask("batch-keys", torch.bool, 1, 8, 77, 301, cuda)
-    grad_q = q.detach().clone().requires_grad_()
+    grad_q = q.detach().clone().requires_grad_()  # training at D 512 with 2 x 8 x 257 keys: ffpa (measured faster)
+    fq, fk, fv = random_qkv(1, 2, 2, 65, 65, 512, bf16, cuda)
+    few_keys_q = fq.detach().clone().requires_grad_()  # 130 keys: SDPA trains it (routing.py)
     wide = random_qkv(1, 2, 2, 33, 47, 1032, bf16, cuda)
     odd = random_qkv(1, 2, 2, 33, 47, 100, bf16, cuda)
     fp32 = random_qkv(1, 4, 4, 63, 63, 256, torch.float32, cuda)
@@ -107,7 +109,8 @@ def mixed_calls():
         ("bf16-D512-causal", True, dict(query=q, key=k, value=v, is_causal=True)),
         ("fp16-D320-gqa-mask-bnhd", True, dict(query=gq, key=gk, value=gv, attn_mask=mask, enable_gqa=True)),
         ("bf16-D1024-scale", True, dict(query=cq, key=ck, value=cv, scale=0.05)),
-        ("requires-grad", False, dict(query=grad_q, key=k, value=v)),
+        ("requires-grad", True, dict(query=grad_q, key=k, value=v)),
+        ("requires-grad-few-keys", False, dict(query=few_keys_q, key=fk, value=fv)),
         ("D1032", False, dict(zip(("query", "key", "value"), wide))),
         ("D100", False, dict(zip(("query", "key", "value"), odd))),
         ("float32", False, dict(zip(("query", "key", "value"), fp32))),
