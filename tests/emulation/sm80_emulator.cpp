@@ -49,6 +49,7 @@ struct Fiber {
   bool done = false;
   const uint64_t* wait_generation = nullptr;  // blocked until *wait_generation >= wait_until
   uint64_t wait_until = 0;
+  bool spinning = false;  // yielded in a spin-wait
   LaneOutput out{};
 };
 
@@ -66,6 +67,9 @@ struct Cta {
   std::vector<Fiber> fibers;
   std::vector<Rendezvous> warps;
   Rendezvous barrier;
+  Rendezvous named[16];  // bar.sync ids 0..15; `in` unused, `op` unused
+  int named_count[16] = {};
+  uint64_t progress = 0;  // events that let another thread run on
   ucontext_t scheduler;
   int current = -1;
   const std::function<void()>* body = nullptr;
@@ -214,7 +218,8 @@ Index3 block_index() { return g_cta->block; }
 Index3 block_dim() { return {static_cast<unsigned>(g_cta->threads), 1, 1}; }
 unsigned char* shared_memory_base() { return g_cta->shared; }
 
-void run_cta(Index3 block, int threads, unsigned char* shared, const std::function<void()>& body) {
+void run_cta(Index3 block, int threads, unsigned char* shared, const std::function<void()>& body,
+             const std::function<bool()>& idle) {
   if (threads % 32 != 0 || threads <= 0) fail("a CTA of whole warps");
   Cta cta;
   cta.block = block;
@@ -235,23 +240,57 @@ void run_cta(Index3 block, int threads, unsigned char* shared, const std::functi
   }
   for (;;) {
     bool all_done = true, progress = false;
+    const uint64_t events = cta.progress;
     for (int i = 0; i < threads; ++i) {
       Fiber& fiber = cta.fibers[static_cast<size_t>(i)];
       if (fiber.done) continue;
       all_done = false;
       if (fiber.wait_generation != nullptr && *fiber.wait_generation < fiber.wait_until) continue;
       fiber.wait_generation = nullptr;
+      if (!fiber.spinning) progress = true;  // released from a collective, or running on
+      fiber.spinning = false;
       cta.current = i;
       swapcontext(&cta.scheduler, &fiber.context);
-      progress = true;
+      if (fiber.done) progress = true;
     }
     if (all_done) break;
-    if (!progress) fail("deadlock: every live thread waits at a collective the others do not reach");
+    if (!progress && cta.progress == events && !(idle && idle())) {
+      fail("deadlock: every live thread waits (a collective, a barrier or a spin-wait) for something no thread does");
+    }
   }
   for (const Rendezvous& r : cta.warps)
     if (r.arrived != 0) fail("a warp collective left incomplete");
   if (cta.barrier.arrived != 0) fail("threads finished while others waited at __syncthreads");
+  for (const Rendezvous& r : cta.named)
+    if (r.arrived != 0) fail("threads finished while others waited at a named barrier");
   g_cta = nullptr;
+}
+
+int current_thread() { return g_cta != nullptr ? g_cta->current : -1; }
+
+void spin_yield() {
+  Fiber& fiber = me();
+  fiber.spinning = true;
+  swapcontext(&fiber.context, &g_cta->scheduler);
+}
+
+void note_progress() { ++g_cta->progress; }
+
+void named_barrier(int id, int count) {
+  if (id < 0 || id >= 16 || count <= 0 || count % 32 != 0 || count > g_cta->threads) fail("bar.sync: a bad id or count");
+  Rendezvous& r = g_cta->named[id];
+  if (r.arrived == 0) {
+    g_cta->named_count[id] = count;
+  } else if (g_cta->named_count[id] != count) {
+    fail("bar.sync: threads of one barrier give different counts");
+  }
+  const uint64_t generation = r.generation;
+  if (++r.arrived == count) {
+    r.arrived = 0;
+    ++r.generation;
+  } else {
+    block_on(&r.generation, generation + 1);
+  }
 }
 
 void cp_async_16(uint32_t dst, const void* src, bool valid) { me().open_group.push_back({dst, src, valid}); }

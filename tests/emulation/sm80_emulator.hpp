@@ -34,7 +34,10 @@ unsigned char* shared_memory_base();
 // Runs `body` as a CTA of `threads` threads (a multiple of 32) with index
 // `block` whose dynamic shared memory is `shared` (the kernel's extern array).
 // Aborts with a message on a deadlock (threads waiting at different barriers).
-void run_cta(Index3 block, int threads, unsigned char* shared, const std::function<void()>& body);
+// `idle`: called when no thread can progress, before a deadlock is declared;
+// returns true when it did something (then the threads run again).
+void run_cta(Index3 block, int threads, unsigned char* shared, const std::function<void()>& body,
+             const std::function<bool()>& idle = {});
 
 // cp.async of 16 bytes (zero-fill when !valid) into shared-window address
 // dst, queued in the thread's open group; commit closes the group; wait
@@ -42,6 +45,19 @@ void run_cta(Index3 block, int threads, unsigned char* shared, const std::functi
 void cp_async_16(uint32_t dst, const void* src, bool valid);
 void cp_async_commit();
 void cp_async_wait(int pending);
+
+// The running thread's index in its CTA (-1 outside run_cta).
+int current_thread();
+
+// Spin-waits (the sm90 family's mbarrier try_wait loops): the thread yields
+// to the others. A round of the scheduler in which every live thread only
+// spun or waited, with no progress noted, is a deadlock, once the idle hook
+// (set per run_cta; e.g. landing deferred TMA copies) has nothing left to do.
+void spin_yield();
+void note_progress();
+
+// bar.sync id, count: `count` threads (whole warps) meet at hardware barrier id.
+void named_barrier(int id, int count);
 
 // Collectives: every lane of the warp (every thread of the CTA for
 // sync_threads) calls them, converged.

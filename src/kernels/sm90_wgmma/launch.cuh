@@ -8,6 +8,7 @@
 #include <array>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "host/cuda_status.hpp"
 #include "host/kernel_image.hpp"
@@ -15,6 +16,7 @@
 #include "common/quantization_options.hpp"
 #include "kernels/common/tile_schedule.hpp"
 #include "kernels/fp8_prepass/workspace.hpp"
+#include "kernels/sm90_wgmma/arguments.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
 #include "kernels/sm90_wgmma/kernel.cuh"
 #include "kernels/sm90_wgmma/tensor_map.hpp"
@@ -62,34 +64,13 @@ Status launch_tiles(const Args& args, const CUtensorMap (&maps)[4], int64_t tile
 
 template <class Traits>
 Status launch(const AttentionProblem& problem, const TileLaunch& tiles, cudaStream_t stream) {
-  // Q and O in boxes of a tile's 64 rows (64 / heads_per_tile rows of each of
-  // its heads: TMA fills the box row by row, head after head, the order of
-  // TileCoordinates::row_head), K of 128 (a KV block), V of 64 (half a block:
-  // one ring stage per key half and consumer).
-  const int head_rows = rows_per_head(Traits::kBlockM, tiles.heads_per_tile);
+  const ForwardLaunch launch = forward_launch<Traits>(problem, tiles);
   CUtensorMap maps[4];
-  if (Status status = encode_tensor_maps(attention_tensor_shapes(problem), {head_rows, Traits::kBlockN, 64, head_rows},
-                                         {tiles.heads_per_tile, 1, 1, tiles.heads_per_tile}, maps);
+  if (Status status = encode_tensor_maps(attention_tensor_shapes(problem), launch.box_rows, launch.box_heads, maps);
       !status.ok()) {
     return status;
   }
-  Args args{};
-  args.p = problem;
-  args.heads_per_tile = tiles.heads_per_tile;
-  args.row_blocks = tiles.row_block_count > 0
-                        ? tiles.row_block_count
-                        : static_cast<int>(head_row_blocks(problem.seq_q, Traits::kBlockM, tiles.heads_per_tile));
-  args.first_row_block = tiles.first_row_block;
-  args.scale_log2 = problem.scale * kLog2e;
-  args.inverse_scale = 1.0f / problem.scale;
-  args.kv_splits = tiles.splits;
-  args.split_blocks = tiles.split_blocks;
-  args.partial_o = tiles.partial_o;
-  args.partial_states = tiles.partial_states;
-  // A tile per KV split.
-  const int64_t tile_count =
-      problem.batch * (problem.heads_q / tiles.heads_per_tile) * args.row_blocks * tiles.splits;  // < 2^30 (routing)
-  return launch_tiles<Traits>(args, maps, tile_count, stream);
+  return launch_tiles<Traits>(launch.args, maps, launch.tile_count, stream);
 }
 
 // The FP8 path (Traits::kFp8): Q and K codes and V^T from the pre-pass's
@@ -143,29 +124,12 @@ Status runnable(int device) {
                          "sm90_wgmma", device, &memo);
 }
 
-// D up to kHeadDim. Up to 512 one CTA per tile, above a cluster of two, each
-// CTA with half of D. A CTA computes S over its D / 64 (or D / 128) chunks and
-// splits its columns of O between its two consumers in whole 64-column boxes
-// (at least 128 columns: the smallest instantiated wgmma N).
-template <int kHeadDim>
-struct InstanceTraits {
-  static constexpr int kSplit = cluster_size(kHeadDim);
-  static_assert(kHeadDim % (64 * kSplit) == 0);
-  static constexpr int kCtaDim = kHeadDim / kSplit;
-  static constexpr int kQKChunks = kCtaDim / 64;
-  static constexpr int kHalfCols = std::max(128, (kCtaDim + 127) / 128 * 64);
-  template <class Element, bool kDropout = false, bool kMaskInS = false>
-  using type = Traits<Element, kQKChunks, kHalfCols, kSplit, kDropout, kMaskInS>;
-};
-
+// The 16-bit kernel for D up to kHeadDim (arguments.hpp's InstanceTraits).
 template <int kHeadDim, class Element>
 Status launch_element(const AttentionProblem& problem, const TileLaunch& tiles, cudaStream_t stream) {
-  using Kernels = InstanceTraits<kHeadDim>;
-  if (problem.has_dropout()) return launch<typename Kernels::template type<Element, true>>(problem, tiles, stream);
-  if (starts_s_at_mask(problem, kHeadDim)) {
-    return launch<typename Kernels::template type<Element, false, true>>(problem, tiles, stream);
-  }
-  return launch<typename Kernels::template type<Element, false>>(problem, tiles, stream);
+  return with_instance_traits<kHeadDim, Element>(problem, [&](auto* traits) {
+    return launch<std::remove_pointer_t<decltype(traits)>>(problem, tiles, stream);
+  });
 }
 
 template <int kHeadDim>

@@ -171,6 +171,14 @@ __device__ __forceinline__ void setmaxnreg_decrease() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kRegisters));
 }
 
+// This thread's lane, read afresh at every use (asm volatile: never merged
+// across a loop, so it holds no register there).
+__device__ __forceinline__ int lane_id() {
+  int lane;
+  asm volatile("mov.u32 %0, %%laneid;" : "=r"(lane));
+  return lane;
+}
+
 // Synchronizes `threads` threads (whole warps) on hardware barrier `id`.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");

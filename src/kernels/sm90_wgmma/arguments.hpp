@@ -1,0 +1,83 @@
+// What a launch of the 16-bit sm90_wgmma kernel is given, from the problem and
+// the tile plan: the kernel's Args, the boxes of its four tensor maps (q, k,
+// v, o) and the tile count. One home for the launcher (launch.cuh) and the CPU
+// emulation (tests/emulation), which encode the maps each their own way.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "common/attention_problem.hpp"
+#include "kernels/common/math_constants.hpp"
+#include "kernels/common/tile_schedule.hpp"
+#include "kernels/sm90_wgmma/family.hpp"
+#include "kernels/sm90_wgmma/traits.cuh"
+
+namespace ffpa::detail::sm90_wgmma {
+
+// D up to kHeadDim. Up to 512 one CTA per tile, above a cluster of two, each
+// CTA with half of D. A CTA computes S over its D / 64 (or D / 128) chunks and
+// splits its columns of O between its two consumers in whole 64-column boxes
+// (at least 128 columns: the smallest instantiated wgmma N).
+template <int kHeadDim>
+struct InstanceTraits {
+  static constexpr int kSplit = cluster_size(kHeadDim);
+  static_assert(kHeadDim % (64 * kSplit) == 0);
+  static constexpr int kCtaDim = kHeadDim / kSplit;
+  static constexpr int kQKChunks = kCtaDim / 64;
+  static constexpr int kHalfCols = std::max(128, (kCtaDim + 127) / 128 * 64);
+  template <class Element, bool kDropout = false, bool kMaskInS = false>
+  using type = Traits<Element, kQKChunks, kHalfCols, kSplit, kDropout, kMaskInS>;
+};
+
+// Calls f(static_cast<T*>(nullptr)) with T the 16-bit kernel's Traits that serve
+// the problem at instance kHeadDim: the dropout variant, the mask-in-S variant
+// where starts_s_at_mask says so, else the plain one.
+template <int kHeadDim, class Element, class F>
+auto with_instance_traits(const AttentionProblem& problem, F&& f) {
+  using Kernels = InstanceTraits<kHeadDim>;
+  if (problem.has_dropout()) return f(static_cast<typename Kernels::template type<Element, true>*>(nullptr));
+  if (starts_s_at_mask(problem, kHeadDim)) {
+    return f(static_cast<typename Kernels::template type<Element, false, true>*>(nullptr));
+  }
+  return f(static_cast<typename Kernels::template type<Element, false>*>(nullptr));
+}
+
+struct ForwardLaunch {
+  Args args{};
+  int box_rows[4] = {};   // q, k, v, o
+  int box_heads[4] = {};
+  int64_t tile_count = 0;  // CTAs: tile_count x Traits::kSplit
+};
+
+template <class Traits>
+ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& tiles) {
+  // Q and O in boxes of a tile's 64 rows (64 / heads_per_tile rows of each of
+  // its heads: TMA fills the box row by row, head after head, the order of
+  // TileCoordinates::row_head), K of 128 (a KV block), V of 64 (half a block:
+  // one ring stage per key half and consumer).
+  const int head_rows = rows_per_head(Traits::kBlockM, tiles.heads_per_tile);
+  ForwardLaunch launch;
+  const int box_rows[4] = {head_rows, Traits::kBlockN, 64, head_rows};
+  const int box_heads[4] = {tiles.heads_per_tile, 1, 1, tiles.heads_per_tile};
+  for (int i = 0; i < 4; ++i) launch.box_rows[i] = box_rows[i], launch.box_heads[i] = box_heads[i];
+  Args& args = launch.args;
+  args.p = problem;
+  args.heads_per_tile = tiles.heads_per_tile;
+  args.row_blocks = tiles.row_block_count > 0
+                        ? tiles.row_block_count
+                        : static_cast<int>(head_row_blocks(problem.seq_q, Traits::kBlockM, tiles.heads_per_tile));
+  args.first_row_block = tiles.first_row_block;
+  args.scale_log2 = problem.scale * kLog2e;
+  args.inverse_scale = 1.0f / problem.scale;
+  args.kv_splits = tiles.splits;
+  args.split_blocks = tiles.split_blocks;
+  args.partial_o = tiles.partial_o;
+  args.partial_states = tiles.partial_states;
+  // A tile per KV split.
+  launch.tile_count =
+      problem.batch * (problem.heads_q / tiles.heads_per_tile) * args.row_blocks * tiles.splits;  // < 2^30 (routing)
+  return launch;
+}
+
+}  // namespace ffpa::detail::sm90_wgmma

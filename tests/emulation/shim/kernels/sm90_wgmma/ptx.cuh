@@ -1,0 +1,72 @@
+// Emulation shim of src/kernels/sm90_wgmma/ptx.cuh: the same wrappers on the
+// CPU emulator (sm90_emulator.hpp). Clusters are not emulated.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+
+#include "emulation/sm90_emulator.hpp"
+
+namespace ffpa::detail::sm90_wgmma {
+
+namespace emu = ::ffpa::emulation::sm90;
+
+inline void mbarrier_init(uint32_t bar, uint32_t arrivals) { emu::mbarrier_init(bar, arrivals); }
+inline void fence_barrier_init() {}
+inline void mbarrier_arrive(uint32_t bar) { emu::mbarrier_arrive(bar); }
+inline void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) { emu::mbarrier_arrive_expect_tx(bar, bytes); }
+inline bool mbarrier_try_wait(uint32_t bar, uint32_t parity) { return emu::mbarrier_try_wait(bar, parity); }
+inline void mbarrier_wait(uint32_t bar, uint32_t parity) {
+  while (!emu::mbarrier_try_wait(bar, parity)) ::ffpa::emulation::spin_yield();
+}
+
+[[noreturn]] inline void no_clusters() {
+  std::fprintf(stderr, "sm90 emulator: clusters (kSplit = 2) are not emulated\n");
+  std::abort();
+}
+inline uint32_t cluster_cta_rank() { no_clusters(); }
+inline void cluster_sync() { no_clusters(); }
+inline uint32_t peer_address(uint32_t, uint32_t) { no_clusters(); }
+inline void store_cluster_f32x4(uint32_t, float, float, float, float) { no_clusters(); }
+inline void mbarrier_arrive_cluster(uint32_t) { no_clusters(); }
+inline void mbarrier_wait_cluster(uint32_t, uint32_t) { no_clusters(); }
+
+inline void prefetch_tensor_map(const CUtensorMap*) {}
+inline void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3) {
+  emu::tma_load_4d(dst, map, bar, c0, c1, c2, c3);
+}
+inline void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
+  emu::tma_store_4d(map, src, c0, c1, c2, c3);
+}
+inline void tma_store_commit() {}
+inline void tma_store_wait_read() { emu::tma_store_wait_read(); }
+inline void fence_proxy_async() {}
+
+inline void wgmma_fence() {}
+inline void wgmma_commit() { emu::wgmma_commit(); }
+template <int kPending>
+inline void wgmma_wait() {
+  emu::wgmma_wait(kPending);
+}
+template <int N>
+inline void fence_operands(float (&)[N]) {}
+template <int N>
+inline void fence_operands(int32_t (&)[N]) {}
+
+inline uint64_t smem_descriptor(uint32_t address, uint32_t leading_bytes, uint32_t stride_bytes) {
+  return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (static_cast<uint64_t>(leading_bytes >> 4) << 16) |
+         (static_cast<uint64_t>(stride_bytes >> 4) << 32) | (uint64_t{1} << 62);
+}
+
+template <int kRegisters>
+inline void setmaxnreg_increase() {}
+template <int kRegisters>
+inline void setmaxnreg_decrease() {}
+
+inline int lane_id() { return ::ffpa::emulation::current_thread() % 32; }
+inline void named_barrier_sync(int id, int threads) { ::ffpa::emulation::named_barrier(id, threads); }
+
+}  // namespace ffpa::detail::sm90_wgmma

@@ -1,0 +1,37 @@
+// Emulation shim of src/kernels/sm90_wgmma/wgmma.cuh: the same wrappers on the
+// CPU emulator's warpgroup model (sm90_emulator.hpp), with the shapes the
+// real header instantiates.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "emulation/sm90_emulator.hpp"
+#include "kernels/common/element.cuh"
+
+namespace ffpa::detail::sm90_wgmma {
+
+template <typename Element, int N, bool kTransposeB>
+inline void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  static_assert(ElementTraits<Element>::kBytes == 2, "16-bit operands: bf16 or fp16");
+  static_assert(kTransposeB ? (N == 128 || N == 192 || N == 256) : N == 128, "the instantiated shapes");
+  ::ffpa::emulation::sm90::wgmma(ElementTraits<Element>::kIsBf16 ? ::ffpa::emulation::sm90::WgmmaKind::bf16
+                                                                 : ::ffpa::emulation::sm90::WgmmaKind::f16,
+                                 N, kTransposeB, desc_a, desc_b, accumulate != 0, d);
+}
+
+template <int N>
+inline void wgmma_ss_e4m3(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  static_assert(N == 128 || N == 192 || N == 256, "the instantiated shapes");
+  ::ffpa::emulation::sm90::wgmma(::ffpa::emulation::sm90::WgmmaKind::e4m3, N, false, desc_a, desc_b, accumulate != 0, d);
+}
+
+template <int N>
+inline void wgmma_ss_s8(int32_t (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
+  static_assert(N == 128, "the instantiated shape");
+  ::ffpa::emulation::sm90::wgmma(::ffpa::emulation::sm90::WgmmaKind::s8, N, false, desc_a, desc_b, accumulate != 0, d);
+}
+
+}  // namespace ffpa::detail::sm90_wgmma

@@ -1,0 +1,374 @@
+// The sm90 instructions on the fiber emulation (sm90_emulator.hpp). State per
+// CTA: the mbarriers by shared-window address, the TMA copies not yet landed,
+// each warpgroup's wgmma operations and groups.
+#include "emulation/sm90_emulator.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <vector>
+
+namespace ffpa::emulation::sm90 {
+namespace {
+
+[[noreturn]] void fail(const char* what) {
+  std::fprintf(stderr, "sm90 emulator: %s (thread %d)\n", what, current_thread());
+  std::abort();
+}
+
+constexpr uint32_t kMapMagic = 0x5EA90A11u;
+
+struct StoredMap {
+  uint32_t magic;
+  TensorMapInfo info;
+};
+static_assert(sizeof(StoredMap) <= sizeof(CUtensorMap), "the emulated map fits the opaque descriptor");
+
+const TensorMapInfo& decode(const CUtensorMap* map) {
+  const StoredMap* stored = reinterpret_cast<const StoredMap*>(map);
+  if (stored->magic != kMapMagic) fail("a tensor map not made by the emulation's encode_tensor_map");
+  return stored->info;
+}
+
+struct Barrier {
+  uint32_t expected = 0;  // arrivals per phase
+  uint32_t pending = 0;   // arrivals still missing in the current phase
+  int64_t tx = 0;         // transaction bytes still missing
+  uint32_t phase = 0;     // completed phases
+};
+
+struct PendingLoad {
+  uint32_t dst;
+  const CUtensorMap* map;
+  int coords[4];
+};
+
+struct PendingStore {
+  const CUtensorMap* map;
+  uint32_t src;
+  int coords[4];
+};
+
+struct WgmmaOp {
+  WgmmaKind kind;
+  int n;
+  bool transpose_b;
+  uint64_t desc_a, desc_b;
+  bool accumulate;
+  void* d[128] = {};
+  int contributed = 0;
+};
+
+struct Warpgroup {
+  std::deque<WgmmaOp> ops;  // stable references while threads spin
+  std::vector<size_t> group_end;  // ops [.., group_end[g]) close group g
+  size_t executed = 0;            // ops [0, executed) are done
+  int issued[128] = {};
+  int committed[128] = {};
+};
+
+struct State {
+  unsigned char* shared = nullptr;
+  TmaLanding landing = TmaLanding::at_issue;
+  std::map<uint32_t, Barrier> barriers;
+  std::map<uint32_t, std::vector<PendingLoad>> loads;  // by barrier
+  std::map<int, std::vector<PendingStore>> stores;     // by thread
+  std::vector<Warpgroup> warpgroups;
+};
+
+State* g_state = nullptr;
+
+// The 128-byte swizzle on a shared-window byte address (atoms 1024-byte aligned):
+// the 16-byte chunk within a 128-byte row XOR the row within the 8-row atom.
+uint32_t swizzle(uint32_t address) { return address ^ (((address >> 7) & 7u) << 4); }
+
+Barrier& barrier(uint32_t bar) {
+  auto it = g_state->barriers.find(bar);
+  if (it == g_state->barriers.end()) fail("an mbarrier used before mbarrier_init");
+  return it->second;
+}
+
+void maybe_complete(Barrier& b) {
+  if (b.pending == 0 && b.tx == 0) {
+    ++b.phase;
+    b.pending = b.expected;
+    note_progress();
+  }
+}
+
+// The box at `coords` between global memory and shared memory at `smem`.
+template <bool kLoad>
+void copy_box(const TensorMapInfo& m, uint32_t smem, const int (&coords)[4]) {
+  const int eb = m.element_bytes;
+  if (m.box[0] * eb != 128) fail("TMA boxes of 128-byte rows (the 128-byte swizzle)");
+  if (smem % 1024 != 0) fail("a swizzled TMA box not 1024-byte aligned in shared memory");
+  uint32_t row = 0;
+  for (int i3 = 0; i3 < m.box[3]; ++i3)
+    for (int i2 = 0; i2 < m.box[2]; ++i2)
+      for (int i1 = 0; i1 < m.box[1]; ++i1, ++row)
+        for (int i0 = 0; i0 < m.box[0]; ++i0) {
+          const int64_t c[4] = {int64_t{coords[0]} + i0, int64_t{coords[1]} + i1, int64_t{coords[2]} + i2,
+                                int64_t{coords[3]} + i3};
+          bool inside = true;
+          for (int k = 0; k < 4; ++k) inside = inside && c[k] >= 0 && c[k] < m.dims[k];
+          unsigned char* s = g_state->shared + swizzle(smem + row * 128 + static_cast<uint32_t>(i0 * eb));
+          const int64_t offset = c[0] * eb + c[1] * m.strides[0] + c[2] * m.strides[1] + c[3] * m.strides[2];
+          if (kLoad) {
+            if (inside) {
+              std::memcpy(s, m.base + offset, static_cast<size_t>(eb));
+            } else {
+              std::memset(s, 0, static_cast<size_t>(eb));
+            }
+          } else if (inside) {
+            std::memcpy(const_cast<unsigned char*>(m.base) + offset, s, static_cast<size_t>(eb));
+          }
+        }
+}
+
+int64_t box_bytes(const TensorMapInfo& m) {
+  return int64_t{m.box[0]} * m.box[1] * m.box[2] * m.box[3] * m.element_bytes;
+}
+
+void land(uint32_t bar, const PendingLoad& load) {
+  copy_box<true>(decode(load.map), load.dst, load.coords);
+  Barrier& b = barrier(bar);
+  b.tx -= box_bytes(decode(load.map));
+  maybe_complete(b);
+}
+
+void land_loads_of(uint32_t bar) {
+  auto it = g_state->loads.find(bar);
+  if (it == g_state->loads.end() || it->second.empty()) return;
+  std::vector<PendingLoad> loads = std::move(it->second);
+  it->second.clear();
+  for (const PendingLoad& load : loads) land(bar, load);
+}
+
+bool land_everything() {
+  bool any = false;
+  for (auto& [bar, loads] : g_state->loads) {
+    if (loads.empty()) continue;
+    any = true;
+    land_loads_of(bar);
+  }
+  return any;
+}
+
+void flush_stores(int thread) {
+  auto it = g_state->stores.find(thread);
+  if (it == g_state->stores.end()) return;
+  for (const PendingStore& store : it->second) copy_box<false>(decode(store.map), store.src, store.coords);
+  it->second.clear();
+}
+
+// --- wgmma ---------------------------------------------------------------------------
+
+struct Descriptor {
+  uint32_t start, leading, stride;
+};
+
+Descriptor decode_descriptor(uint64_t desc) {
+  if ((desc >> 62) != 1) fail("a wgmma descriptor without the 128-byte swizzle");
+  return {static_cast<uint32_t>(desc & 0x3FFF) << 4, static_cast<uint32_t>((desc >> 16) & 0x3FFF) << 4,
+          static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4};
+}
+
+float element_value(WgmmaKind kind, uint32_t address) {
+  const unsigned char* p = g_state->shared + swizzle(address);
+  switch (kind) {
+    case WgmmaKind::bf16: {
+      __nv_bfloat16_raw raw;
+      std::memcpy(&raw.x, p, 2);
+      return __bfloat162float(__nv_bfloat16(raw));
+    }
+    case WgmmaKind::f16: {
+      __half_raw raw;
+      std::memcpy(&raw.x, p, 2);
+      return __half2float(__half(raw));
+    }
+    case WgmmaKind::e4m3: {
+      const unsigned v = *p;
+      const int sign = v >> 7, exponent = (v >> 3) & 15, mantissa = v & 7;
+      if (exponent == 15 && mantissa == 7) return std::nanf("");
+      const float magnitude = exponent == 0 ? std::ldexp(static_cast<float>(mantissa) / 8.0f, -6)
+                                            : std::ldexp(1.0f + static_cast<float>(mantissa) / 8.0f, exponent - 7);
+      return sign ? -magnitude : magnitude;
+    }
+    case WgmmaKind::s8: return static_cast<float>(static_cast<int8_t>(*p));
+  }
+  return 0.0f;
+}
+
+void execute(WgmmaOp& op) {
+  const int element_bytes = op.kind == WgmmaKind::bf16 || op.kind == WgmmaKind::f16 ? 2 : 1;
+  const int k_steps = 32 / element_bytes;  // 32 bytes of a 128-byte row per instruction
+  const Descriptor a = decode_descriptor(op.desc_a), b = decode_descriptor(op.desc_b);
+  // A [64][k] K-major: 8-row groups `stride` apart, rows of 128 bytes.
+  auto a_address = [&](int m, int k) { return a.start + (m / 8) * a.stride + (m % 8) * 128 + k * element_bytes; };
+  // B K-major ([n][k]): as A. N-major ([k][n], 16-bit only): 64-column blocks
+  // `leading` apart, 8-row (k) groups `stride` apart.
+  auto b_address = [&](int k, int n) {
+    if (!op.transpose_b) return b.start + (n / 8) * b.stride + (n % 8) * 128 + k * element_bytes;
+    return b.start + (n / 64) * b.leading + (k / 8) * b.stride + (k % 8) * 128 + (n % 64) * 2;
+  };
+  std::vector<float> av(static_cast<size_t>(64 * k_steps)), bv(static_cast<size_t>(k_steps * op.n));
+  for (int m = 0; m < 64; ++m)
+    for (int k = 0; k < k_steps; ++k) av[static_cast<size_t>(m * k_steps + k)] = element_value(op.kind, a_address(m, k));
+  for (int k = 0; k < k_steps; ++k)
+    for (int n = 0; n < op.n; ++n) bv[static_cast<size_t>(k * op.n + n)] = element_value(op.kind, b_address(k, n));
+  for (int t = 0; t < 128; ++t) {
+    const int w = t / 32, l = t % 32;
+    for (int i = 0; i < op.n / 8; ++i)
+      for (int e = 0; e < 4; ++e) {
+        const int row = 16 * w + l / 4 + 8 * (e / 2), col = 8 * i + 2 * (l % 4) + e % 2;
+        const int index = 4 * i + e;
+        if (op.kind == WgmmaKind::s8) {
+          int32_t* d = static_cast<int32_t*>(op.d[t]);
+          int32_t sum = op.accumulate ? d[index] : 0;
+          for (int k = 0; k < k_steps; ++k)
+            sum += static_cast<int32_t>(av[static_cast<size_t>(row * k_steps + k)]) *
+                   static_cast<int32_t>(bv[static_cast<size_t>(k * op.n + col)]);
+          d[index] = sum;
+        } else {
+          float* d = static_cast<float*>(op.d[t]);
+          float sum = op.accumulate ? d[index] : 0.0f;
+          for (int k = 0; k < k_steps; ++k)
+            sum += av[static_cast<size_t>(row * k_steps + k)] * bv[static_cast<size_t>(k * op.n + col)];
+          d[index] = sum;
+        }
+      }
+  }
+}
+
+Warpgroup& my_warpgroup(int* index_in_group) {
+  const int thread = current_thread();
+  *index_in_group = thread % 128;
+  return g_state->warpgroups[static_cast<size_t>(thread / 128)];
+}
+
+}  // namespace
+
+void encode_tensor_map(const TensorMapInfo& info, CUtensorMap* map) {
+  std::memset(map, 0, sizeof *map);
+  StoredMap stored{kMapMagic, info};
+  std::memcpy(static_cast<void*>(map), &stored, sizeof stored);
+}
+
+void run_cta(Index3 block, int threads, unsigned char* shared, TmaLanding landing, const std::function<void()>& body) {
+  if (reinterpret_cast<uintptr_t>(shared) % 1024 != 0) fail("shared memory not 1024-byte aligned");
+  State state;
+  state.shared = shared;
+  state.landing = landing;
+  state.warpgroups.resize(static_cast<size_t>((threads + 127) / 128));
+  g_state = &state;
+  const std::function<void()> wrapped = [&] {
+    body();
+    flush_stores(current_thread());
+  };
+  emulation::run_cta(block, threads, shared, wrapped, [] { return land_everything(); });
+  for (auto& [bar, loads] : state.loads)
+    if (!loads.empty()) fail("TMA loads never waited for");
+  for (const Warpgroup& group : state.warpgroups)
+    if (group.executed != group.ops.size()) fail("wgmma operations never waited for");
+  g_state = nullptr;
+}
+
+void mbarrier_init(uint32_t bar, uint32_t arrivals) {
+  if (bar % 8 != 0) fail("an mbarrier not 8-byte aligned");
+  Barrier b;
+  b.expected = b.pending = arrivals;
+  g_state->barriers[bar] = b;
+  note_progress();
+}
+
+void mbarrier_arrive(uint32_t bar) {
+  Barrier& b = barrier(bar);
+  if (b.pending == 0) fail("an mbarrier arrival beyond its count");
+  --b.pending;
+  note_progress();
+  maybe_complete(b);
+}
+
+void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  Barrier& b = barrier(bar);
+  b.tx += bytes;
+  mbarrier_arrive(bar);
+}
+
+bool mbarrier_try_wait(uint32_t bar, uint32_t parity) {
+  land_loads_of(bar);
+  const bool done = (barrier(bar).phase & 1u) != (parity & 1u);
+  if (done) note_progress();
+  return done;
+}
+
+void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3) {
+  PendingLoad load{dst, map, {c0, c1, c2, c3}};
+  note_progress();
+  if (g_state->landing == TmaLanding::at_issue) {
+    land(bar, load);
+  } else {
+    (void)barrier(bar);
+    g_state->loads[bar].push_back(load);
+  }
+}
+
+void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
+  g_state->stores[current_thread()].push_back({map, src, {c0, c1, c2, c3}});
+  note_progress();
+}
+
+void tma_store_wait_read() { flush_stores(current_thread()); }
+
+void wgmma(WgmmaKind kind, int n, bool transpose_b, uint64_t desc_a, uint64_t desc_b, bool accumulate, void* d) {
+  int t = 0;
+  Warpgroup& group = my_warpgroup(&t);
+  const size_t k = static_cast<size_t>(group.issued[t]++);
+  if (k == group.ops.size()) group.ops.push_back(WgmmaOp{kind, n, transpose_b, desc_a, desc_b, accumulate});
+  WgmmaOp& op = group.ops[k];
+  if (op.kind != kind || op.n != n || op.transpose_b != transpose_b || op.desc_a != desc_a || op.desc_b != desc_b ||
+      op.accumulate != accumulate) {
+    fail("the threads of a warpgroup issued different wgmmas");
+  }
+  if (op.d[t] != nullptr) fail("a wgmma issued twice by one thread");
+  op.d[t] = d;
+  ++op.contributed;
+  note_progress();
+}
+
+void wgmma_commit() {
+  int t = 0;
+  Warpgroup& group = my_warpgroup(&t);
+  const size_t g = static_cast<size_t>(group.committed[t]++);
+  if (g == group.group_end.size()) {
+    group.group_end.push_back(static_cast<size_t>(group.issued[t]));
+  } else if (group.group_end[g] != static_cast<size_t>(group.issued[t])) {
+    fail("the threads of a warpgroup committed different wgmma groups");
+  }
+  note_progress();
+}
+
+void wgmma_wait(int pending) {
+  int t = 0;
+  Warpgroup& group = my_warpgroup(&t);
+  const int retire = group.committed[t] - pending;
+  if (retire <= 0) return;
+  const size_t end = group.group_end[static_cast<size_t>(retire - 1)];
+  while (group.executed < end) {
+    WgmmaOp& op = group.ops[group.executed];
+    while (op.contributed < 128) spin_yield();  // .sync.aligned: the others issue it too
+    if (group.executed < end && &op == &group.ops[group.executed]) {
+      execute(op);
+      ++group.executed;
+      note_progress();
+    }
+  }
+}
+
+}  // namespace ffpa::emulation::sm90

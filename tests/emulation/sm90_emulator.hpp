@@ -1,0 +1,61 @@
+// The sm90 family's Hopper instructions on the CPU emulation of a CTA
+// (sm80_emulator.hpp: threads as fibers): mbarriers with phases and
+// transaction counts, TMA tensor copies through emulated tensor maps (the
+// 128-byte swizzle, zero fill out of range), wgmma with shared-memory
+// descriptors (128-byte swizzle, K-major and N-major B), its groups and
+// waits. The kernel sources compile unchanged as host code through the shims
+// of kernels/sm90_wgmma/ptx.cuh and wgmma.cuh in shim/.
+//
+// Asynchrony is modelled at its latest where that exposes a missing wait:
+// a wgmma reads shared memory and writes its accumulators when a wait retires
+// its group; a TMA store reads shared memory at its wait_read (or the
+// thread's end). TMA loads land either at once (`TmaLanding::at_issue`:
+// a stage refilled before its readers released it shows) or when a thread
+// first waits on their barrier (`at_wait`: a read before the wait shows).
+// Clusters (kSplit = 2, D > 512) are not emulated.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap
+
+#include <cstdint>
+#include <functional>
+
+#include "emulation/sm80_emulator.hpp"
+
+namespace ffpa::emulation::sm90 {
+
+enum class TmaLanding { at_issue, at_wait };
+
+// A tensor map the emulated TMA reads: a 4-d tensor (dims[0] innermost,
+// contiguous; byte strides of dims 1..3), boxes of box[0..3] elements, the
+// 128-byte swizzle. Written into the CUtensorMap's 128 opaque bytes.
+struct TensorMapInfo {
+  const unsigned char* base = nullptr;
+  int element_bytes = 2;
+  int64_t dims[4] = {};
+  int64_t strides[3] = {};  // bytes, dims 1..3
+  int box[4] = {};
+};
+void encode_tensor_map(const TensorMapInfo& info, CUtensorMap* map);
+
+// Runs one CTA (sm80_emulator's run_cta) with the sm90 state reset before and
+// checked after (no barrier phase or wgmma group left pending).
+void run_cta(Index3 block, int threads, unsigned char* shared, TmaLanding landing, const std::function<void()>& body);
+
+// --- the instructions (called by the ptx.cuh / wgmma.cuh shims) ------------------
+void mbarrier_init(uint32_t bar, uint32_t arrivals);
+void mbarrier_arrive(uint32_t bar);
+void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes);
+bool mbarrier_try_wait(uint32_t bar, uint32_t parity);
+void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3);
+void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3);
+void tma_store_wait_read();
+
+enum class WgmmaKind { bf16, f16, e4m3, s8 };
+// One wgmma.mma_async of the calling thread's warpgroup: D[64 x n] (+)= A B,
+// `d` this thread's n / 2 accumulators (float, or int32_t for s8).
+void wgmma(WgmmaKind kind, int n, bool transpose_b, uint64_t desc_a, uint64_t desc_b, bool accumulate, void* d);
+void wgmma_commit();
+void wgmma_wait(int pending);
+
+}  // namespace ffpa::emulation::sm90

@@ -1,0 +1,124 @@
+// The sm90_wgmma forward kernel (16-bit, one CTA per tile: D <= 512) on the
+// CPU emulator (sm90_emulator.hpp) against the fp64 reference: every CTA of
+// the launch forward_launch plans, its tensor maps in the emulator's format,
+// with TMA loads landing at issue and at the first wait (two runs). Causal
+// alignments, masks (the mask-in-S variant too), dropout, GQA packing, LSE,
+// split-KV (partial rows combined on the host), bnhd. The same kernel source
+// the GPU runs, compiled as host code; tests/gpu/test_gpu_forward.cpp checks
+// the GPU.
+#include "emulation/sm90_device_shim.hpp"  // first: the CUDA built-ins as the emulator's
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "emulation/forward_check.hpp"
+#include "kernels/common/split_kv.hpp"
+#include "kernels/sm90_wgmma/arguments.hpp"
+#include "kernels/sm90_wgmma/kernel.cuh"
+#include "kernels/sm90_wgmma/tensor_map.hpp"
+
+namespace ffpa::detail::sm90_wgmma {
+// The kernel's dynamic shared memory (an extern array on the GPU).
+alignas(1024) unsigned char cta_smem[232448];
+}  // namespace ffpa::detail::sm90_wgmma
+
+namespace ffpa::testing {
+namespace {
+
+namespace sm90 = detail::sm90_wgmma;
+using emulation::sm90::TmaLanding;
+
+// The emulator's tensor map for one of the launch's tensors (tensor_map.cpp's
+// shapes and boxes, encoded for the emulated TMA instead of the driver).
+CUtensorMap emulated_map(const sm90::TensorMapShape& shape, int box_rows, int box_heads) {
+  emulation::sm90::TensorMapInfo info;
+  info.base = static_cast<const unsigned char*>(shape.base);
+  info.element_bytes = shape.element_bytes;
+  const int64_t dims[4] = {shape.head_dim, shape.seq, shape.heads, shape.batch};
+  for (int i = 0; i < 4; ++i) info.dims[i] = dims[i];
+  for (int i = 0; i < 3; ++i) info.strides[i] = shape.stride[2 - i] * shape.element_bytes;
+  const int box[4] = {128 / shape.element_bytes, box_rows, box_heads, 1};
+  for (int i = 0; i < 4; ++i) info.box[i] = box[i];
+  CUtensorMap map;
+  emulation::sm90::encode_tensor_map(info, &map);
+  return map;
+}
+
+template <class Traits>
+void run_traits(const detail::AttentionProblem& problem, sm90::TileLaunch tiles, int wanted_splits, TmaLanding landing) {
+  static_assert(Traits::kSmemBytes <= sizeof sm90::cta_smem);
+  static_assert(Traits::kSplit == 1, "clusters are not emulated");
+  const detail::KvSplits splits = detail::kv_splits_of(problem.seq_kv, wanted_splits, sm90::kTileKeys);
+  const int64_t rows = problem.batch * problem.heads_q * problem.seq_q;
+  std::vector<float> partial_o;
+  std::vector<detail::RowSoftmaxState> states;
+  if (splits.count > 1) {
+    partial_o.assign(static_cast<size_t>(splits.count * rows * problem.dv()), std::nanf(""));
+    states.assign(static_cast<size_t>(splits.count * rows), detail::RowSoftmaxState{std::nanf(""), std::nanf("")});
+    tiles.splits = splits.count;
+    tiles.split_blocks = static_cast<int>(splits.keys_per_split / sm90::kTileKeys);
+    tiles.partial_o = partial_o.data();
+    tiles.partial_states = states.data();
+  }
+  const sm90::ForwardLaunch launch = sm90::forward_launch<Traits>(problem, tiles);
+  const std::array<sm90::TensorMapShape, 4> shapes = sm90::attention_tensor_shapes(problem);
+  CUtensorMap maps[4];
+  for (int i = 0; i < 4; ++i) maps[i] = emulated_map(shapes[static_cast<size_t>(i)], launch.box_rows[i], launch.box_heads[i]);
+  for (int64_t cta = 0; cta < launch.tile_count; ++cta) {
+    emulation::sm90::run_cta({static_cast<unsigned>(cta), 0, 0}, Traits::kThreads, sm90::cta_smem, landing,
+                             [&] { sm90::forward_kernel<Traits>(launch.args, maps[0], maps[1], maps[2], maps[3]); });
+  }
+  if (splits.count > 1) combine_on_host(problem, partial_o, states, splits.count);
+}
+
+// The kernel of instance kHeadDim (the variant the launcher picks) on the case,
+// `heads_per_tile` query heads of a GQA group packed per tile.
+template <int kHeadDim>
+void check(const std::string& name, const ForwardCase& c, int heads_per_tile = 1, int wanted_splits = 1) {
+  for (TmaLanding landing : {TmaLanding::at_issue, TmaLanding::at_wait}) {
+    const std::string label = name + (landing == TmaLanding::at_issue ? " [tma at issue]" : " [tma at wait]");
+    check_forward(label, c, 0, [&](const detail::AttentionProblem& problem) {
+      sm90::TileLaunch tiles;
+      tiles.heads_per_tile = heads_per_tile;
+      auto run = [&](auto* traits) {
+        run_traits<std::remove_pointer_t<decltype(traits)>>(problem, tiles, wanted_splits, landing);
+      };
+      if (c.dtype == DType::bf16) {
+        sm90::with_instance_traits<kHeadDim, __nv_bfloat16>(problem, run);
+      } else {
+        sm90::with_instance_traits<kHeadDim, __half>(problem, run);
+      }
+    });
+  }
+}
+
+TEST(EmulatedSm90Forward, D128Plain) { check<256>("d128", shape_case(DType::bf16, 1, 2, 2, 70, 200, 128)); }
+
+TEST(EmulatedSm90Forward, D512CausalBottomRightF16) {
+  check<512>("d512 causal", shape_case(DType::f16, 1, 1, 1, 100, 260, 512).with_causal(Causal::bottom_right));
+}
+
+TEST(EmulatedSm90Forward, D320MaskDropoutGqa) {
+  check<320>("d320 mask dropout", shape_case(DType::bf16, 1, 4, 2, 65, 140, 320)
+                                      .with_mask(DType::f32, MaskShape::batch_rows, true)
+                                      .with_dropout(0.2f));
+}
+
+TEST(EmulatedSm90Forward, D256BoolMaskTopLeftBnhd) {
+  check<256>("d256 bool mask", shape_case(DType::bf16, 2, 2, 1, 64, 129, 256)
+                                   .with_causal(Causal::top_left)
+                                   .with_mask(DType::boolean, MaskShape::batch_keys, true)
+                                   .with_layout(Layout::bnhd));
+}
+
+TEST(EmulatedSm90Forward, PackedDecodeAndSplitKv) {
+  check<512>("d512 packed decode", shape_case(DType::bf16, 1, 8, 2, 1, 300, 512), 4);
+  check<384>("d384 split-KV", shape_case(DType::bf16, 1, 2, 1, 3, 700, 384).with_causal(Causal::bottom_right), 1, 3);
+}
+
+}  // namespace
+}  // namespace ffpa::testing
