@@ -44,6 +44,7 @@ T __shfl_xor_sync(unsigned, T value, int lane_mask, int width = 32) {
   return value;
 }
 
+inline void __syncwarp(unsigned = 0xffffffffu) { ::ffpa::emulation::sync_warp(); }
 inline int __any_sync(unsigned, int predicate) { return ::ffpa::emulation::any(predicate != 0); }
 
 inline unsigned __float_as_uint(float x) {

@@ -22,7 +22,7 @@ namespace {
 
 constexpr size_t kStackBytes = size_t{1} << 19;
 
-enum class Op { none, shuffle, shuffle_xor, any, ldmatrix, ldmatrix_trans, mma_f16, mma_bf16, mma_f16_f16 };
+enum class Op { none, sync, shuffle, shuffle_xor, any, ldmatrix, ldmatrix_trans, mma_f16, mma_bf16, mma_f16_f16 };
 
 struct LaneInput {
   uint32_t u[6];
@@ -184,6 +184,7 @@ void complete(Rendezvous& r, int warp) {
       }
       break;
     }
+    case Op::sync: break;  // __syncwarp: the rendezvous is the whole effect
     case Op::none: fail("a collective without an operation");
   }
 }
@@ -342,6 +343,8 @@ uint32_t shuffle_xor(uint32_t value, int lane_mask, int width) {
   in.i[1] = width;
   return warp_collective(Op::shuffle_xor, in).u[0];
 }
+
+void sync_warp() { (void)warp_collective(Op::sync, LaneInput{}); }
 
 bool any(bool predicate) {
   LaneInput in{};

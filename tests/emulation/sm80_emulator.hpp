@@ -65,6 +65,7 @@ void sync_threads();
 uint32_t shuffle(uint32_t value, int source_lane, int width);
 uint32_t shuffle_xor(uint32_t value, int lane_mask, int width);
 bool any(bool predicate);
+void sync_warp();
 void ldmatrix_x4(uint32_t (&r)[4], uint32_t address, bool transposed);
 enum class MmaType { f16, bf16 };
 void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, MmaType type);
