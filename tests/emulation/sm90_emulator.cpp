@@ -80,6 +80,7 @@ struct State {
   std::map<uint32_t, std::vector<PendingLoad>> loads;  // by barrier
   std::map<int, std::vector<PendingStore>> stores;     // by thread
   std::vector<Warpgroup> warpgroups;
+  std::map<int, std::pair<uint32_t, uint32_t>> spinning;  // thread -> (barrier, parity) of its failed try_wait
 };
 
 State* g_state = nullptr;
@@ -148,6 +149,29 @@ void land_loads_of(uint32_t bar) {
   std::vector<PendingLoad> loads = std::move(it->second);
   it->second.clear();
   for (const PendingLoad& load : loads) land(bar, load);
+}
+
+// Before a deadlock is declared: which threads spin on which barrier, in runs of threads.
+void describe_waits() {
+  std::fprintf(stderr, "sm90 emulator: no thread can progress; spin-waits:\n");
+  int first = -1, last = -1;
+  std::pair<uint32_t, uint32_t> wait{};
+  auto flush = [&] {
+    if (first < 0) return;
+    const Barrier& b = g_state->barriers[wait.first];
+    std::fprintf(stderr, "  threads %d-%d: barrier at shared +%u, parity %u (completed phases %u, arrivals missing %u of %u, tx %lld)\n",
+                 first, last, wait.first, wait.second, b.phase, b.pending, b.expected, static_cast<long long>(b.tx));
+  };
+  for (const auto& [thread, w] : g_state->spinning) {
+    if (first >= 0 && thread == last + 1 && w == wait) {
+      last = thread;
+      continue;
+    }
+    flush();
+    first = last = thread;
+    wait = w;
+  }
+  flush();
 }
 
 bool land_everything() {
@@ -271,7 +295,11 @@ void run_cta(Index3 block, int threads, unsigned char* shared, TmaLanding landin
     body();
     flush_stores(current_thread());
   };
-  emulation::run_cta(block, threads, shared, wrapped, [] { return land_everything(); });
+  emulation::run_cta(block, threads, shared, wrapped, [] {
+    if (land_everything()) return true;
+    describe_waits();
+    return false;
+  });
   for (auto& [bar, loads] : state.loads)
     if (!loads.empty()) fail("TMA loads never waited for");
   for (const Warpgroup& group : state.warpgroups)
@@ -304,7 +332,12 @@ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
 bool mbarrier_try_wait(uint32_t bar, uint32_t parity) {
   land_loads_of(bar);
   const bool done = (barrier(bar).phase & 1u) != (parity & 1u);
-  if (done) note_progress();
+  if (done) {
+    g_state->spinning.erase(current_thread());
+    note_progress();
+  } else {
+    g_state->spinning[current_thread()] = {bar, parity};
+  }
   return done;
 }
 
