@@ -13,10 +13,7 @@
 #include "ffpa/ffpa.hpp"
 #include "gpu/device_tensor.hpp"
 #include "gpu/forward_case.hpp"
-#include "host/validate.hpp"
-#include "reference/cpu_attention.hpp"
-#include "support/error_metrics.hpp"
-#include "support/host_tensors.hpp"
+#include "gpu/host_forward.hpp"
 
 namespace ffpa::testing {
 namespace {
@@ -41,28 +38,10 @@ TEST_P(GpuValueDim, ForwardMatchesTheReference) {
   for (char ch : vc.name) seed = splitmix64(seed ^ static_cast<unsigned char>(ch));
   SCOPED_TRACE(vc.name + " (seed " + std::to_string(seed) + ")");
 
-  HostView q = make_input(c.dtype, {c.batch, c.heads_q, c.seq_q, c.head_dim}, c, derive_seed(seed, seed_q), -2.0f, 2.0f);
-  HostView k = make_input(c.dtype, {c.batch, c.heads_kv, c.seq_kv, c.head_dim}, c, derive_seed(seed, seed_k), -1.0f, 1.0f);
-  HostView v = make_input(c.dtype, {c.batch, c.heads_kv, c.seq_kv, dv}, c, derive_seed(seed, seed_v), -1.0f, 1.0f);
-  HostView o = make_padded(c.dtype, {c.batch, c.heads_q, c.seq_q, dv}, c.layout, c.row_pad);
-  HostView lse = make_lse(c);
-  HostView mask = make_mask(c, derive_seed(seed, seed_mask));
-  fill_nan(o.buffer);
-  fill_nan(lse.buffer);
-  ForwardParams params;
-  params.q = q.view, params.k = k.view, params.v = v.view, params.o = o.view, params.mask = mask.view;
-  params.lse = lse.view;
-  params.options.causal = c.causal;
-  params.options.dropout_p = c.dropout_p;
-  params.options.dropout_seed = derive_seed(seed, seed_dropout);
-  detail::AttentionProblem problem;
-  {
-    const Status status = detail::validate_forward(params, &problem);
-    ASSERT_TRUE(status.ok()) << status.message;
-  }
-  const size_t rows = static_cast<size_t>(c.batch * c.heads_q * c.seq_q);
-  std::vector<double> want_o(rows * static_cast<size_t>(dv)), want_lse(rows);
-  detail::cpu_attention_forward_f64(problem, {}, want_o.data(), want_lse.data());
+  HostForward f;
+  ASSERT_NO_FATAL_FAILURE(make_host_forward(c, dv, seed, &f));
+  HostView &q = f.q, &k = f.k, &v = f.v, &o = f.o, &lse = f.lse, &mask = f.mask;
+  const ForwardParams& params = f.params;
 
   DeviceTensor dq, dk, dvv, dout, dlse, dmask;
   ASSERT_NO_FATAL_FAILURE(mirror_to_device(q.buffer, q.view, &dq));
@@ -81,25 +60,7 @@ TEST_P(GpuValueDim, ForwardMatchesTheReference) {
   ASSERT_NO_FATAL_FAILURE(copy_to_host(dout, &o.buffer, nullptr));
   ASSERT_NO_FATAL_FAILURE(copy_to_host(dlse, &lse.buffer, nullptr));
 
-  std::vector<double> got_o;
-  for_each_index(o.view, [&](const std::array<int64_t, 4>& i) { got_o.push_back(element_as_double(o.view, i)); });
-  int64_t not_finite = 0;
-  for (double x : got_o) not_finite += std::isfinite(x) ? 0 : 1;
-  EXPECT_EQ(not_finite, 0);
-  const ErrorMetrics m = error_metrics(got_o, want_o);
-  std::cout << "[ dv ] " << vc.name << " o relative L2 " << m.relative_l2 << "\n";
-  EXPECT_LE(m.relative_l2, c.dtype == DType::bf16 ? 1e-2 : 5e-3);
-  size_t r = 0;
-  for (int64_t b = 0; b < c.batch; ++b)
-    for (int64_t h = 0; h < c.heads_q; ++h)
-      for (int64_t i = 0; i < c.seq_q; ++i, ++r) {
-        const double got = element_as_double(lse.view, {b, h, i, 0});
-        if (std::isinf(want_lse[r])) {
-          EXPECT_EQ(got, want_lse[r]) << "lse row " << r;
-        } else {
-          EXPECT_NEAR(got, want_lse[r], 2e-3 * std::max(1.0, std::fabs(want_lse[r]))) << "lse row " << r;
-        }
-      }
+  expect_forward_matches(f, c, c.dtype == DType::bf16 ? 1e-2 : 5e-3, "dv", vc.name);
 }
 
 INSTANTIATE_TEST_SUITE_P(
