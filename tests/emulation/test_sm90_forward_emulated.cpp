@@ -21,10 +21,11 @@
 #include "kernels/sm90_wgmma/kernel.cuh"
 #include "kernels/sm90_wgmma/tensor_map.hpp"
 
-namespace ffpa::detail::sm90_wgmma {
-// The kernel's dynamic shared memory (an extern array on the GPU).
-alignas(1024) unsigned char cta_smem[232448];
-}  // namespace ffpa::detail::sm90_wgmma
+namespace ffpa::testing::emulated {
+// Each emulated CTA's dynamic shared memory (the kernel reaches it through the
+// ptx.cuh shim's cta_shared_memory()): two for a cluster.
+alignas(1024) unsigned char cta_smem[2][232448];
+}  // namespace ffpa::testing::emulated
 
 namespace ffpa::testing {
 namespace {
@@ -50,7 +51,7 @@ CUtensorMap emulated_map(const sm90::TensorMapShape& shape, int box_rows, int bo
 
 template <class Traits>
 void run_traits(const detail::AttentionProblem& problem, sm90::TileLaunch tiles, int wanted_splits, TmaLanding landing) {
-  static_assert(Traits::kSmemBytes <= sizeof sm90::cta_smem);
+  static_assert(Traits::kSmemBytes <= sizeof emulated::cta_smem[0]);
   static_assert(Traits::kSplit == 1, "clusters are not emulated");
   const detail::KvSplits splits = detail::kv_splits_of(problem.seq_kv, wanted_splits, sm90::kTileKeys);
   const int64_t rows = problem.batch * problem.heads_q * problem.seq_q;
@@ -69,7 +70,7 @@ void run_traits(const detail::AttentionProblem& problem, sm90::TileLaunch tiles,
   CUtensorMap maps[4];
   for (int i = 0; i < 4; ++i) maps[i] = emulated_map(shapes[static_cast<size_t>(i)], launch.box_rows[i], launch.box_heads[i]);
   for (int64_t cta = 0; cta < launch.tile_count; ++cta) {
-    emulation::sm90::run_cta({static_cast<unsigned>(cta), 0, 0}, Traits::kThreads, sm90::cta_smem, landing,
+    emulation::sm90::run_cta({static_cast<unsigned>(cta), 0, 0}, Traits::kThreads, emulated::cta_smem[0], landing,
                              [&] { sm90::forward_kernel<Traits>(launch.args, maps[0], maps[1], maps[2], maps[3]); });
   }
   if (splits.count > 1) combine_on_host(problem, partial_o, states, splits.count);

@@ -24,13 +24,6 @@ __device__ __forceinline__ int split_rank() {
   }
 }
 
-// The CTA's dynamic shared memory. wgmma and TMA swizzle atoms need 1024-byte
-// alignment; dynamic shared memory starts the block's window (there is no
-// static shared memory), so the declared alignment holds, and every offset
-// from it is an immediate. Named here, not passed around: the compiler keeps
-// its alignment and address space only when it sees the symbol itself.
-extern __shared__ __align__(1024) unsigned char cta_smem[];
-
 template <class Traits>
 struct Cta {
   static constexpr int kSplit = Traits::kSplit, kStages = Traits::kStages;
@@ -41,7 +34,7 @@ struct Cta {
 
   __device__ __forceinline__ explicit Cta(const Args& args_) : args(args_), p(args_.p) {}
 
-  __device__ __forceinline__ static unsigned char* smem() { return cta_smem; }
+  __device__ __forceinline__ static unsigned char* smem() { return cta_shared_memory(); }
 
   __device__ __forceinline__ uint32_t q_tiles() const { return smem_address(smem() + Traits::kQOffset); }
   __device__ __forceinline__ uint32_t p_tiles() const { return smem_address(smem() + Traits::kPOffset); }

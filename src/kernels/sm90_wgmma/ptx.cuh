@@ -19,6 +19,15 @@
 
 namespace ffpa::detail::sm90_wgmma {
 
+// The CTA's dynamic shared memory. wgmma and TMA swizzle atoms need 1024-byte
+// alignment; dynamic shared memory starts the block's window (there is no
+// static shared memory), so the declared alignment holds, and every offset
+// from it is an immediate. Named, not passed around: the compiler keeps its
+// alignment and address space only when it sees the symbol itself (the
+// accessor inlines to it; the CPU emulation's shim returns each CTA's own).
+extern __shared__ __align__(1024) unsigned char cta_smem[];
+__device__ __forceinline__ unsigned char* cta_shared_memory() { return cta_smem; }
+
 __device__ __forceinline__ uint64_t* barrier_pointer(uint32_t bar) {
   return static_cast<uint64_t*>(__cvta_shared_to_generic(bar));
 }

@@ -14,6 +14,9 @@ namespace ffpa::detail::sm90_wgmma {
 
 namespace emu = ::ffpa::emulation::sm90;
 
+// The running CTA's shared memory (each CTA of an emulated cluster its own).
+inline unsigned char* cta_shared_memory() { return ::ffpa::emulation::shared_memory_base(); }
+
 inline void mbarrier_init(uint32_t bar, uint32_t arrivals) { emu::mbarrier_init(bar, arrivals); }
 inline void fence_barrier_init() {}
 inline void mbarrier_arrive(uint32_t bar) { emu::mbarrier_arrive(bar); }
