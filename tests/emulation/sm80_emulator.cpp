@@ -60,15 +60,24 @@ struct Rendezvous {
   LaneInput in[32];
 };
 
-struct Cta {
-  Index3 block;
-  int threads = 0;
+// Per CTA of the running cluster: its shared memory and barriers.
+struct CtaBarriers {
   unsigned char* shared = nullptr;
-  std::vector<Fiber> fibers;
-  std::vector<Rendezvous> warps;
-  Rendezvous barrier;
+  Rendezvous barrier;    // __syncthreads
   Rendezvous named[16];  // bar.sync ids 0..15; `in` unused, `op` unused
   int named_count[16] = {};
+};
+
+// The running cluster (one CTA without one): fiber i is thread i % cta_threads
+// of CTA (rank) i / cta_threads.
+struct Cta {
+  Index3 block;     // rank 0's
+  int threads = 0;  // every fiber of the cluster
+  int cta_threads = 0;
+  std::vector<CtaBarriers> ctas;
+  Rendezvous cluster_barrier;
+  std::vector<Fiber> fibers;
+  std::vector<Rendezvous> warps;
   uint64_t progress = 0;  // events that let another thread run on
   ucontext_t scheduler;
   int current = -1;
@@ -78,11 +87,13 @@ struct Cta {
 Cta* g_cta = nullptr;
 
 [[noreturn]] void fail(const char* what) {
-  std::fprintf(stderr, "sm80 emulator: %s\n", what);
+  std::fprintf(stderr, "emulator: %s\n", what);
   std::abort();
 }
 
 Fiber& me() { return g_cta->fibers[static_cast<size_t>(g_cta->current)]; }
+int my_rank() { return g_cta->current / g_cta->cta_threads; }
+CtaBarriers& my_cta() { return g_cta->ctas[static_cast<size_t>(my_rank())]; }
 
 void fiber_main(int index) {
   (void)index;
@@ -97,6 +108,17 @@ void block_on(const uint64_t* generation, uint64_t until) {
   fiber.wait_generation = generation;
   fiber.wait_until = until;
   swapcontext(&fiber.context, &g_cta->scheduler);
+}
+
+// A barrier of `count` threads: the last to arrive releases the others.
+void rendezvous(Rendezvous& r, int count) {
+  const uint64_t generation = r.generation;
+  if (++r.arrived == count) {
+    r.arrived = 0;
+    ++r.generation;
+  } else {
+    block_on(&r.generation, generation + 1);
+  }
 }
 
 uint16_t half_word(uint32_t word, int which) { return static_cast<uint16_t>(which == 0 ? word & 0xFFFFu : word >> 16); }
@@ -114,7 +136,7 @@ float to_float(uint16_t bits, Op op) {
 
 uint16_t load16(uint32_t address) {
   uint16_t v;
-  std::memcpy(&v, g_cta->shared + address, 2);
+  std::memcpy(&v, my_cta().shared + address, 2);
   return v;
 }
 
@@ -214,18 +236,34 @@ LaneOutput warp_collective(Op op, const LaneInput& in) {
 
 }  // namespace
 
-Index3 thread_index() { return {static_cast<unsigned>(g_cta->current), 0, 0}; }
-Index3 block_index() { return g_cta->block; }
-Index3 block_dim() { return {static_cast<unsigned>(g_cta->threads), 1, 1}; }
-unsigned char* shared_memory_base() { return g_cta->shared; }
+Index3 thread_index() { return {static_cast<unsigned>(g_cta->current % g_cta->cta_threads), 0, 0}; }
+Index3 block_index() {
+  return {g_cta->block.x + static_cast<unsigned>(my_rank()), g_cta->block.y, g_cta->block.z};
+}
+Index3 block_dim() { return {static_cast<unsigned>(g_cta->cta_threads), 1, 1}; }
+unsigned char* shared_memory_base() { return my_cta().shared; }
+int cluster_rank() { return my_rank(); }
+unsigned char* cluster_shared_memory(int rank) {
+  if (rank < 0 || rank >= static_cast<int>(g_cta->ctas.size())) fail("a cluster rank outside the cluster");
+  return g_cta->ctas[static_cast<size_t>(rank)].shared;
+}
 
 void run_cta(Index3 block, int threads, unsigned char* shared, const std::function<void()>& body,
              const std::function<bool()>& idle) {
-  if (threads % 32 != 0 || threads <= 0) fail("a CTA of whole warps");
+  run_cluster(block, 1, threads, &shared, body, idle);
+}
+
+void run_cluster(Index3 first_block, int ranks, int cta_threads, unsigned char* const* shared,
+                 const std::function<void()>& body, const std::function<bool()>& idle) {
+  if (cta_threads % 32 != 0 || cta_threads <= 0) fail("a CTA of whole warps");
+  if (ranks < 1) fail("a cluster of at least one CTA");
+  const int threads = ranks * cta_threads;
   Cta cta;
-  cta.block = block;
+  cta.block = first_block;
   cta.threads = threads;
-  cta.shared = shared;
+  cta.cta_threads = cta_threads;
+  cta.ctas.resize(static_cast<size_t>(ranks));
+  for (int r = 0; r < ranks; ++r) cta.ctas[static_cast<size_t>(r)].shared = shared[r];
   cta.body = &body;
   cta.fibers.resize(static_cast<size_t>(threads));
   cta.warps.resize(static_cast<size_t>(threads / 32));
@@ -261,9 +299,12 @@ void run_cta(Index3 block, int threads, unsigned char* shared, const std::functi
   }
   for (const Rendezvous& r : cta.warps)
     if (r.arrived != 0) fail("a warp collective left incomplete");
-  if (cta.barrier.arrived != 0) fail("threads finished while others waited at __syncthreads");
-  for (const Rendezvous& r : cta.named)
-    if (r.arrived != 0) fail("threads finished while others waited at a named barrier");
+  for (const CtaBarriers& b : cta.ctas) {
+    if (b.barrier.arrived != 0) fail("threads finished while others waited at __syncthreads");
+    for (const Rendezvous& r : b.named)
+      if (r.arrived != 0) fail("threads finished while others waited at a named barrier");
+  }
+  if (cta.cluster_barrier.arrived != 0) fail("threads finished while others waited at the cluster barrier");
   g_cta = nullptr;
 }
 
@@ -278,20 +319,17 @@ void spin_yield() {
 void note_progress() { ++g_cta->progress; }
 
 void named_barrier(int id, int count) {
-  if (id < 0 || id >= 16 || count <= 0 || count % 32 != 0 || count > g_cta->threads) fail("bar.sync: a bad id or count");
-  Rendezvous& r = g_cta->named[id];
+  if (id < 0 || id >= 16 || count <= 0 || count % 32 != 0 || count > g_cta->cta_threads) {
+    fail("bar.sync: a bad id or count");
+  }
+  CtaBarriers& cta = my_cta();
+  Rendezvous& r = cta.named[id];
   if (r.arrived == 0) {
-    g_cta->named_count[id] = count;
-  } else if (g_cta->named_count[id] != count) {
+    cta.named_count[id] = count;
+  } else if (cta.named_count[id] != count) {
     fail("bar.sync: threads of one barrier give different counts");
   }
-  const uint64_t generation = r.generation;
-  if (++r.arrived == count) {
-    r.arrived = 0;
-    ++r.generation;
-  } else {
-    block_on(&r.generation, generation + 1);
-  }
+  rendezvous(r, count);
 }
 
 void cp_async_16(uint32_t dst, const void* src, bool valid) { me().open_group.push_back({dst, src, valid}); }
@@ -306,7 +344,7 @@ void cp_async_wait(int pending) {
   Fiber& fiber = me();
   while (static_cast<int>(fiber.groups.size()) > pending) {
     for (const Copy& copy : fiber.groups.front()) {
-      unsigned char* to = g_cta->shared + copy.dst;
+      unsigned char* to = my_cta().shared + copy.dst;
       if (copy.valid) {
         std::memcpy(to, copy.src, 16);
       } else {
@@ -317,16 +355,9 @@ void cp_async_wait(int pending) {
   }
 }
 
-void sync_threads() {
-  Rendezvous& r = g_cta->barrier;
-  const uint64_t generation = r.generation;
-  if (++r.arrived == g_cta->threads) {
-    r.arrived = 0;
-    ++r.generation;
-  } else {
-    block_on(&r.generation, generation + 1);
-  }
-}
+void sync_threads() { rendezvous(my_cta().barrier, g_cta->cta_threads); }
+
+void cluster_sync() { rendezvous(g_cta->cluster_barrier, g_cta->threads); }
 
 uint32_t shuffle(uint32_t value, int source_lane, int width) {
   LaneInput in{};

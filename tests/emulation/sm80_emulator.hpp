@@ -39,6 +39,16 @@ unsigned char* shared_memory_base();
 void run_cta(Index3 block, int threads, unsigned char* shared, const std::function<void()>& body,
              const std::function<bool()>& idle = {});
 
+// A cluster of `ranks` CTAs of `cta_threads` threads (blocks first_block.x,
+// first_block.x + 1, ...), CTA r's shared memory at shared[r], all their
+// threads on one scheduler (sm90's distributed shared memory and cluster barrier).
+void run_cluster(Index3 first_block, int ranks, int cta_threads, unsigned char* const* shared,
+                 const std::function<void()>& body, const std::function<bool()>& idle = {});
+int cluster_rank();
+unsigned char* cluster_shared_memory(int rank);
+// barrier.cluster arrive + wait: every thread of the cluster.
+void cluster_sync();
+
 // cp.async of 16 bytes (zero-fill when !valid) into shared-window address
 // dst, queued in the thread's open group; commit closes the group; wait
 // lands every group but the `pending` newest.

@@ -43,7 +43,18 @@ struct Barrier {
   uint32_t phase = 0;     // completed phases
 };
 
+// A barrier or shared-memory byte of a CTA of the cluster: (rank << 32) | shared-window address.
+using ClusterAddress = uint64_t;
+ClusterAddress local(uint32_t address) { return (static_cast<uint64_t>(cluster_rank()) << 32) | address; }
+// peer_address's encoding of CTA `rank`'s address (what mapa returns on the GPU).
+constexpr uint32_t kRemoteFlag = 1u << 31;
+ClusterAddress from_remote(uint32_t remote) {
+  if ((remote & kRemoteFlag) == 0) fail("a shared::cluster address not made by peer_address");
+  return (static_cast<uint64_t>((remote >> 24) & 0x7F) << 32) | (remote & 0xFFFFFF);
+}
+
 struct PendingLoad {
+  int rank;
   uint32_t dst;
   const CUtensorMap* map;
   int coords[4];
@@ -74,13 +85,12 @@ struct Warpgroup {
 };
 
 struct State {
-  unsigned char* shared = nullptr;
   TmaLanding landing = TmaLanding::at_issue;
-  std::map<uint32_t, Barrier> barriers;
-  std::map<uint32_t, std::vector<PendingLoad>> loads;  // by barrier
+  std::map<ClusterAddress, Barrier> barriers;
+  std::map<ClusterAddress, std::vector<PendingLoad>> loads;  // by barrier
   std::map<int, std::vector<PendingStore>> stores;     // by thread
   std::vector<Warpgroup> warpgroups;
-  std::map<int, std::pair<uint32_t, uint32_t>> spinning;  // thread -> (barrier, parity) of its failed try_wait
+  std::map<int, std::pair<ClusterAddress, uint32_t>> spinning;  // thread -> (barrier, parity) of its failed try_wait
 };
 
 State* g_state = nullptr;
@@ -89,7 +99,7 @@ State* g_state = nullptr;
 // the 16-byte chunk within a 128-byte row XOR the row within the 8-row atom.
 uint32_t swizzle(uint32_t address) { return address ^ (((address >> 7) & 7u) << 4); }
 
-Barrier& barrier(uint32_t bar) {
+Barrier& barrier(ClusterAddress bar) {
   auto it = g_state->barriers.find(bar);
   if (it == g_state->barriers.end()) fail("an mbarrier used before mbarrier_init");
   return it->second;
@@ -105,7 +115,7 @@ void maybe_complete(Barrier& b) {
 
 // The box at `coords` between global memory and shared memory at `smem`.
 template <bool kLoad>
-void copy_box(const TensorMapInfo& m, uint32_t smem, const int (&coords)[4]) {
+void copy_box(const TensorMapInfo& m, unsigned char* shared, uint32_t smem, const int (&coords)[4]) {
   const int eb = m.element_bytes;
   if (m.box[0] * eb != 128) fail("TMA boxes of 128-byte rows (the 128-byte swizzle)");
   if (smem % 1024 != 0) fail("a swizzled TMA box not 1024-byte aligned in shared memory");
@@ -118,7 +128,7 @@ void copy_box(const TensorMapInfo& m, uint32_t smem, const int (&coords)[4]) {
                                 int64_t{coords[3]} + i3};
           bool inside = true;
           for (int k = 0; k < 4; ++k) inside = inside && c[k] >= 0 && c[k] < m.dims[k];
-          unsigned char* s = g_state->shared + swizzle(smem + row * 128 + static_cast<uint32_t>(i0 * eb));
+          unsigned char* s = shared + swizzle(smem + row * 128 + static_cast<uint32_t>(i0 * eb));
           const int64_t offset = c[0] * eb + c[1] * m.strides[0] + c[2] * m.strides[1] + c[3] * m.strides[2];
           if (kLoad) {
             if (inside) {
@@ -136,14 +146,14 @@ int64_t box_bytes(const TensorMapInfo& m) {
   return int64_t{m.box[0]} * m.box[1] * m.box[2] * m.box[3] * m.element_bytes;
 }
 
-void land(uint32_t bar, const PendingLoad& load) {
-  copy_box<true>(decode(load.map), load.dst, load.coords);
+void land(ClusterAddress bar, const PendingLoad& load) {
+  copy_box<true>(decode(load.map), cluster_shared_memory(load.rank), load.dst, load.coords);
   Barrier& b = barrier(bar);
   b.tx -= box_bytes(decode(load.map));
   maybe_complete(b);
 }
 
-void land_loads_of(uint32_t bar) {
+void land_loads_of(ClusterAddress bar) {
   auto it = g_state->loads.find(bar);
   if (it == g_state->loads.end() || it->second.empty()) return;
   std::vector<PendingLoad> loads = std::move(it->second);
@@ -155,12 +165,15 @@ void land_loads_of(uint32_t bar) {
 void describe_waits() {
   std::fprintf(stderr, "sm90 emulator: no thread can progress; spin-waits:\n");
   int first = -1, last = -1;
-  std::pair<uint32_t, uint32_t> wait{};
+  std::pair<ClusterAddress, uint32_t> wait{};
   auto flush = [&] {
     if (first < 0) return;
     const Barrier& b = g_state->barriers[wait.first];
-    std::fprintf(stderr, "  threads %d-%d: barrier at shared +%u, parity %u (completed phases %u, arrivals missing %u of %u, tx %lld)\n",
-                 first, last, wait.first, wait.second, b.phase, b.pending, b.expected, static_cast<long long>(b.tx));
+    std::fprintf(stderr,
+                 "  threads %d-%d: barrier at CTA %u shared +%u, parity %u (completed phases %u, arrivals missing %u "
+                 "of %u, tx %lld)\n",
+                 first, last, static_cast<unsigned>(wait.first >> 32), static_cast<unsigned>(wait.first & 0xFFFFFFFFu),
+                 wait.second, b.phase, b.pending, b.expected, static_cast<long long>(b.tx));
   };
   for (const auto& [thread, w] : g_state->spinning) {
     if (first >= 0 && thread == last + 1 && w == wait) {
@@ -187,7 +200,9 @@ bool land_everything() {
 void flush_stores(int thread) {
   auto it = g_state->stores.find(thread);
   if (it == g_state->stores.end()) return;
-  for (const PendingStore& store : it->second) copy_box<false>(decode(store.map), store.src, store.coords);
+  for (const PendingStore& store : it->second) {
+    copy_box<false>(decode(store.map), shared_memory_base(), store.src, store.coords);
+  }
   it->second.clear();
 }
 
@@ -204,7 +219,7 @@ Descriptor decode_descriptor(uint64_t desc) {
 }
 
 float element_value(WgmmaKind kind, uint32_t address) {
-  const unsigned char* p = g_state->shared + swizzle(address);
+  const unsigned char* p = shared_memory_base() + swizzle(address);  // the issuing warpgroup's CTA
   switch (kind) {
     case WgmmaKind::bf16: {
       __nv_bfloat16_raw raw;
@@ -285,17 +300,23 @@ void encode_tensor_map(const TensorMapInfo& info, CUtensorMap* map) {
 }
 
 void run_cta(Index3 block, int threads, unsigned char* shared, TmaLanding landing, const std::function<void()>& body) {
-  if (reinterpret_cast<uintptr_t>(shared) % 1024 != 0) fail("shared memory not 1024-byte aligned");
+  run_cluster(block, 1, threads, &shared, landing, body);
+}
+
+void run_cluster(Index3 first_block, int ranks, int threads, unsigned char* const* shared, TmaLanding landing,
+                 const std::function<void()>& body) {
+  for (int r = 0; r < ranks; ++r)
+    if (reinterpret_cast<uintptr_t>(shared[r]) % 1024 != 0) fail("shared memory not 1024-byte aligned");
+  if (threads % 128 != 0) fail("an sm90 CTA of whole warpgroups");
   State state;
-  state.shared = shared;
   state.landing = landing;
-  state.warpgroups.resize(static_cast<size_t>((threads + 127) / 128));
+  state.warpgroups.resize(static_cast<size_t>(ranks * threads / 128));
   g_state = &state;
   const std::function<void()> wrapped = [&] {
     body();
     flush_stores(current_thread());
   };
-  emulation::run_cta(block, threads, shared, wrapped, [] {
+  emulation::run_cluster(first_block, ranks, threads, shared, wrapped, [] {
     if (land_everything()) return true;
     describe_waits();
     return false;
@@ -311,44 +332,65 @@ void mbarrier_init(uint32_t bar, uint32_t arrivals) {
   if (bar % 8 != 0) fail("an mbarrier not 8-byte aligned");
   Barrier b;
   b.expected = b.pending = arrivals;
-  g_state->barriers[bar] = b;
+  g_state->barriers[local(bar)] = b;
   note_progress();
 }
 
-void mbarrier_arrive(uint32_t bar) {
+namespace {
+void arrive(ClusterAddress bar) {
   Barrier& b = barrier(bar);
   if (b.pending == 0) fail("an mbarrier arrival beyond its count");
   --b.pending;
   note_progress();
   maybe_complete(b);
 }
+}  // namespace
+
+void mbarrier_arrive(uint32_t bar) { arrive(local(bar)); }
 
 void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  Barrier& b = barrier(bar);
+  Barrier& b = barrier(local(bar));
   b.tx += bytes;
-  mbarrier_arrive(bar);
+  arrive(local(bar));
 }
 
 bool mbarrier_try_wait(uint32_t bar, uint32_t parity) {
-  land_loads_of(bar);
-  const bool done = (barrier(bar).phase & 1u) != (parity & 1u);
+  const ClusterAddress address = local(bar);
+  land_loads_of(address);
+  const bool done = (barrier(address).phase & 1u) != (parity & 1u);
   if (done) {
     g_state->spinning.erase(current_thread());
     note_progress();
   } else {
-    g_state->spinning[current_thread()] = {bar, parity};
+    g_state->spinning[current_thread()] = {address, parity};
   }
   return done;
 }
 
+uint32_t peer_address(uint32_t local_address, uint32_t rank) {
+  if (local_address >= (1u << 24) || rank > 0x7F) fail("mapa: an address or rank out of range");
+  return kRemoteFlag | (rank << 24) | local_address;
+}
+
+void store_cluster_f32x4(uint32_t remote, float a, float b, float c, float d) {
+  const ClusterAddress address = from_remote(remote);
+  if ((address & 15) != 0) fail("st.shared::cluster.v4: an address not 16-byte aligned");
+  const float values[4] = {a, b, c, d};
+  std::memcpy(cluster_shared_memory(static_cast<int>(address >> 32)) + (address & 0xFFFFFFFFu), values, 16);
+  note_progress();
+}
+
+void mbarrier_arrive_cluster(uint32_t remote_bar) { arrive(from_remote(remote_bar)); }
+
 void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3) {
-  PendingLoad load{dst, map, {c0, c1, c2, c3}};
+  PendingLoad load{cluster_rank(), dst, map, {c0, c1, c2, c3}};
+  const ClusterAddress address = local(bar);
   note_progress();
   if (g_state->landing == TmaLanding::at_issue) {
-    land(bar, load);
+    land(address, load);
   } else {
-    (void)barrier(bar);
-    g_state->loads[bar].push_back(load);
+    (void)barrier(address);
+    g_state->loads[address].push_back(load);
   }
 }
 

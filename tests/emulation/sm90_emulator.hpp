@@ -12,7 +12,8 @@
 // thread's end). TMA loads land either at once (`TmaLanding::at_issue`:
 // a stage refilled before its readers released it shows) or when a thread
 // first waits on their barrier (`at_wait`: a read before the wait shows).
-// Clusters (kSplit = 2, D > 512) are not emulated.
+// Clusters (kSplit = 2, D > 512): every CTA's threads on one scheduler,
+// peer addresses encoded by peer_address (rank in the high bits).
 #pragma once
 
 #include <cuda.h>  // CUtensorMap
@@ -41,12 +42,20 @@ void encode_tensor_map(const TensorMapInfo& info, CUtensorMap* map);
 // Runs one CTA (sm80_emulator's run_cta) with the sm90 state reset before and
 // checked after (no barrier phase or wgmma group left pending).
 void run_cta(Index3 block, int threads, unsigned char* shared, TmaLanding landing, const std::function<void()>& body);
+// The same for a cluster of `ranks` CTAs (sm80_emulator's run_cluster).
+void run_cluster(Index3 first_block, int ranks, int threads, unsigned char* const* shared, TmaLanding landing,
+                 const std::function<void()>& body);
 
 // --- the instructions (called by the ptx.cuh / wgmma.cuh shims) ------------------
 void mbarrier_init(uint32_t bar, uint32_t arrivals);
 void mbarrier_arrive(uint32_t bar);
 void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes);
 bool mbarrier_try_wait(uint32_t bar, uint32_t parity);
+// Distributed shared memory: CTA `rank`'s address for a local one (mapa), a
+// 16-byte store there, an arrival on a barrier there.
+uint32_t peer_address(uint32_t local_address, uint32_t rank);
+void store_cluster_f32x4(uint32_t remote, float a, float b, float c, float d);
+void mbarrier_arrive_cluster(uint32_t remote_bar);
 void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3);
 void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3);
 void tma_store_wait_read();

@@ -1,4 +1,4 @@
-// The sm90_wgmma forward kernel (16-bit, one CTA per tile: D <= 512) on the
+// The sm90_wgmma forward kernel (16-bit; D > 512 in clusters of two) on the
 // CPU emulator (sm90_emulator.hpp) against the fp64 reference: every CTA of
 // the launch forward_launch plans, its tensor maps in the emulator's format,
 // with TMA loads landing at issue and at the first wait (two runs). Causal
@@ -52,7 +52,7 @@ CUtensorMap emulated_map(const sm90::TensorMapShape& shape, int box_rows, int bo
 template <class Traits>
 void run_traits(const detail::AttentionProblem& problem, sm90::TileLaunch tiles, int wanted_splits, TmaLanding landing) {
   static_assert(Traits::kSmemBytes <= sizeof emulated::cta_smem[0]);
-  static_assert(Traits::kSplit == 1, "clusters are not emulated");
+  static_assert(Traits::kSplit <= 2, "clusters of up to two CTAs");
   const detail::KvSplits splits = detail::kv_splits_of(problem.seq_kv, wanted_splits, sm90::kTileKeys);
   const int64_t rows = problem.batch * problem.heads_q * problem.seq_q;
   std::vector<float> partial_o;
@@ -69,9 +69,11 @@ void run_traits(const detail::AttentionProblem& problem, sm90::TileLaunch tiles,
   const std::array<sm90::TensorMapShape, 4> shapes = sm90::attention_tensor_shapes(problem);
   CUtensorMap maps[4];
   for (int i = 0; i < 4; ++i) maps[i] = emulated_map(shapes[static_cast<size_t>(i)], launch.box_rows[i], launch.box_heads[i]);
-  for (int64_t cta = 0; cta < launch.tile_count; ++cta) {
-    emulation::sm90::run_cta({static_cast<unsigned>(cta), 0, 0}, Traits::kThreads, emulated::cta_smem[0], landing,
-                             [&] { sm90::forward_kernel<Traits>(launch.args, maps[0], maps[1], maps[2], maps[3]); });
+  unsigned char* const shared[2] = {emulated::cta_smem[0], emulated::cta_smem[1]};
+  for (int64_t tile = 0; tile < launch.tile_count; ++tile) {  // a cluster of kSplit CTAs per tile
+    emulation::sm90::run_cluster({static_cast<unsigned>(tile * Traits::kSplit), 0, 0}, Traits::kSplit, Traits::kThreads,
+                                 shared, landing,
+                                 [&] { sm90::forward_kernel<Traits>(launch.args, maps[0], maps[1], maps[2], maps[3]); });
   }
   if (splits.count > 1) combine_on_host(problem, partial_o, states, splits.count);
 }
@@ -114,6 +116,18 @@ TEST(EmulatedSm90Forward, D256BoolMaskTopLeftBnhd) {
                                    .with_causal(Causal::top_left)
                                    .with_mask(DType::boolean, MaskShape::batch_keys, true)
                                    .with_layout(Layout::bnhd));
+}
+
+// D > 512: a cluster of two CTAs per tile, each with half of D, the partial
+// S exchanged through distributed shared memory.
+TEST(EmulatedSm90Forward, ClusterD640CausalMask) {
+  check<640>("d640 cluster", shape_case(DType::bf16, 1, 2, 1, 70, 200, 640)
+                                 .with_causal(Causal::top_left)
+                                 .with_mask(DType::bf16, MaskShape::batch_keys, false));
+}
+
+TEST(EmulatedSm90Forward, ClusterD1024DropoutF16) {
+  check<1024>("d1024 cluster dropout", shape_case(DType::f16, 1, 1, 1, 64, 150, 1000).with_dropout(0.1f));
 }
 
 TEST(EmulatedSm90Forward, PackedDecodeAndSplitKv) {

@@ -1,5 +1,5 @@
 // Emulation shim of src/kernels/sm90_wgmma/ptx.cuh: the same wrappers on the
-// CPU emulator (sm90_emulator.hpp). Clusters are not emulated.
+// CPU emulator (sm90_emulator.hpp), clusters included.
 #pragma once
 
 #include <cuda.h>
@@ -26,16 +26,14 @@ inline void mbarrier_wait(uint32_t bar, uint32_t parity) {
   while (!emu::mbarrier_try_wait(bar, parity)) ::ffpa::emulation::spin_yield();
 }
 
-[[noreturn]] inline void no_clusters() {
-  std::fprintf(stderr, "sm90 emulator: clusters (kSplit = 2) are not emulated\n");
-  std::abort();
+inline uint32_t cluster_cta_rank() { return static_cast<uint32_t>(::ffpa::emulation::cluster_rank()); }
+inline void cluster_sync() { ::ffpa::emulation::cluster_sync(); }
+inline uint32_t peer_address(uint32_t local, uint32_t rank) { return emu::peer_address(local, rank); }
+inline void store_cluster_f32x4(uint32_t remote, float a, float b, float c, float d) {
+  emu::store_cluster_f32x4(remote, a, b, c, d);
 }
-inline uint32_t cluster_cta_rank() { no_clusters(); }
-inline void cluster_sync() { no_clusters(); }
-inline uint32_t peer_address(uint32_t, uint32_t) { no_clusters(); }
-inline void store_cluster_f32x4(uint32_t, float, float, float, float) { no_clusters(); }
-inline void mbarrier_arrive_cluster(uint32_t) { no_clusters(); }
-inline void mbarrier_wait_cluster(uint32_t, uint32_t) { no_clusters(); }
+inline void mbarrier_arrive_cluster(uint32_t remote_bar) { emu::mbarrier_arrive_cluster(remote_bar); }
+inline void mbarrier_wait_cluster(uint32_t bar, uint32_t parity) { mbarrier_wait(bar, parity); }
 
 inline void prefetch_tensor_map(const CUtensorMap*) {}
 inline void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3) {
