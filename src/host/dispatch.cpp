@@ -228,8 +228,10 @@ Status plan_fp8(const AttentionProblem& problem, Impl requested, MemorySpace spa
 Status plan_automatic_device(const AttentionProblem& problem, KernelChoice* choice) {
   // H200, N = 8192, bf16 (docs/kernels/sm90_wgmma.md): D = 128 split-D 218 vs
   // sm90 137 TFLOP/s; D = 256 split-D 249 vs sm90 451.
+  // D_qk != D_v: the portable family (MLA 576/512: 222 TFLOP/s measured, the
+  // sm90 family's padded instance not yet; h200-2026-12-01f).
   constexpr int64_t kSm90MinHeadDim = 129;
-  if (problem.head_dim >= kSm90MinHeadDim &&
+  if (problem.head_dim >= kSm90MinHeadDim && problem.dv() == problem.head_dim &&
       plan_sm90_wgmma(problem, MemorySpace::device, choice).ok()) {
     return {};
   }

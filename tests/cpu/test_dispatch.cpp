@@ -152,11 +152,21 @@ TEST(Sm90Routing, DeclinesWithAReason) {
   EXPECT_EQ(ffpa::detail::sm90_wgmma::route(odd_rows, &reason), nullptr);
   EXPECT_NE(reason.find("TMA"), std::string::npos) << reason;
 
+  // D_qk != D_v: the instance of the wider head dim; the FP8 kernels decline it.
   auto mla = sm90_problem(576);  // absorbed MLA: D_qk 576, D_v 512
   mla.value_dim = 512;
-  EXPECT_EQ(ffpa::detail::sm90_wgmma::route(mla, &reason), nullptr);
-  EXPECT_NE(reason.find("Dv = 512 differs from D = 576"), std::string::npos) << reason;
-  EXPECT_EQ(ffpa::detail::sm90_wgmma::route_fp8(mla, &reason), nullptr);  // the FP8 instances too
+  const auto* instance = ffpa::detail::sm90_wgmma::route(mla, &reason);
+  ASSERT_NE(instance, nullptr) << reason;
+  EXPECT_GE(instance->head_dim, 576);
+  EXPECT_EQ(ffpa::detail::sm90_wgmma::route_fp8(mla, &reason), nullptr);
+  EXPECT_NE(reason.find("D_qk != D_v"), std::string::npos) << reason;
+  auto wide_value = sm90_problem(64);
+  wide_value.value_dim = 1000;
+  if (const auto* wide = ffpa::detail::sm90_wgmma::route(wide_value, &reason)) {
+    EXPECT_GE(wide->head_dim, 1000);
+  } else {
+    EXPECT_NE(reason.find("head dim 1000"), std::string::npos) << reason;  // a build without D 1024
+  }
 }
 
 // Which calls run the kernels that start S at the mask (family.hpp's

@@ -79,12 +79,14 @@ void run_traits(const detail::AttentionProblem& problem, sm90::TileLaunch tiles,
 }
 
 // The kernel of instance kHeadDim (the variant the launcher picks) on the case,
-// `heads_per_tile` query heads of a GQA group packed per tile.
+// `heads_per_tile` query heads of a GQA group packed per tile, V and O with
+// `value_dim` columns (0: D).
 template <int kHeadDim>
-void check(const std::string& name, const ForwardCase& c, int heads_per_tile = 1, int wanted_splits = 1) {
+void check(const std::string& name, const ForwardCase& c, int heads_per_tile = 1, int wanted_splits = 1,
+           int64_t value_dim = 0) {
   for (TmaLanding landing : {TmaLanding::at_issue, TmaLanding::at_wait}) {
     const std::string label = name + (landing == TmaLanding::at_issue ? " [tma at issue]" : " [tma at wait]");
-    check_forward(label, c, 0, [&](const detail::AttentionProblem& problem) {
+    check_forward(label, c, value_dim, [&](const detail::AttentionProblem& problem) {
       sm90::TileLaunch tiles;
       tiles.heads_per_tile = heads_per_tile;
       auto run = [&](auto* traits) {
@@ -128,6 +130,15 @@ TEST(EmulatedSm90Forward, ClusterD640CausalMask) {
 
 TEST(EmulatedSm90Forward, ClusterD1024DropoutF16) {
   check<1024>("d1024 cluster dropout", shape_case(DType::f16, 1, 1, 1, 64, 150, 1000).with_dropout(0.1f));
+}
+
+// D_qk != D_v: the instance of the wider head dim (routing.cpp's instance_width).
+TEST(EmulatedSm90Forward, UnequalValueHeadDims) {
+  check<640>("mla 576/512 causal", shape_case(DType::bf16, 1, 4, 1, 70, 150, 576).with_causal(Causal::top_left), 1, 1,
+             512);
+  check<256>("192/128 mask", shape_case(DType::f16, 1, 2, 2, 65, 100, 192).with_mask(DType::boolean, MaskShape::keys, false),
+             1, 1, 128);
+  check<1024>("64/1000 dropout split-KV", shape_case(DType::bf16, 1, 2, 1, 2, 600, 64).with_dropout(0.1f), 1, 3, 1000);
 }
 
 TEST(EmulatedSm90Forward, PackedDecodeAndSplitKv) {

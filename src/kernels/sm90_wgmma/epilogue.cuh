@@ -22,7 +22,7 @@ __device__ __forceinline__ void Consumer<Traits>::store_partial() {
   named_barrier_sync(1, 256);  // both consumers: every wgmma has retired, the row sums are final
   const int t = quad_lane();
   const int64_t rows = p.batch * p.heads_q * p.seq_q;
-  const int head_dim = static_cast<int>(p.head_dim);
+  const int value_dim = static_cast<int>(p.dv());  // O's columns
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int i = tile->query_row(row(h));
@@ -34,11 +34,11 @@ __device__ __forceinline__ void Consumer<Traits>::store_partial() {
       cta.args.partial_states[partial_row] =
           RowSoftmaxState{running_max(tile->kv_blocks - 1, h), row_sums[row(h)] + row_sums[64 + row(h)]};
     }
-    float* const o_row = cta.args.partial_o + partial_row * head_dim;
+    float* const o_row = cta.args.partial_o + partial_row * value_dim;
 #pragma unroll
     for (int k = 0; k < kHalfCols / 8; ++k) {
-      const int col = cta.vo_col0() + w * kHalfCols + 8 * k + 2 * t;  // even; D is a multiple of 8
-      if (col < head_dim) {
+      const int col = cta.vo_col0() + w * kHalfCols + 8 * k + 2 * t;  // even; Dv is a multiple of 8
+      if (col < value_dim) {
         *reinterpret_cast<float2*>(o_row + col) = make_float2(o_acc[4 * k + 2 * h], o_acc[4 * k + 2 * h + 1]);
       }
     }
@@ -113,10 +113,10 @@ __device__ __forceinline__ void Consumer<Traits>::store_output(const CUtensorMap
   fence_proxy_async();
   named_barrier_sync(2 + w, 128);
   if (thread == 0) {
-    const int head_dim = static_cast<int>(p.head_dim);
+    const int value_dim = static_cast<int>(p.dv());  // O's columns
     for (int box = 0; box < kHalfCols / kOutBoxCols; ++box) {
       const int col = w * kHalfCols + box * kOutBoxCols;  // within this CTA's part of O
-      if (cta.vo_col0() + col < head_dim)
+      if (cta.vo_col0() + col < value_dim)
         tma_store_4d(o_map, smem_address(o_tiles + (col / kOutBoxCols) * kTileBytes), cta.vo_col0() + col, tile->q0,
                      tile->head, tile->batch);
     }

@@ -51,6 +51,11 @@ constexpr int kTileKeys = 128;
 
 // CTAs per tile of the instance for head_dim: one up to 512, above a cluster
 // of two, each with half of D (two warpgroups hold O of 64 x 512 at most).
+// The head dim an instance must hold: the wider of D (Q, K) and Dv (V, O).
+inline int64_t instance_width(const AttentionProblem& problem) {
+  return problem.dv() > problem.head_dim ? problem.dv() : problem.head_dim;
+}
+
 constexpr int cluster_size(int head_dim) { return head_dim > 512 ? 2 : 1; }
 
 // Whether a call without dropout runs the instance for head_dim that starts S

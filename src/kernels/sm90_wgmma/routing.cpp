@@ -19,14 +19,12 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
     *reason = "fp16 accumulation is served by sm80_split_d only";
     return nullptr;
   }
-  if (problem.dv() != problem.head_dim) {
-    *reason = "Dv = " + std::to_string(problem.dv()) + " differs from D = " + std::to_string(problem.head_dim) +
-              ": the kernels are built for Dv == D (D_qk != D_v is issue 14)";
-    return nullptr;
-  }
+  // D_qk != D_v: the instance of the wider one (Q and K, or V and O, zero
+  // beyond their own width, as any head dim between instances).
+  const int64_t width = instance_width(problem);
   const int largest = kInstances[kInstanceCount - 1].head_dim;
-  if (problem.head_dim > largest) {
-    *reason = "head dim " + std::to_string(problem.head_dim) + " is above " +
+  if (width > largest) {
+    *reason = "head dim " + std::to_string(width) + " is above " +
               std::to_string(largest) +
               ", the largest this build compiles";
     return nullptr;
@@ -47,14 +45,18 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
     }
   }
   for (int i = 0; i < kInstanceCount; ++i) {
-    if (kInstances[i].head_dim >= problem.head_dim) return &kInstances[i];
+    if (kInstances[i].head_dim >= width) return &kInstances[i];
   }
-  return nullptr;  // unreachable: head_dim <= largest
+  return nullptr;  // unreachable: width <= largest
 }
 
 const Fp8Instance* route_fp8(const AttentionProblem& problem, std::string* reason) {
   if (kFp8InstanceCount == 0) {
     *reason = "this build has no sm_90a FP8 kernels (FFPA_SM90_FP8_HEAD_DIMS is empty, or no sm_90a target)";
+    return nullptr;
+  }
+  if (problem.dv() != problem.head_dim) {
+    *reason = "D_qk != D_v: the FP8 kernels are built for Dv == D";
     return nullptr;
   }
   std::string why;

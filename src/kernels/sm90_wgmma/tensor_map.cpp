@@ -36,8 +36,8 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 std::array<TensorMapShape, 4> attention_tensor_shapes(const AttentionProblem& p) {
   return {TensorMapShape{p.q, p.dtype, p.batch, p.heads_q, p.seq_q, p.head_dim, p.q_stride},
           TensorMapShape{p.k, p.dtype, p.batch, p.heads_kv, p.seq_kv, p.head_dim, p.k_stride},
-          TensorMapShape{p.v, p.dtype, p.batch, p.heads_kv, p.seq_kv, p.head_dim, p.v_stride},
-          TensorMapShape{p.o, p.dtype, p.batch, p.heads_q, p.seq_q, p.head_dim, p.o_stride}};
+          TensorMapShape{p.v, p.dtype, p.batch, p.heads_kv, p.seq_kv, p.dv(), p.v_stride},
+          TensorMapShape{p.o, p.dtype, p.batch, p.heads_q, p.seq_q, p.dv(), p.o_stride}};
 }
 
 bool tensor_map_addressable(const TensorMapShape& shape) {
