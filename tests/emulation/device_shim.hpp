@@ -47,16 +47,18 @@ T __shfl_xor_sync(unsigned, T value, int lane_mask, int width = 32) {
 inline void __syncwarp(unsigned = 0xffffffffu) { ::ffpa::emulation::sync_warp(); }
 inline int __any_sync(unsigned, int predicate) { return ::ffpa::emulation::any(predicate != 0); }
 
-inline unsigned __float_as_uint(float x) {
-  unsigned u;
-  std::memcpy(&u, &x, 4);
-  return u;
+// The 32-bit reinterpretations, as memcpy.
+template <typename To, typename From>
+To bits_as(From from) {
+  static_assert(sizeof(To) == 4 && sizeof(From) == 4, "32-bit reinterpretations");
+  To to;
+  std::memcpy(&to, &from, 4);
+  return to;
 }
-inline float __uint_as_float(unsigned u) {
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
+inline unsigned __float_as_uint(float x) { return bits_as<unsigned>(x); }
+inline float __uint_as_float(unsigned u) { return bits_as<float>(u); }
+inline int __float_as_int(float x) { return bits_as<int>(x); }
+inline float __int_as_float(int i) { return bits_as<float>(i); }
 // Fibers switch only at collectives: a read-modify-write is atomic here.
 inline float atomicAdd(float* address, float value) {
   const float old = *address;

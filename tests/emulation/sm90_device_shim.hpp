@@ -10,13 +10,3 @@
 #undef __grid_constant__
 #define __grid_constant__
 
-inline int __float_as_int(float x) {
-  int i;
-  std::memcpy(&i, &x, 4);
-  return i;
-}
-inline float __int_as_float(int i) {
-  float x;
-  std::memcpy(&x, &i, 4);
-  return x;
-}

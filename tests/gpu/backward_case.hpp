@@ -16,6 +16,7 @@
 
 #include "ffpa/ffpa.hpp"
 #include "gpu/forward_case.hpp"
+#include "gpu/host_forward.hpp"
 #include "host/validate.hpp"
 #include "reference/cpu_attention_backward.hpp"
 #include "support/error_metrics.hpp"
@@ -39,8 +40,8 @@ inline void PrintTo(const BackwardCase& c, std::ostream* out) { *out << c.name; 
 enum BackwardSeedUse : uint64_t { seed_d_o = 101, seed_d_lse };
 
 // The host tensors of a case and the call on them.
-struct BackwardTensors {
-  HostView q, k, v, o, lse, mask, d_o, d_lse, d_q, d_k, d_v, d_mask;
+struct BackwardTensors : ForwardTensors {
+  HostView d_o, d_lse, d_q, d_k, d_v, d_mask;
   BackwardParams params;
 };
 
@@ -49,23 +50,14 @@ struct BackwardTensors {
 inline void make_backward_tensors(const BackwardCase& bc, uint64_t seed, BackwardTensors* t) {
   const ForwardCase& c = bc.shape;
   const int64_t dv = bc.value_dim > 0 ? bc.value_dim : c.head_dim;
-  t->q = make_input(c.dtype, {c.batch, c.heads_q, c.seq_q, c.head_dim}, c, derive_seed(seed, seed_q), -2.0f, 2.0f);
-  t->k = make_input(c.dtype, {c.batch, c.heads_kv, c.seq_kv, c.head_dim}, c, derive_seed(seed, seed_k), -1.0f, 1.0f);
-  t->v = make_input(c.dtype, {c.batch, c.heads_kv, c.seq_kv, dv}, c, derive_seed(seed, seed_v), -1.0f, 1.0f);
-  t->o = make_padded(c.dtype, {c.batch, c.heads_q, c.seq_q, dv}, c.layout, c.row_pad);
-  t->lse = make_lse(c);
-  t->mask = make_mask(c, derive_seed(seed, seed_mask));
+  static_cast<ForwardTensors&>(*t) = make_forward_tensors(c, bc.value_dim, seed);
   t->d_o = make_input(c.dtype, {c.batch, c.heads_q, c.seq_q, dv}, c, derive_seed(seed, seed_d_o), -1.0f, 1.0f);
   if (bc.with_d_lse) {
     t->d_lse = make_lse(c);
     fill_uniform(t->d_lse.buffer, derive_seed(seed, seed_d_lse), -1.0f, 1.0f);
   }
   BackwardParams& p = t->params;
-  p.options.scale = c.scale;
-  p.options.causal = c.causal;
-  p.options.dropout_p = c.dropout_p;
-  p.options.dropout_seed = derive_seed(seed, seed_dropout);
-  p.options.dropout_offset = derive_seed(seed, seed_dropout_offset);
+  p.options = case_options(c, seed);
   {
     ForwardParams forward;
     forward.q = t->q.view, forward.k = t->k.view, forward.v = t->v.view, forward.o = t->o.view;

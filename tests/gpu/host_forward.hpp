@@ -25,33 +25,53 @@
 
 namespace ffpa::testing {
 
-struct HostForward {
+// A forward call's tensors for case c: q, k, v from `seed` (NaN in the gaps
+// of padded rows), o [.., Dv] and lse zero, the mask as the case asks.
+struct ForwardTensors {
   HostView q, k, v, o, lse, mask;
+};
+
+// value_dim: V's and O's head dim (0: D).
+inline ForwardTensors make_forward_tensors(const ForwardCase& c, int64_t value_dim, uint64_t seed) {
+  const int64_t dv = value_dim > 0 ? value_dim : c.head_dim;
+  ForwardTensors t;
+  t.q = make_input(c.dtype, {c.batch, c.heads_q, c.seq_q, c.head_dim}, c, derive_seed(seed, seed_q), -2.0f, 2.0f);
+  t.k = make_input(c.dtype, {c.batch, c.heads_kv, c.seq_kv, c.head_dim}, c, derive_seed(seed, seed_k), -1.0f, 1.0f);
+  t.v = make_input(c.dtype, {c.batch, c.heads_kv, c.seq_kv, dv}, c, derive_seed(seed, seed_v), -1.0f, 1.0f);
+  t.o = make_padded(c.dtype, {c.batch, c.heads_q, c.seq_q, dv}, c.layout, c.row_pad);
+  t.lse = make_lse(c);
+  t.mask = make_mask(c, derive_seed(seed, seed_mask));
+  return t;
+}
+
+// The case's options (dropout's seed and offset derived from `seed`).
+inline Options case_options(const ForwardCase& c, uint64_t seed) {
+  Options options;
+  options.scale = c.scale;
+  options.causal = c.causal;
+  options.dropout_p = c.dropout_p;
+  options.dropout_seed = derive_seed(seed, seed_dropout);
+  options.dropout_offset = derive_seed(seed, seed_dropout_offset);
+  options.accumulation = c.accumulation;
+  return options;
+}
+
+struct HostForward : ForwardTensors {
   ForwardParams params;
   detail::AttentionProblem problem;
   std::vector<double> want_o, want_lse;
 };
 
-// Case c with value head dim dv (V and O; 0: D), inputs from `seed`.
+// Case c with value head dim dv (V and O; 0: D), inputs from `seed`, o and lse poisoned.
 inline void make_host_forward(const ForwardCase& c, int64_t value_dim, uint64_t seed, HostForward* f) {
+  static_cast<ForwardTensors&>(*f) = make_forward_tensors(c, value_dim, seed);
   const int64_t dv = value_dim > 0 ? value_dim : c.head_dim;
-  f->q = make_input(c.dtype, {c.batch, c.heads_q, c.seq_q, c.head_dim}, c, derive_seed(seed, seed_q), -2.0f, 2.0f);
-  f->k = make_input(c.dtype, {c.batch, c.heads_kv, c.seq_kv, c.head_dim}, c, derive_seed(seed, seed_k), -1.0f, 1.0f);
-  f->v = make_input(c.dtype, {c.batch, c.heads_kv, c.seq_kv, dv}, c, derive_seed(seed, seed_v), -1.0f, 1.0f);
-  f->o = make_padded(c.dtype, {c.batch, c.heads_q, c.seq_q, dv}, c.layout, c.row_pad);
-  f->lse = make_lse(c);
-  f->mask = make_mask(c, derive_seed(seed, seed_mask));
   fill_nan(f->o.buffer);
   fill_nan(f->lse.buffer);
   ForwardParams& params = f->params;
   params.q = f->q.view, params.k = f->k.view, params.v = f->v.view, params.o = f->o.view;
   params.mask = f->mask.view, params.lse = f->lse.view;
-  params.options.scale = c.scale;
-  params.options.causal = c.causal;
-  params.options.dropout_p = c.dropout_p;
-  params.options.dropout_seed = derive_seed(seed, seed_dropout);
-  params.options.dropout_offset = derive_seed(seed, seed_dropout_offset);
-  params.options.accumulation = c.accumulation;
+  params.options = case_options(c, seed);
   const Status status = detail::validate_forward(params, &f->problem);
   ASSERT_TRUE(status.ok()) << status.message;
   const size_t rows = static_cast<size_t>(c.batch * c.heads_q * c.seq_q);
