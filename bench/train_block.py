@@ -4,8 +4,9 @@
 The model: `--layers` decoder blocks (RMSNorm, attention with Hq query heads and Hkv KV heads of head
 dim D through F.scaled_dot_product_attention, RMSNorm, a SwiGLU MLP), bf16, AdamW, a next-token loss on
 random tokens. Two runs from the same seed, one process, the same batches: "unpatched" (PyTorch's SDPA)
-and "patched" (ffpa_attn.monkey_patch(backend=CUDABackend(impl=...)): ffpa's forward and backward; impl
-"auto" would hand calls that need grad to SDPA). Per run: the loss of every step and the median time of
+and "patched" (ffpa_attn.monkey_patch(backend=CUDABackend(impl=...)): ffpa's forward and backward with an
+explicit impl; with "auto" the drop-in's own routing, which trains on ffpa where routing.py measured it
+faster and on SDPA elsewhere). Per run: the loss of every step and the median time of
 a step (forward + backward + optimizer, CUDA events, after --warmup steps); the report compares the loss
 curves (they agree within bf16 noise when ffpa's gradients are right) and the throughput.
 
@@ -43,7 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--steps", type=int, default=20, help="training steps per run (the loss curve)")
     parser.add_argument("--warmup", type=int, default=3, help="steps not timed")
-    parser.add_argument("--impl", default="ffpa", help="CUDABackend impl of the patched run (not auto)")
+    parser.add_argument("--impl", default="ffpa",
+                        help="CUDABackend impl of the patched run (auto: the drop-in's routing of training calls)")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--fsdp", action="store_true", help="FSDP2 over the torchrun processes")
     parser.add_argument("--quick", action="store_true", help="a small shape: 1 layer, hidden 1024, N 1024")
@@ -52,8 +54,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.quick:
         args.layers, args.hidden, args.heads_q, args.heads_kv, args.seq, args.vocab = 1, 1024, 8, 2, 1024, 4096
         args.steps, args.warmup = 6, 2
-    if args.impl == "auto":
-        parser.error("--impl auto hands training calls to SDPA: name the impl that should train")
     return args
 
 
