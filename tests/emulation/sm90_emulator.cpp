@@ -60,6 +60,13 @@ struct PendingLoad {
   int coords[4];
 };
 
+// st.async: 16 bytes for a CTA's shared memory, completing a transaction on its barrier.
+struct PendingAsyncStore {
+  int rank;
+  uint32_t offset;
+  unsigned char bytes[16];
+};
+
 struct PendingStore {
   const CUtensorMap* map;
   uint32_t src;
@@ -88,6 +95,7 @@ struct State {
   TmaLanding landing = TmaLanding::at_issue;
   std::map<ClusterAddress, Barrier> barriers;
   std::map<ClusterAddress, std::vector<PendingLoad>> loads;  // by barrier
+  std::map<ClusterAddress, std::vector<PendingAsyncStore>> async_stores;  // by barrier
   std::map<int, std::vector<PendingStore>> stores;     // by thread
   std::vector<Warpgroup> warpgroups;
   std::map<int, std::pair<ClusterAddress, uint32_t>> spinning;  // thread -> (barrier, parity) of its failed try_wait
@@ -153,12 +161,26 @@ void land(ClusterAddress bar, const PendingLoad& load) {
   maybe_complete(b);
 }
 
+void land_store(ClusterAddress bar, const PendingAsyncStore& store) {
+  std::memcpy(cluster_shared_memory(store.rank) + store.offset, store.bytes, 16);
+  Barrier& b = barrier(bar);
+  b.tx -= 16;
+  maybe_complete(b);
+}
+
 void land_loads_of(ClusterAddress bar) {
   auto it = g_state->loads.find(bar);
-  if (it == g_state->loads.end() || it->second.empty()) return;
-  std::vector<PendingLoad> loads = std::move(it->second);
-  it->second.clear();
-  for (const PendingLoad& load : loads) land(bar, load);
+  if (it != g_state->loads.end() && !it->second.empty()) {
+    std::vector<PendingLoad> loads = std::move(it->second);
+    it->second.clear();
+    for (const PendingLoad& load : loads) land(bar, load);
+  }
+  auto stores = g_state->async_stores.find(bar);
+  if (stores != g_state->async_stores.end() && !stores->second.empty()) {
+    std::vector<PendingAsyncStore> pending = std::move(stores->second);
+    stores->second.clear();
+    for (const PendingAsyncStore& store : pending) land_store(bar, store);
+  }
 }
 
 // Before a deadlock is declared: which threads spin on which barrier, in runs of threads.
@@ -188,13 +210,13 @@ void describe_waits() {
 }
 
 bool land_everything() {
-  bool any = false;
-  for (auto& [bar, loads] : g_state->loads) {
-    if (loads.empty()) continue;
-    any = true;
-    land_loads_of(bar);
-  }
-  return any;
+  std::vector<ClusterAddress> bars;
+  for (const auto& [bar, loads] : g_state->loads)
+    if (!loads.empty()) bars.push_back(bar);
+  for (const auto& [bar, stores] : g_state->async_stores)
+    if (!stores.empty()) bars.push_back(bar);
+  for (ClusterAddress bar : bars) land_loads_of(bar);
+  return !bars.empty();
 }
 
 void flush_stores(int thread) {
@@ -323,6 +345,8 @@ void run_cluster(Index3 first_block, int ranks, int threads, unsigned char* cons
   });
   for (auto& [bar, loads] : state.loads)
     if (!loads.empty()) fail("TMA loads never waited for");
+  for (auto& [bar, stores] : state.async_stores)
+    if (!stores.empty()) fail("st.async stores never waited for");
   for (const Warpgroup& group : state.warpgroups)
     if (group.executed != group.ops.size()) fail("wgmma operations never waited for");
   g_state = nullptr;
@@ -381,6 +405,22 @@ void store_cluster_f32x4(uint32_t remote, float a, float b, float c, float d) {
 }
 
 void mbarrier_arrive_cluster(uint32_t remote_bar) { arrive(from_remote(remote_bar)); }
+
+void store_async_cluster_f32x4(uint32_t remote, float a, float b, float c, float d, uint32_t remote_bar) {
+  const ClusterAddress address = from_remote(remote), bar = from_remote(remote_bar);
+  if ((address & 15) != 0) fail("st.async.v4: an address not 16-byte aligned");
+  if ((address >> 32) != (bar >> 32)) fail("st.async: the data and its barrier in different CTAs");
+  (void)barrier(bar);
+  PendingAsyncStore store{static_cast<int>(address >> 32), static_cast<uint32_t>(address & 0xFFFFFFFFu), {}};
+  const float values[4] = {a, b, c, d};
+  std::memcpy(store.bytes, values, 16);
+  note_progress();
+  if (g_state->landing == TmaLanding::at_issue) {
+    land_store(bar, store);
+  } else {
+    g_state->async_stores[bar].push_back(store);
+  }
+}
 
 void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3) {
   PendingLoad load{cluster_rank(), dst, map, {c0, c1, c2, c3}};

@@ -56,6 +56,9 @@ bool mbarrier_try_wait(uint32_t bar, uint32_t parity);
 uint32_t peer_address(uint32_t local_address, uint32_t rank);
 void store_cluster_f32x4(uint32_t remote, float a, float b, float c, float d);
 void mbarrier_arrive_cluster(uint32_t remote_bar);
+// st.async.shared::cluster.mbarrier::complete_tx::bytes.v4: lands (as TMA
+// loads do, per TmaLanding) and completes 16 bytes on the barrier in that CTA.
+void store_async_cluster_f32x4(uint32_t remote, float a, float b, float c, float d, uint32_t remote_bar);
 void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3);
 void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3);
 void tma_store_wait_read();

@@ -96,6 +96,17 @@ __device__ __forceinline__ void store_cluster_f32x4(uint32_t remote, float a, fl
                : "memory");
 }
 
+// Stores 16 bytes into another CTA's shared memory without waiting for them:
+// they complete a 16-byte transaction on that CTA's barrier `remote_bar`
+// (both addresses from peer_address), which is how the receiver knows.
+__device__ __forceinline__ void store_async_cluster_f32x4(uint32_t remote, float a, float b, float c, float d,
+                                                          uint32_t remote_bar) {
+  asm volatile("st.async.weak.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(
+                   remote),
+               "f"(a), "f"(b), "f"(c), "f"(d), "r"(remote_bar)
+               : "memory");
+}
+
 // Arrives on a barrier of another CTA of the cluster, releasing this thread's
 // earlier writes (and reads) to the cluster.
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t remote_bar) {

@@ -33,6 +33,9 @@ inline void store_cluster_f32x4(uint32_t remote, float a, float b, float c, floa
   emu::store_cluster_f32x4(remote, a, b, c, d);
 }
 inline void mbarrier_arrive_cluster(uint32_t remote_bar) { emu::mbarrier_arrive_cluster(remote_bar); }
+inline void store_async_cluster_f32x4(uint32_t remote, float a, float b, float c, float d, uint32_t remote_bar) {
+  emu::store_async_cluster_f32x4(remote, a, b, c, d, remote_bar);
+}
 inline void mbarrier_wait_cluster(uint32_t bar, uint32_t parity) { mbarrier_wait(bar, parity); }
 
 inline void prefetch_tensor_map(const CUtensorMap*) {}
