@@ -1,6 +1,7 @@
 // The sm90 instructions on the fiber emulation (sm90_emulator.hpp). State per
-// CTA: the mbarriers by shared-window address, the TMA copies not yet landed,
-// each warpgroup's wgmma operations and groups.
+// cluster run: the mbarriers by (CTA, shared-window address), the TMA copies
+// and st.async stores not yet landed, each warpgroup's wgmma operations and
+// groups, the threads spinning and on what.
 #include "emulation/sm90_emulator.hpp"
 
 #include <cuda_bf16.h>
