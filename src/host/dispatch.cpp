@@ -390,11 +390,14 @@ Status run_fp8(const AttentionProblem& problem, const Fp8KvCache* kv_cache, void
   return memory.release(fp8_forward(problem, problem.quantization, base, bytes, stream, kv_cache));
 }
 
-// The portable family's split-KV: the partial rows as for the sm90 family's,
-// then the kernel and the combine (a plain launch: PDL is Hopper's).
-Status run_sm80_split_kv(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
-                         size_t workspace_size, cudaStream_t stream) {
-  const split_kv::PartialLayout layout = split_kv::partial_layout(problem, choice.kv_splits);
+// Split-KV: the partial rows in the caller's workspace, or in stream-ordered
+// memory freed after the combine; `run_splits(partial_o, partial_states)`
+// launches the family's kernel on them, then the combine merges them
+// (`programmatic`: as the kernel's programmatic dependent, Hopper's PDL).
+template <class RunSplits>
+Status run_split_kv(const AttentionProblem& problem, int kv_splits, bool programmatic, void* workspace,
+                    size_t workspace_size, cudaStream_t stream, RunSplits&& run_splits) {
+  const split_kv::PartialLayout layout = split_kv::partial_layout(problem, kv_splits);
   Workspace memory(workspace, workspace_size, stream);
   void* partials = nullptr;
   if (Status status = memory.acquire(static_cast<size_t>(layout.bytes), "split-KV's partial rows", &partials);
@@ -402,44 +405,42 @@ Status run_sm80_split_kv(const AttentionProblem& problem, const KernelChoice& ch
     return status;
   }
   unsigned char* const base = static_cast<unsigned char*>(partials);
-  const sm80_split_d::Route route{static_cast<int>(choice.padded_head_dim), choice.value_splits};
-  sm80_split_d::SplitLaunch split;
-  split.kv_splits = choice.kv_splits;
-  split.keys_per_split = static_cast<int64_t>(choice.split_blocks) * sm80_split_d::tile_shape(route.out_cols).block_n;
-  split.partial_o = reinterpret_cast<float*>(base + layout.o_offset);
-  split.partial_states = reinterpret_cast<RowSoftmaxState*>(base + layout.states_offset);
-  Status status = sm80_split_d::run(problem, route, split, stream);
+  float* const partial_o = reinterpret_cast<float*>(base + layout.o_offset);
+  RowSoftmaxState* const partial_states = reinterpret_cast<RowSoftmaxState*>(base + layout.states_offset);
+  Status status = run_splits(partial_o, partial_states);
   if (status.ok()) {
-    status = split_kv::launch_combine(problem, {split.partial_o, split.partial_states, split.kv_splits},
-                                      /*programmatic=*/false, stream);
+    status = split_kv::launch_combine(problem, {partial_o, partial_states, kv_splits}, programmatic, stream);
   }
   return memory.release(status);
 }
 
-// Split-KV: the partial rows in the caller's workspace, or in stream-ordered
-// memory freed after the combine; then the kernel and the combine.
+Status run_sm80_split_kv(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
+                         size_t workspace_size, cudaStream_t stream) {
+  const sm80_split_d::Route route{static_cast<int>(choice.padded_head_dim), choice.value_splits};
+  return run_split_kv(problem, choice.kv_splits, /*programmatic=*/false, workspace, workspace_size, stream,
+                      [&](float* partial_o, RowSoftmaxState* partial_states) {
+                        sm80_split_d::SplitLaunch split;
+                        split.kv_splits = choice.kv_splits;
+                        split.keys_per_split = static_cast<int64_t>(choice.split_blocks) *
+                                               sm80_split_d::tile_shape(route.out_cols).block_n;
+                        split.partial_o = partial_o;
+                        split.partial_states = partial_states;
+                        return sm80_split_d::run(problem, route, split, stream);
+                      });
+}
+
 Status run_sm90_split_kv(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
                          size_t workspace_size, cudaStream_t stream) {
-  const split_kv::PartialLayout layout = split_kv::partial_layout(problem, choice.kv_splits);
-  Workspace memory(workspace, workspace_size, stream);
-  void* partials = nullptr;
-  if (Status status = memory.acquire(static_cast<size_t>(layout.bytes), "split-KV's partial rows", &partials);
-      !status.ok()) {
-    return status;
-  }
-  unsigned char* const base = static_cast<unsigned char*>(partials);
-  sm90_wgmma::TileLaunch tiles;
-  tiles.heads_per_tile = choice.heads_per_tile;
-  tiles.splits = choice.kv_splits;
-  tiles.split_blocks = choice.split_blocks;
-  tiles.partial_o = reinterpret_cast<float*>(base + layout.o_offset);
-  tiles.partial_states = reinterpret_cast<RowSoftmaxState*>(base + layout.states_offset);
-  Status status = sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim), tiles, stream);
-  if (status.ok()) {
-    status = split_kv::launch_combine(problem, {tiles.partial_o, tiles.partial_states, tiles.splits},
-                                      /*programmatic=*/true, stream);
-  }
-  return memory.release(status);
+  return run_split_kv(problem, choice.kv_splits, /*programmatic=*/true, workspace, workspace_size, stream,
+                      [&](float* partial_o, RowSoftmaxState* partial_states) {
+                        sm90_wgmma::TileLaunch tiles;
+                        tiles.heads_per_tile = choice.heads_per_tile;
+                        tiles.splits = choice.kv_splits;
+                        tiles.split_blocks = choice.split_blocks;
+                        tiles.partial_o = partial_o;
+                        tiles.partial_states = partial_states;
+                        return sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim), tiles, stream);
+                      });
 }
 
 }  // namespace
