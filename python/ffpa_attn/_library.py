@@ -365,13 +365,18 @@ class Library:
         self.info = LibraryInfo.from_c(self.query_library_info())
         self.limits = self.info.limits
 
+    def _checked(self, function, *arguments) -> None:
+        """Calls a C ABI function that ends in (message, message bytes) with a fresh message buffer;
+        raises FFPAError on a non-zero status."""
+        message = ctypes.create_string_buffer(MESSAGE_BYTES)
+        status = function(*arguments, message, MESSAGE_BYTES)
+        if status != 0:
+            raise self.error(status, message)
+
     def query_library_info(self) -> FfpaLibraryInfo:
         """ffpa_library_info_get, as the C ABI fills the struct; raises FFPAError on a non-zero status."""
         info = FfpaLibraryInfo(struct_size=ctypes.sizeof(FfpaLibraryInfo))
-        message = ctypes.create_string_buffer(MESSAGE_BYTES)
-        status = self._dll.ffpa_library_info_get(ctypes.byref(info), message, MESSAGE_BYTES)
-        if status != 0:
-            raise self.error(status, message)
+        self._checked(self._dll.ffpa_library_info_get, ctypes.byref(info))
         return info
 
     def device_support(self, device: int, impl: Impl = Impl.AUTO) -> FFPAError | None:
@@ -403,28 +408,19 @@ class Library:
     def workspace_size(self, params: FfpaForwardParams) -> int:
         """ffpa_workspace_size: the bytes of workspace the call would use (on the current
         device); raises FFPAError on a non-zero status."""
-        message = ctypes.create_string_buffer(MESSAGE_BYTES)
         size = ctypes.c_size_t(0)
-        status = self._dll.ffpa_workspace_size(ctypes.byref(params), ctypes.byref(size), message, MESSAGE_BYTES)
-        if status != 0:
-            raise self.error(status, message)
+        self._checked(self._dll.ffpa_workspace_size, ctypes.byref(params), ctypes.byref(size))
         return size.value
 
     def backward_workspace_size(self, params: FfpaBackwardParams) -> int:
         """ffpa_backward_workspace_size (on the current device); raises FFPAError on a non-zero status."""
-        message = ctypes.create_string_buffer(MESSAGE_BYTES)
         size = ctypes.c_size_t(0)
-        status = self._dll.ffpa_backward_workspace_size(ctypes.byref(params), ctypes.byref(size), message, MESSAGE_BYTES)
-        if status != 0:
-            raise self.error(status, message)
+        self._checked(self._dll.ffpa_backward_workspace_size, ctypes.byref(params), ctypes.byref(size))
         return size.value
 
     def backward(self, params: FfpaBackwardParams) -> None:
         """ffpa_backward; raises FFPAError on a non-zero status."""
-        message = ctypes.create_string_buffer(MESSAGE_BYTES)
-        status = self._dll.ffpa_backward(ctypes.byref(params), message, MESSAGE_BYTES)
-        if status != 0:
-            raise self.error(status, message)
+        self._checked(self._dll.ffpa_backward, ctypes.byref(params))
 
     def fp8_kv_cache_layout(
         self, batch: int, heads_kv: int, seq_kv: int, head_dim: int, fp8: FfpaFp8Options | None = None
@@ -432,31 +428,20 @@ class Library:
         """ffpa_fp8_kv_cache_layout: the FP8 KV cache's tensors (dtype, shape, dense strides;
         data NULL) for K [batch, heads_kv, seq_kv, head_dim]; raises FFPAError on a non-zero status."""
         layout = FfpaFp8KvCache()
-        message = ctypes.create_string_buffer(MESSAGE_BYTES)
         knobs = ctypes.byref(fp8) if fp8 is not None else None
-        status = self._dll.ffpa_fp8_kv_cache_layout(
-            batch, heads_kv, seq_kv, head_dim, knobs, ctypes.byref(layout), message, MESSAGE_BYTES
+        self._checked(
+            self._dll.ffpa_fp8_kv_cache_layout, batch, heads_kv, seq_kv, head_dim, knobs, ctypes.byref(layout)
         )
-        if status != 0:
-            raise self.error(status, message)
         return layout
 
     def fp8_quantize_kv(self, params: FfpaFp8QuantizeKvParams) -> None:
         """ffpa_fp8_quantize_kv; raises FFPAError on a non-zero status."""
-        message = ctypes.create_string_buffer(MESSAGE_BYTES)
-        status = self._dll.ffpa_fp8_quantize_kv(ctypes.byref(params), message, MESSAGE_BYTES)
-        if status != 0:
-            raise self.error(status, message)
+        self._checked(self._dll.ffpa_fp8_quantize_kv, ctypes.byref(params))
 
     def fp8_quantize_kv_workspace_size(self, params: FfpaFp8QuantizeKvParams) -> int:
         """ffpa_fp8_quantize_kv_workspace_size: scratch bytes the call would use."""
-        message = ctypes.create_string_buffer(MESSAGE_BYTES)
         size = ctypes.c_size_t(0)
-        status = self._dll.ffpa_fp8_quantize_kv_workspace_size(
-            ctypes.byref(params), ctypes.byref(size), message, MESSAGE_BYTES
-        )
-        if status != 0:
-            raise self.error(status, message)
+        self._checked(self._dll.ffpa_fp8_quantize_kv_workspace_size, ctypes.byref(params), ctypes.byref(size))
         return size.value
 
     def forward(self, params: FfpaForwardParams) -> None:
