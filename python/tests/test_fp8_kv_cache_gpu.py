@@ -7,22 +7,14 @@ read them)."""
 
 import pytest
 
+from sm90_requirements import require_sm90_kernels
+
+require_sm90_kernels()
 torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA device (torch.cuda.is_available() is False)", allow_module_level=True)
-if torch.cuda.get_device_capability() != (9, 0):
-    pytest.skip("FP8 runs on the sm90 family: needs compute capability 9.0", allow_module_level=True)
 
 from attention_inputs import random_qkv  # noqa: E402
-from ffpa_attn import CUDABackend, _library, ffpa_attn_func, fp8_kv_cache  # noqa: E402
-from ffpa_attn._library import Impl  # noqa: E402
+from ffpa_attn import CUDABackend, ffpa_attn_func, fp8_kv_cache  # noqa: E402
 
-try:
-    _UNSUPPORTED = _library.device_support(torch.cuda.current_device(), Impl.SM90_WGMMA)
-except _library.LibraryNotFoundError as error:
-    pytest.skip(f"the ffpa C library does not load (set FFPA_LIBRARY): {error}", allow_module_level=True)
-if _UNSUPPORTED is not None:
-    pytest.skip(f"the library runs no sm90 kernel on this GPU: {_UNSUPPORTED.message}", allow_module_level=True)
 
 KNOBS = {
     "defaults": {},
