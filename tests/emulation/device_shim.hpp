@@ -24,29 +24,6 @@
 
 inline void __syncthreads() { ::ffpa::emulation::sync_threads(); }
 
-template <typename T>
-T __shfl_sync(unsigned, T value, int source_lane, int width = 32) {
-  static_assert(sizeof(T) == 4, "32-bit shuffles");
-  uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  bits = ::ffpa::emulation::shuffle(bits, source_lane, width);
-  std::memcpy(&value, &bits, 4);
-  return value;
-}
-
-template <typename T>
-T __shfl_xor_sync(unsigned, T value, int lane_mask, int width = 32) {
-  static_assert(sizeof(T) == 4, "32-bit shuffles");
-  uint32_t bits;
-  std::memcpy(&bits, &value, 4);
-  bits = ::ffpa::emulation::shuffle_xor(bits, lane_mask, width);
-  std::memcpy(&value, &bits, 4);
-  return value;
-}
-
-inline void __syncwarp(unsigned = 0xffffffffu) { ::ffpa::emulation::sync_warp(); }
-inline int __any_sync(unsigned, int predicate) { return ::ffpa::emulation::any(predicate != 0); }
-
 // The 32-bit reinterpretations, as memcpy.
 template <typename To, typename From>
 To bits_as(From from) {
@@ -55,10 +32,26 @@ To bits_as(From from) {
   std::memcpy(&to, &from, 4);
   return to;
 }
+
+// 32-bit shuffles (bits_as asserts the size).
+template <typename T>
+T __shfl_sync(unsigned, T value, int source_lane, int width = 32) {
+  return bits_as<T>(::ffpa::emulation::shuffle(bits_as<uint32_t>(value), source_lane, width));
+}
+
+template <typename T>
+T __shfl_xor_sync(unsigned, T value, int lane_mask, int width = 32) {
+  return bits_as<T>(::ffpa::emulation::shuffle_xor(bits_as<uint32_t>(value), lane_mask, width));
+}
+
+inline void __syncwarp(unsigned = 0xffffffffu) { ::ffpa::emulation::sync_warp(); }
+inline int __any_sync(unsigned, int predicate) { return ::ffpa::emulation::any(predicate != 0); }
+
 inline unsigned __float_as_uint(float x) { return bits_as<unsigned>(x); }
 inline float __uint_as_float(unsigned u) { return bits_as<float>(u); }
 inline int __float_as_int(float x) { return bits_as<int>(x); }
 inline float __int_as_float(int i) { return bits_as<float>(i); }
+
 // Fibers switch only at collectives: a read-modify-write is atomic here.
 inline float atomicAdd(float* address, float value) {
   const float old = *address;
