@@ -135,6 +135,7 @@ std::map<std::string, Handler> value_options(BenchArgs* a) {
       {"--seq-kv", integer_option(&a->seq_kv, "--seq-kv", 1)},
       {"--head-dim", head_dims_option(a, false)},
       {"--dims", head_dims_option(a, true)},
+      {"--value-dim", integer_option(&a->value_dim, "--value-dim", 1)},
       {"--dtype", choice_option(&a->dtype, "--dtype", kDTypes)},
       {"--causal", choice_option(&a->causal, "--causal", kCausals)},
       {"--mask", choice_option(&a->mask, "--mask", kMasks)},
@@ -232,6 +233,7 @@ std::vector<ProblemShape> point_shapes(const BenchArgs& args, bool small_default
   std::vector<ProblemShape> shapes;
   for (int64_t dim : args.head_dims.empty() ? std::vector<int64_t>{fallback.head_dim} : args.head_dims) {
     shape.head_dim = dim;
+    shape.value_dim = args.value_dim.value_or(dim);
     shapes.push_back(shape);
   }
   return shapes;
@@ -245,7 +247,7 @@ time, TFLOP/s, the kernel that ran, its error against the CPU reference on
 sampled rows and the device memory it used beyond its inputs and outputs.
 Without a CUDA device it runs the CPU reference on a small default shape.
 
-Shape: q [B,Hq,Nq,D], k and v [B,Hkv,Nkv,D], o [B,Hq,Nq,D]
+Shape: q [B,Hq,Nq,D], k [B,Hkv,Nkv,D], v [B,Hkv,Nkv,Dv], o [B,Hq,Nq,Dv]
   --batch B              batch size (default 1)
   --heads-q H            query heads (default 32; 2 on the CPU reference)
   --heads-kv H           key/value heads, must divide Hq (default Hq)
@@ -254,6 +256,8 @@ Shape: q [B,Hq,Nq,D], k and v [B,Hkv,Nkv,D], o [B,Hq,Nq,D]
   --head-dim D           head dim, a multiple of 8 in [8, 1024]
                          (default 512; 128 on the CPU reference)
   --dims D1,D2,...       sweep over D: one point each, a progress line per point
+  --value-dim Dv         v's and o's head dim, a multiple of 8 in [8, 1024]
+                         (default D; MLA: --head-dim 576 --value-dim 512)
 
 Data and options
   --dtype bf16|f16       q, k, v and o dtype (default bf16)

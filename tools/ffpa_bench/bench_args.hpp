@@ -16,6 +16,7 @@ struct BenchArgs {
   // whether the forward runs on a GPU or on the CPU reference.
   std::optional<int64_t> batch, heads_q, heads_kv, seq_q, seq_kv;
   std::vector<int64_t> head_dims;  // one entry (--head-dim) or a sweep (--dims); empty: default
+  std::optional<int64_t> value_dim;  // --value-dim: D_v of every point; unset: D_v = D
   DType dtype = DType::bf16;
   Causal causal = Causal::none;
   MaskChoice mask = MaskChoice::none;

@@ -89,8 +89,8 @@ double forward_flops(const ProblemShape& shape, Causal causal) {
   const double pairs = causal != Causal::none && shape.seq_q == shape.seq_kv
                            ? static_cast<double>(shape.seq_q) * static_cast<double>(shape.seq_kv) / 2
                            : attended_pairs(shape, causal);
-  return 4.0 * static_cast<double>(shape.batch) * static_cast<double>(shape.heads_q) *
-         static_cast<double>(shape.head_dim) * pairs;
+  return 2.0 * static_cast<double>(shape.batch) * static_cast<double>(shape.heads_q) *
+         static_cast<double>(shape.head_dim + shape.dv()) * pairs;
 }
 
 PointTensors describe_tensors(const ProblemShape& s, DType dtype, Layout layout, MaskChoice mask,
@@ -98,8 +98,8 @@ PointTensors describe_tensors(const ProblemShape& s, DType dtype, Layout layout,
   PointTensors t;
   t.q = describe_bhnd(dtype, s.batch, s.heads_q, s.seq_q, s.head_dim, layout);
   t.k = describe_bhnd(dtype, s.batch, s.heads_kv, s.seq_kv, s.head_dim, layout);
-  t.v = describe_bhnd(dtype, s.batch, s.heads_kv, s.seq_kv, s.head_dim, layout);
-  t.o = describe_bhnd(dtype, s.batch, s.heads_q, s.seq_q, s.head_dim, layout);
+  t.v = describe_bhnd(dtype, s.batch, s.heads_kv, s.seq_kv, s.dv(), layout);
+  t.o = describe_bhnd(dtype, s.batch, s.heads_q, s.seq_q, s.dv(), layout);
   switch (mask) {
     case MaskChoice::none: break;
     case MaskChoice::key_bool: t.mask = make_tensor(nullptr, DType::boolean, {s.batch, 1, 1, s.seq_kv}); break;

@@ -20,13 +20,15 @@ enum class MaskChoice { none, key_bool, key_add, row_bool, full_add, full_bool, 
 
 struct ProblemShape {
   int64_t batch = 0, heads_q = 0, heads_kv = 0, seq_q = 0, seq_kv = 0, head_dim = 0;
+  int64_t value_dim = 0;  // v's and o's head dim (D_v); 0: the head dim
+  int64_t dv() const { return value_dim > 0 ? value_dim : head_dim; }
 };
 
 // Number of (i, j) pairs the causal alignment lets attend, per batch and head
 // (masks are not counted: they do not change the work of the kernels).
 double attended_pairs(const ProblemShape& shape, Causal causal);
 
-// 4 * B * Hq * D * pairs. With causal and Nq == Nkv the pairs count as
+// 2 * B * Hq * (D + D_v) * pairs (4 * B * Hq * D * pairs when D_v == D). With causal and Nq == Nkv the pairs count as
 // Nq * Nkv / 2, the convention of published attention benchmarks.
 double forward_flops(const ProblemShape& shape, Causal causal);
 

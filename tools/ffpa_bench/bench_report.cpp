@@ -29,7 +29,9 @@ double tflops(double flops, double ms) { return flops / (ms * 1e-3) / 1e12; }
 
 // "D=512 B=1 Hq=32 ... bf16 bhnd causal=none mask=none ... impl=auto".
 std::string describe_point(const BenchArgs& args, const ProblemShape& s) {
-  std::string text = "D=" + std::to_string(s.head_dim) + " B=" + std::to_string(s.batch) +
+  std::string text = "D=" + std::to_string(s.head_dim) +
+                     (s.dv() != s.head_dim ? " Dv=" + std::to_string(s.dv()) : std::string()) +
+                     " B=" + std::to_string(s.batch) +
                      " Hq=" + std::to_string(s.heads_q) + " Hkv=" + std::to_string(s.heads_kv) +
                      " Nq=" + std::to_string(s.seq_q) + " Nkv=" + std::to_string(s.seq_kv) + " " +
                      choice_name(args.dtype) + " " + choice_name(args.layout) +
@@ -86,6 +88,7 @@ std::string to_json(const BenchArgs& args, const PointResult& r) {
   json.key("batch").integer(r.shape.batch).key("heads_q").integer(r.shape.heads_q);
   json.key("heads_kv").integer(r.shape.heads_kv).key("seq_q").integer(r.shape.seq_q);
   json.key("seq_kv").integer(r.shape.seq_kv).key("head_dim").integer(r.shape.head_dim);
+  json.key("value_dim").integer(r.shape.dv());
   json.key("dtype").string(choice_name(args.dtype)).key("layout").string(choice_name(args.layout));
   json.key("causal").string(choice_name(args.causal)).key("mask").string(choice_name(args.mask));
   json.key("dropout").number(args.dropout_p).key("dropout_seed").unsigned_integer(args.dropout_seed);

@@ -205,7 +205,7 @@ CheckResult check_against_reference(const ForwardParams& host, const BenchArgs& 
   check_ffpa(detail::validate_forward(host, &problem), "ffpa::detail::validate_forward (host copies)");
   const std::vector<int64_t> rows = sample_rows(problem.seq_q, args.check_rows);
   const int64_t count = static_cast<int64_t>(rows.size()), batch = problem.batch,
-                heads = problem.heads_q, dim = problem.head_dim;
+                heads = problem.heads_q, dim = problem.dv();
   const bool with_lse = host.lse.data != nullptr;
   std::vector<double> ref_o(static_cast<size_t>(batch * heads * count * dim));
   std::vector<double> ref_lse(with_lse ? static_cast<size_t>(batch * heads * count) : 0);
