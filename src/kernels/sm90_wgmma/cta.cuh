@@ -98,7 +98,7 @@ struct Cta {
         mbarrier_init(p_empty(b), 4);   // the other consumer's warps have read P
       }
       if constexpr (kSplit == 2) {
-        mbarrier_init(x_full(), 128);   // every thread of the peer's S owner
+        mbarrier_init(x_full(), 1);     // the receiver's announcement of the slot's bytes (st.async)
         mbarrier_init(x_empty(), 128);
       }
       if constexpr (Traits::kDropoutWarps) {
