@@ -16,7 +16,8 @@ Per case, on the same inputs:
 fp8-* rows: ffpa_ms is ffpa_attn_func with CUDABackend(precision="fp8") (the pre-pass included; bf16 in
 and out), ffpa_impl_ms the library's bf16 path on the same inputs, fp8_speedup_vs_bf16 their ratio; SDPA is
 timed on the bf16 inputs. bwd-* rows: the backward alone (dq, dk, dv from a saved forward): ffpa_ms the
-library's GPU backward through the op's autograd, SDPA's per backend and default. Cases the library cannot
+library's GPU backward through the op's autograd (impl auto), ffpa_impl_ms the portable kernels alone (impl
+sm80_split_d), SDPA's per backend and default. Cases the library cannot
 run have "ffpa_ms": null and a "reason" (e.g. a head dim outside ffpa_attn.library_info()'s limits).
 
 Timing: bench/attention_bench.py's time_calls (CUDA events around each call, the calls queued behind
@@ -313,27 +314,31 @@ def measure_backward(gpu: bc.GpuSession, case: Case, args: argparse.Namespace, r
     library = gpu.ffpa_attn._library
     causal = library.Causal.TOP_LEFT if case.causal == TOP_LEFT else library.Causal.NONE
 
-    def ffpa_forward(_: int) -> Any:
-        out, _lse = torch.ops.ffpa_attn.forward(q, k, v, None, 0.0, causal, case.D ** -0.5, library.Accumulation.F32,
-                                                library.Impl.AUTO, 0, 0, True)
-        return out
+    # ffpa: impl auto (on an H200 the sm90 dQ kernel beside the portable dK/dV); ffpa_impl: the portable
+    # kernels alone (impl sm80_split_d), the same forward and inputs.
+    for key, impl in (("ffpa", library.Impl.AUTO), ("ffpa_impl", library.Impl.SM80_SPLIT_D)):
 
-    out, reason = gpu.first_call(ffpa_forward, gpu.backend_context("ffpa"), False)
-    if reason is not None:
-        results["ffpa"] = {"ms": None, "reason": reason[:400]}
-    else:
-        graphs["ffpa"] = out
+        def ffpa_forward(_: int, impl: Any = impl) -> Any:
+            out, _lse = torch.ops.ffpa_attn.forward(q, k, v, None, 0.0, causal, case.D ** -0.5,
+                                                    library.Accumulation.F32, impl, 0, 0, True)
+            return out
+
+        out, reason = gpu.first_call(ffpa_forward, gpu.backend_context("ffpa"), False)
+        if reason is not None:
+            results[key] = {"ms": None, "reason": reason[:400]}
+            continue
+        graphs[key] = out
 
         def ffpa_backward(_: int, out: Any = out) -> Any:
             return torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
 
         _, reason = gpu.first_call(ffpa_backward, gpu.backend_context("ffpa"), False)
         if reason is not None:
-            results["ffpa"] = {"ms": None, "reason": f"backward: {reason}"[:400]}
-            del graphs["ffpa"]
+            results[key] = {"ms": None, "reason": f"backward: {reason}"[:400]}
+            del graphs[key]
         else:
-            results["ffpa"] = {}
-            active["ffpa"] = (ffpa_backward, gpu.backend_context("ffpa"))
+            results[key] = {}
+            active[key] = (ffpa_backward, gpu.backend_context("ffpa"))
     for column in SDPA_COLUMNS:
         context = gpu.backend_context(column)
         skip = column_skip(column, case)

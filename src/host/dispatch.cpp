@@ -9,6 +9,7 @@
 #include "host/memory_space.hpp"
 #include "host/workspace.hpp"
 #include "kernels/sm80_backward/family.hpp"
+#include "kernels/sm90_backward/family.hpp"
 #include "kernels/sm80_split_d/family.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
 #include "kernels/split_kv/combine.hpp"
@@ -499,10 +500,7 @@ Status plan_backward(const BackwardProblem& problem, Impl requested, BackwardCho
       choice->impl = Impl::cpu_reference;
       return {};
     }
-    case Impl::sm90_wgmma:
-      return {StatusCode::impl_unavailable,
-              "impl sm90_wgmma has no backward kernels yet (issue 13); impl sm80_split_d (or auto) runs the portable "
-              "ones"};
+    case Impl::sm90_wgmma: break;  // its dQ kernel beside the portable preprocess and dK/dV (below)
     case Impl::automatic:
       if (space == MemorySpace::host) {
         choice->impl = Impl::cpu_reference;
@@ -517,11 +515,25 @@ Status plan_backward(const BackwardProblem& problem, Impl requested, BackwardCho
   if (Status status = sm80_backward::check(problem); !status.ok()) return status;
   if (Status status = sm80_backward::runnable(problem.forward.dtype, info.device); !status.ok()) return status;
   choice->impl = Impl::sm80_split_d;
+  if (requested == Impl::sm80_split_d) return {};
+  // The sm90 dQ kernel (option B's first kernel) where it serves the call;
+  // impl sm90_wgmma asks for it, auto takes it when it can run.
+  Status sm90 = sm90_capability(info);
+  std::string reason;
+  const sm90_backward::DqInstance* dq = sm90.ok() ? sm90_backward::route_dq(problem, &reason) : nullptr;
+  if (sm90.ok() && dq == nullptr) sm90 = {StatusCode::impl_unavailable, "impl sm90_wgmma does not serve this backward: " + reason};
+  if (sm90.ok()) sm90 = dq->runnable(problem.forward.dtype, info.device);
+  if (sm90.ok()) {
+    choice->impl = Impl::sm90_wgmma;
+    choice->dq_on_sm90 = true;
+    return {};
+  }
+  if (requested == Impl::sm90_wgmma) return sm90;
   return {};
 }
 
 size_t backward_workspace_bytes(const BackwardProblem& problem, const BackwardChoice& choice) {
-  return choice.impl == Impl::sm80_split_d ? sm80_backward::workspace_bytes(problem) : 0;
+  return choice.impl == Impl::cpu_reference ? 0 : sm80_backward::workspace_bytes(problem);
 }
 
 Status run_backward(const BackwardProblem& problem, const BackwardChoice& choice, void* workspace,
@@ -534,12 +546,13 @@ Status run_backward(const BackwardProblem& problem, const BackwardChoice& choice
     }
     return {};
   }
+  const sm80_backward::DqRunner dq = choice.dq_on_sm90 ? &sm90_backward::run_dq : nullptr;
   const size_t bytes = sm80_backward::workspace_bytes(problem);
-  if (bytes == 0) return sm80_backward::run(problem, nullptr, stream);
+  if (bytes == 0) return sm80_backward::run(problem, nullptr, stream, dq);
   Workspace memory(workspace, workspace_size, stream);
   void* delta = nullptr;
   if (Status status = memory.acquire(bytes, "the backward's delta", &delta); !status.ok()) return status;
-  return memory.release(sm80_backward::run(problem, delta, stream));
+  return memory.release(sm80_backward::run(problem, delta, stream, dq));
 }
 
 }  // namespace ffpa::detail

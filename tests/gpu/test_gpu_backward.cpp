@@ -1,5 +1,7 @@
 // The GPU backward (ffpa::backward on device tensors: the portable kernels of
-// kernels/sm80_backward) against the CPU reference's gradients in double
+// kernels/sm80_backward, and beside them the sm90 dQ kernel of
+// kernels/sm90_backward; each case runs under impl auto, sm80_split_d and,
+// where the library serves it, sm90_wgmma) against the CPU reference's gradients in double
 // (reference/cpu_attention_backward.hpp), on fresh random inputs: odd sizes,
 // GQA / MQA, both causal alignments with rows that see no key, masks of every
 // dtype and broadcast pattern with fully masked rows, dropout (the forward's
@@ -112,10 +114,11 @@ struct DeviceBackward {
   }
 };
 
-// The call on the device, in the workspace the size query reports, on a stream of its own.
-void run_on_device(BackwardTensors& t) {
+// The call on the device under `impl`, in the workspace the size query reports, on a stream of its own.
+void run_on_device(BackwardTensors& t, Impl impl) {
   DeviceBackward device;
   ASSERT_NO_FATAL_FAILURE(device.mirror(t));
+  device.params.options.impl = impl;
   cudaStream_t stream = nullptr;
   FFPA_ASSERT_CUDA(cudaStreamCreate(&stream));
   device.params.stream = stream;
@@ -137,21 +140,37 @@ void run_on_device(BackwardTensors& t) {
 
 class GpuBackward : public ::testing::TestWithParam<BackwardCase> {};
 
+// Whether the library serves the case's call under `impl` (its own answer:
+// the workspace query plans the call as backward() would).
+bool serves(const BackwardCase& c, Impl impl) {
+  BackwardTensors t;
+  make_backward_tensors(c, 1, &t);
+  DeviceBackward device;
+  device.mirror(t);
+  device.params.options.impl = impl;
+  size_t bytes = 0;
+  return backward_workspace_size(device.params, &bytes).ok();
+}
+
 TEST_P(GpuBackward, GradientsMatchTheReference) {
   if (const auto& reason = gpu_unavailable_reason()) GTEST_SKIP() << *reason;
-  check_backward(GetParam(), case_seed(GetParam()), "bwd", kToleranceBf16, kToleranceF16,
-                 [](BackwardTensors& t, const detail::BackwardProblem&) { run_on_device(t); });
+  for (Impl impl : {Impl::automatic, Impl::sm80_split_d, Impl::sm90_wgmma}) {
+    if (impl == Impl::sm90_wgmma && !serves(GetParam(), impl)) continue;
+    const char* label = impl == Impl::automatic ? "bwd auto" : impl == Impl::sm80_split_d ? "bwd sm80" : "bwd sm90";
+    check_backward(GetParam(), case_seed(GetParam()), label, kToleranceBf16, kToleranceF16,
+                   [impl](BackwardTensors& t, const detail::BackwardProblem&) { run_on_device(t, impl); });
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuBackward, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<BackwardCase>& info) { return info.param.name; });
 
-// An explicit sm90_wgmma (no backward kernels of its own yet) refuses device
-// tensors with impl_unavailable, writing nothing.
-TEST(GpuBackwardRefusals, Sm90Impl) {
+// An explicit sm90_wgmma refuses a call its dQ kernel does not serve (D above
+// its instances) with impl_unavailable, writing nothing.
+TEST(GpuBackwardRefusals, Sm90ImplBeyondItsHeadDims) {
   if (const auto& reason = gpu_unavailable_reason()) GTEST_SKIP() << *reason;
   BackwardTensors t;
-  ASSERT_NO_FATAL_FAILURE(make_backward_tensors({"refusal", shape_case(DType::bf16, 1, 1, 1, 16, 16, 64)}, 7, &t));
+  ASSERT_NO_FATAL_FAILURE(make_backward_tensors({"refusal", shape_case(DType::bf16, 1, 1, 1, 16, 16, 1024)}, 7, &t));
   DeviceBackward device;
   ASSERT_NO_FATAL_FAILURE(device.mirror(t));
   BackwardParams p = device.params;

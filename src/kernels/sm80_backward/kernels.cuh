@@ -4,7 +4,7 @@
 //   kSliceCols gradient columns). For every query head of the KV head's group
 //   and every query block that attends the keys (causal: from the diagonal):
 //     S = Q K^T and dP = dO V^T over the whole head dims (ring steps of 64
-//     columns), P, Pd and dS (score_gradients.cuh) into shared memory, then
+//     columns), P, Pd and dS (kernels/common/score_gradients.cuh) into shared memory, then
 //     dV += Pd^T dO and dK += dS^T Q on the slice's columns.
 //   GQA: the group's query heads are summed in the CTA's registers, in a fixed
 //   order: no atomics, deterministic.
@@ -23,7 +23,7 @@
 #include "kernels/sm80_backward/epilogue.cuh"
 #include "kernels/sm80_backward/mma_steps.cuh"
 #include "kernels/sm80_backward/producer.cuh"
-#include "kernels/sm80_backward/score_gradients.cuh"
+#include "kernels/common/score_gradients.cuh"
 #include "kernels/sm80_backward/traits.cuh"
 
 namespace ffpa::detail::sm80_backward {

@@ -1,5 +1,5 @@
 // An additive mask's gradient, last step: the dense fp32 sum the dQ kernel
-// accumulated (score_gradients.cuh: add_to_mask_gradient) converted to the
+// accumulated (kernels/common/score_gradients.cuh: add_to_mask_gradient) converted to the
 // mask's dtype and written through d_mask's strides. One thread an element.
 #pragma once
 

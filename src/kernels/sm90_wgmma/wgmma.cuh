@@ -2,8 +2,9 @@
 //   D[64 x N] (+)= A[64 x 16] B[16 x N], fp32 accumulators, bf16 or fp16 inputs.
 // A is K-major. B is K-major (kTransposeB = false: stored [n][k], as K is for
 // S = Q K^T) or N-major (kTransposeB = true: stored [k][n], as V is for O = P V).
-// The instantiated shapes are the ones the sm90 family uses: N = 128 for S,
-// N = 128/192/256 (half the padded head dim) for O.
+// The instantiated shapes are the ones the sm90 kernels use: N = 128 for the
+// forward's S, 64 for the backward's S and dP (64-key blocks), N = 128/192/256
+// (half the padded head dim) for O and dQ.
 //
 // The 8-bit forms, D[64 x N] (+)= A[64 x 32] B[32 x N]: e4m3 into fp32
 // (wgmma_ss_e4m3) and s8 into s32 (wgmma_ss_s8). PTX allows them K-major
@@ -28,19 +29,24 @@
 
 namespace ffpa::detail::sm90_wgmma {
 
-// The accumulator registers of an N = 128, 192, 256 wgmma (64, 96, 128 of them):
-// asm placeholders, and operands bound with constraint C ("+f" for fp32, "+r"
-// for s32), each list extending the one before.
-#define FFPA_WGMMA_REGS_64 \
+// The accumulator registers of an N = 64, 128, 192, 256 wgmma (32, 64, 96, 128
+// of them): asm placeholders, and operands bound with constraint C ("+f" for
+// fp32, "+r" for s32), each list extending the one before.
+#define FFPA_WGMMA_REGS_32 \
   "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
-  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
-  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
-  "%56, %57, %58, %59, %60, %61, %62, %63"
-#define FFPA_WGMMA_BIND_64(C, d) \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define FFPA_WGMMA_BIND_32(C, d) \
   C(d[0]), C(d[1]), C(d[2]), C(d[3]), C(d[4]), C(d[5]), C(d[6]), C(d[7]), C(d[8]), C(d[9]), \
   C(d[10]), C(d[11]), C(d[12]), C(d[13]), C(d[14]), C(d[15]), C(d[16]), C(d[17]), C(d[18]), \
   C(d[19]), C(d[20]), C(d[21]), C(d[22]), C(d[23]), C(d[24]), C(d[25]), C(d[26]), C(d[27]), \
-  C(d[28]), C(d[29]), C(d[30]), C(d[31]), C(d[32]), C(d[33]), C(d[34]), C(d[35]), C(d[36]), \
+  C(d[28]), C(d[29]), C(d[30]), C(d[31])
+#define FFPA_WGMMA_REGS_64 \
+  FFPA_WGMMA_REGS_32 ", " \
+  "%32, %33, %34, %35, %36, %37, " \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
+  "%56, %57, %58, %59, %60, %61, %62, %63"
+#define FFPA_WGMMA_BIND_64(C, d) \
+  FFPA_WGMMA_BIND_32(C, d), C(d[32]), C(d[33]), C(d[34]), C(d[35]), C(d[36]), \
   C(d[37]), C(d[38]), C(d[39]), C(d[40]), C(d[41]), C(d[42]), C(d[43]), C(d[44]), C(d[45]), \
   C(d[46]), C(d[47]), C(d[48]), C(d[49]), C(d[50]), C(d[51]), C(d[52]), C(d[53]), C(d[54]), \
   C(d[55]), C(d[56]), C(d[57]), C(d[58]), C(d[59]), C(d[60]), C(d[61]), C(d[62]), C(d[63])
@@ -85,9 +91,15 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
   // wrappers below (no transpose, other accumulator types).
   static_assert(ElementTraits<Element>::kBytes == 2, "16-bit operands: bf16 or fp16");
   constexpr bool kBf16 = ElementTraits<Element>::kIsBf16;
-  static_assert(kTransposeB ? (N == 128 || N == 192 || N == 256) : N == 128,
-                "instantiated shapes: K-major B with N = 128, N-major B with N = 128, 192, 256");
-  if constexpr (!kTransposeB) {
+  static_assert(kTransposeB ? (N == 128 || N == 192 || N == 256) : (N == 64 || N == 128),
+                "instantiated shapes: K-major B with N = 64, 128, N-major B with N = 128, 192, 256");
+  if constexpr (!kTransposeB && N == 64) {
+    if constexpr (kBf16) {
+      FFPA_WGMMA_SS("m64n64k16", "bf16", "0", 32, "32", "33", "34");
+    } else {
+      FFPA_WGMMA_SS("m64n64k16", "f16", "0", 32, "32", "33", "34");
+    }
+  } else if constexpr (!kTransposeB) {
     if constexpr (kBf16) {
       FFPA_WGMMA_SS("m64n128k16", "bf16", "0", 64, "64", "65", "66");
     } else {
@@ -155,9 +167,11 @@ __device__ __forceinline__ void wgmma_ss_s8(int32_t (&d)[N / 2], uint64_t desc_a
 
 #undef FFPA_WGMMA_SS_K32
 #undef FFPA_WGMMA_SS
+#undef FFPA_WGMMA_REGS_32
 #undef FFPA_WGMMA_REGS_64
 #undef FFPA_WGMMA_REGS_96
 #undef FFPA_WGMMA_REGS_128
+#undef FFPA_WGMMA_BIND_32
 #undef FFPA_WGMMA_BIND_64
 #undef FFPA_WGMMA_BIND_96
 #undef FFPA_WGMMA_BIND_128

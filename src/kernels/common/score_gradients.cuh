@@ -1,5 +1,5 @@
-// The middle of the backward, per block pair (kBlockQ query rows of one head
-// x kBlockK keys): the softmax P recomputed from the forward's LSE (the
+// The middle of the backward, the same for every family, per block pair
+// (query rows of one head x kBlockK keys): the softmax P recomputed from the forward's LSE (the
 // limits, causal alignment, mask and dropout of the forward, from the shared
 // attention pieces), then
 //   Pd = P z            (z = dropout_scale where kept, 0 where dropped; 1 without dropout)
@@ -20,9 +20,8 @@
 #include "kernels/common/score_mask.cuh"
 #include "kernels/common/swizzle.hpp"
 #include "kernels/common/tile_schedule.hpp"
-#include "kernels/sm80_backward/traits.cuh"
 
-namespace ffpa::detail::sm80_backward {
+namespace ffpa::detail {
 
 // The tile rows of a score warp's registers (accumulator_layout.cuh).
 struct ScoreCoordinates {
@@ -67,6 +66,11 @@ __device__ __forceinline__ void add_to_mask_gradient(const float (&ds)[Layout::k
   }
 }
 
+// ScoreTraits: Element and kElementBytes (the tiles'), kBlockK (keys of the
+// pair), ScoreLayout (a score warp's accumulators: accumulator_layout.cuh),
+// kScoreWarpsN and kScoreWarpKeys (warp w holds rows 16 (w / kScoreWarpsN)..
+// and keys (w % kScoreWarpsN) kScoreWarpKeys..: the mma.sync and wgmma
+// accumulator layouts are the same per warp).
 // s and dp: this thread's raw Q K^T and dO V^T sums of the pair (ScoreLayout);
 // k0 the pair's first key. Writes Pd to pd_tile (when not null) and dS to
 // ds_tile, visible to the other warps after the caller's next barrier, and
@@ -156,4 +160,4 @@ __device__ __forceinline__ void write_score_gradients(float (&s)[Traits::ScoreLa
     }
 }
 
-}  // namespace ffpa::detail::sm80_backward
+}  // namespace ffpa::detail

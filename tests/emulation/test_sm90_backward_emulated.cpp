@@ -1,0 +1,125 @@
+// The sm90 backward's dQ kernel (kernels/sm90_backward) on the CPU emulator
+// (sm90_emulator.hpp) against the fp64 reference's dQ: its ring of score and
+// product parts, the dS hand-off between the consumers, masking, dropout and
+// the epilogue, with TMA landing at issue and at the first wait. dK and dV
+// come from the CPU reference here (the portable kernels' own emulated test
+// checks theirs); dQ is poisoned before the kernel runs. The same kernel
+// source the GPU runs, compiled as host code; tests/gpu/test_gpu_backward.cpp
+// checks the GPU, where impl auto runs this kernel.
+#include "emulation/sm90_device_shim.hpp"  // first: the CUDA built-ins as the emulator's
+
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gpu/backward_case.hpp"
+#include "kernels/sm90_backward/dq_arguments.hpp"
+#include "kernels/sm90_backward/dq_kernel.cuh"
+#include "reference/cpu_attention_backward.hpp"
+
+namespace ffpa::testing::emulated {
+alignas(1024) unsigned char dq_cta_smem[232448];
+}  // namespace ffpa::testing::emulated
+
+namespace ffpa::testing {
+namespace {
+
+namespace bwd = detail::sm90_backward;
+using emulation::sm90::TmaLanding;
+
+CUtensorMap emulated_map(const detail::sm90_wgmma::TensorMapShape& shape) {
+  emulation::sm90::TensorMapInfo info;
+  info.base = static_cast<const unsigned char*>(shape.base);
+  info.element_bytes = shape.element_bytes;
+  const int64_t dims[4] = {shape.head_dim, shape.seq, shape.heads, shape.batch};
+  for (int i = 0; i < 4; ++i) info.dims[i] = dims[i];
+  for (int i = 0; i < 3; ++i) info.strides[i] = shape.stride[2 - i] * shape.element_bytes;
+  const int box[4] = {128 / shape.element_bytes, 64, 1, 1};
+  for (int i = 0; i < 4; ++i) info.box[i] = box[i];
+  CUtensorMap map;
+  emulation::sm90::encode_tensor_map(info, &map);
+  return map;
+}
+
+// delta_i = dO_i . O_i - d_lse_i in fp32, as the preprocess kernel computes it.
+std::vector<float> host_delta(const BackwardTensors& t, const detail::BackwardProblem& b) {
+  const detail::AttentionProblem& p = b.forward;
+  std::vector<float> delta(static_cast<size_t>(p.batch * p.heads_q * p.seq_q));
+  size_t e = 0;
+  for (int64_t bi = 0; bi < p.batch; ++bi)
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t i = 0; i < p.seq_q; ++i, ++e) {
+        float sum = 0.0f;
+        for (int64_t c = 0; c < p.dv(); ++c)
+          sum += static_cast<float>(element_as_double(t.d_o.view, {bi, h, i, c}) *
+                                    element_as_double(t.o.view, {bi, h, i, c}));
+        if (b.d_lse != nullptr) sum -= static_cast<float>(element_as_double(t.d_lse.view, {bi, h, i, 0}));
+        delta[e] = sum;
+      }
+  return delta;
+}
+
+template <class Traits>
+void run_dq(BackwardTensors& t, const detail::BackwardProblem& b, TmaLanding landing) {
+  static_assert(Traits::kSmemBytes <= sizeof emulated::dq_cta_smem);
+  const std::vector<float> delta = host_delta(t, b);
+  const bwd::DqLaunch launch = bwd::dq_launch(b, delta.data(), nullptr);
+  CUtensorMap maps[4];
+  for (int i = 0; i < 4; ++i) maps[i] = emulated_map(launch.maps[static_cast<size_t>(i)]);
+  for (int64_t cta = 0; cta < launch.ctas; ++cta)
+    emulation::sm90::run_cta({static_cast<unsigned>(cta), 0, 0}, Traits::kThreads, emulated::dq_cta_smem, landing,
+                             [&] { bwd::dq_kernel<Traits>(launch.args, maps[0], maps[1], maps[2], maps[3]); });
+}
+
+// dK and dV from the reference, dQ from the emulated kernel of instance kHeadDim.
+template <int kHeadDim>
+void check(const BackwardCase& bc) {
+  for (TmaLanding landing : {TmaLanding::at_issue, TmaLanding::at_wait}) {
+    const std::string label = landing == TmaLanding::at_issue ? "emulated sm90 dq [tma at issue]"
+                                                              : "emulated sm90 dq [tma at wait]";
+    const uint64_t seed = splitmix64(std::hash<std::string>{}(bc.name));
+    check_backward(bc, seed, label.c_str(), 5e-3, 1e-3, [&](BackwardTensors& t, const detail::BackwardProblem& b) {
+      detail::cpu_attention_backward(b);
+      fill_nan(t.d_q.buffer);
+      if (b.forward.dtype == DType::bf16) {
+        run_dq<bwd::DqTraits<__nv_bfloat16, kHeadDim>>(t, b, landing);
+      } else {
+        run_dq<bwd::DqTraits<__half, kHeadDim>>(t, b, landing);
+      }
+    });
+  }
+}
+
+TEST(EmulatedSm90BackwardDq, MhaOddSizes) { check<256>({"mha", shape_case(DType::bf16, 1, 2, 2, 70, 150, 72)}); }
+
+TEST(EmulatedSm90BackwardDq, GqaCausalTopLeftF16D512) {
+  check<512>({"gqa causal d512", shape_case(DType::f16, 1, 4, 2, 65, 200, 512).with_causal(Causal::top_left)});
+}
+
+TEST(EmulatedSm90BackwardDq, CausalBottomRightRowsWithoutKeysBnhd) {
+  check<256>({"bottom-right bnhd", shape_case(DType::bf16, 2, 1, 1, 80, 50, 128)
+                                       .with_causal(Causal::bottom_right)
+                                       .with_layout(Layout::bnhd)});
+}
+
+TEST(EmulatedSm90BackwardDq, MaskDropoutD320) {
+  check<512>({"mask dropout d320", shape_case(DType::bf16, 1, 2, 1, 40, 130, 320)
+                                       .with_mask(DType::f32, MaskShape::batch_rows, true)
+                                       .with_dropout(0.25f)});
+}
+
+TEST(EmulatedSm90BackwardDq, UnequalValueDimLseGradient) {
+  check<256>({"dv 136 d_lse", shape_case(DType::f16, 2, 2, 2, 33, 66, 64).with_mask(DType::boolean, MaskShape::batch_keys, true),
+              136, true});
+  check<512>({"d200 dv 392 mqa", shape_case(DType::bf16, 1, 4, 1, 70, 90, 200).with_causal(Causal::bottom_right), 392});
+}
+
+TEST(EmulatedSm90BackwardDq, PaddedRowsScale) {
+  check<256>({"padded", shape_case(DType::bf16, 1, 1, 1, 64, 64, 64).with_row_pad(8).with_scale(0.3f)});
+}
+
+}  // namespace
+}  // namespace ffpa::testing
