@@ -107,16 +107,19 @@ __device__ __forceinline__ void store_async_cluster_f32x4(uint32_t remote, float
                : "memory");
 }
 
-// Arrives on a barrier of another CTA of the cluster, releasing this thread's
-// earlier writes (and reads) to the cluster.
+// Arrives on a barrier of another CTA of the cluster (release at CTA scope,
+// as CUTLASS's ClusterBarrier: it orders this thread's earlier reads of its
+// own shared memory before the arrival, which is what a slot's reuse needs; a
+// cluster-scope release costs MEMBAR.GPU + ERRBAR on the consumer's path).
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t remote_bar) {
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(remote_bar)
+  asm volatile("mbarrier.arrive.release.cta.shared::cluster.b64 _, [%0];" ::"r"(remote_bar)
                : "memory");
 }
 
-// mbarrier_wait with cluster-scope acquire: sees what the arriving peer wrote.
+// The exchange's waits: CTA-scope acquire (the data are in this CTA's shared
+// memory; a cluster-scope acquire adds CCTL.IVALL, an L1 invalidation, per wait).
 __device__ __forceinline__ void mbarrier_wait_cluster(uint32_t bar, uint32_t parity) {
-  while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cluster, barrier_pointer(bar),
+  while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cta, barrier_pointer(bar),
                                               parity)) {
   }
 }
