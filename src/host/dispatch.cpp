@@ -500,7 +500,7 @@ Status plan_backward(const BackwardProblem& problem, Impl requested, BackwardCho
       choice->impl = Impl::cpu_reference;
       return {};
     }
-    case Impl::sm90_wgmma: break;  // its dQ kernel beside the portable preprocess and dK/dV (below)
+    case Impl::sm90_wgmma: break;  // its kernels after the portable preprocess (below)
     case Impl::automatic:
       if (space == MemorySpace::host) {
         choice->impl = Impl::cpu_reference;
@@ -516,16 +516,18 @@ Status plan_backward(const BackwardProblem& problem, Impl requested, BackwardCho
   if (Status status = sm80_backward::runnable(problem.forward.dtype, info.device); !status.ok()) return status;
   choice->impl = Impl::sm80_split_d;
   if (requested == Impl::sm80_split_d) return {};
-  // The sm90 dQ kernel (option B's first kernel) where it serves the call;
-  // impl sm90_wgmma asks for it, auto takes it when it can run.
+  // The sm90 kernels where they serve the call; impl sm90_wgmma asks for
+  // them, auto takes them when they can run.
   Status sm90 = sm90_capability(info);
   std::string reason;
-  const sm90_backward::DqInstance* dq = sm90.ok() ? sm90_backward::route_dq(problem, &reason) : nullptr;
-  if (sm90.ok() && dq == nullptr) sm90 = {StatusCode::impl_unavailable, "impl sm90_wgmma does not serve this backward: " + reason};
-  if (sm90.ok()) sm90 = dq->runnable(problem.forward.dtype, info.device);
+  const sm90_backward::Instance* instance = sm90.ok() ? sm90_backward::route(problem, &reason) : nullptr;
+  if (sm90.ok() && instance == nullptr) {
+    sm90 = {StatusCode::impl_unavailable, "impl sm90_wgmma does not serve this backward: " + reason};
+  }
+  if (sm90.ok()) sm90 = instance->runnable(problem.forward.dtype, info.device);
   if (sm90.ok()) {
     choice->impl = Impl::sm90_wgmma;
-    choice->dq_on_sm90 = true;
+    choice->sm90_gradients = true;
     return {};
   }
   if (requested == Impl::sm90_wgmma) return sm90;
@@ -546,13 +548,13 @@ Status run_backward(const BackwardProblem& problem, const BackwardChoice& choice
     }
     return {};
   }
-  const sm80_backward::DqRunner dq = choice.dq_on_sm90 ? &sm90_backward::run_dq : nullptr;
+  const sm80_backward::GradientRunner gradients = choice.sm90_gradients ? &sm90_backward::run_gradients : nullptr;
   const size_t bytes = sm80_backward::workspace_bytes(problem);
-  if (bytes == 0) return sm80_backward::run(problem, nullptr, stream, dq);
+  if (bytes == 0) return sm80_backward::run(problem, nullptr, stream, gradients);
   Workspace memory(workspace, workspace_size, stream);
   void* delta = nullptr;
   if (Status status = memory.acquire(bytes, "the backward's delta", &delta); !status.ok()) return status;
-  return memory.release(sm80_backward::run(problem, delta, stream, dq));
+  return memory.release(sm80_backward::run(problem, delta, stream, gradients));
 }
 
 }  // namespace ffpa::detail

@@ -50,9 +50,10 @@ Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, 
 // sm80_split_d. Fails like plan_forward (never substitutes).
 struct BackwardChoice {
   Impl impl = Impl::automatic;
-  // The sm90 backward's dQ kernel runs in place of the portable one (impl
-  // auto or sm90_wgmma on an sm_90a device, where it serves the call).
-  bool dq_on_sm90 = false;
+  // The sm90 backward kernels run in place of the portable dK/dV and dQ
+  // kernels (impl auto or sm90_wgmma on an sm_90a device, where they serve
+  // the call; the portable preprocess runs first either way).
+  bool sm90_gradients = false;
 };
 Status plan_backward(const BackwardProblem& problem, Impl requested, BackwardChoice* choice);
 

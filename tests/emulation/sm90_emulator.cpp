@@ -77,7 +77,7 @@ struct PendingStore {
 struct WgmmaOp {
   WgmmaKind kind;
   int n;
-  bool transpose_b;
+  bool transpose_b, transpose_a;
   uint64_t desc_a, desc_b;
   bool accumulate;
   void* d[128] = {};
@@ -271,8 +271,12 @@ void execute(WgmmaOp& op) {
   const int element_bytes = op.kind == WgmmaKind::bf16 || op.kind == WgmmaKind::f16 ? 2 : 1;
   const int k_steps = 32 / element_bytes;  // 32 bytes of a 128-byte row per instruction
   const Descriptor a = decode_descriptor(op.desc_a), b = decode_descriptor(op.desc_b);
-  // A [64][k] K-major: 8-row groups `stride` apart, rows of 128 bytes.
-  auto a_address = [&](int m, int k) { return a.start + (m / 8) * a.stride + (m % 8) * 128 + k * element_bytes; };
+  // A [64][k] K-major: 8-row groups `stride` apart, rows of 128 bytes. M-major
+  // ([k][m], 16-bit only): as an N-major B.
+  auto a_address = [&](int m, int k) {
+    if (!op.transpose_a) return a.start + (m / 8) * a.stride + (m % 8) * 128 + k * element_bytes;
+    return a.start + (m / 64) * a.leading + (k / 8) * a.stride + (k % 8) * 128 + (m % 64) * 2;
+  };
   // B K-major ([n][k]): as A. N-major ([k][n], 16-bit only): 64-column blocks
   // `leading` apart, 8-row (k) groups `stride` apart.
   auto b_address = [&](int k, int n) {
@@ -442,13 +446,14 @@ void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, 
 
 void tma_store_wait_read() { flush_stores(current_thread()); }
 
-void wgmma(WgmmaKind kind, int n, bool transpose_b, uint64_t desc_a, uint64_t desc_b, bool accumulate, void* d) {
+void wgmma(WgmmaKind kind, int n, bool transpose_b, uint64_t desc_a, uint64_t desc_b, bool accumulate, void* d,
+           bool transpose_a) {
   int t = 0;
   Warpgroup& group = my_warpgroup(&t);
   const size_t k = static_cast<size_t>(group.issued[t]++);
-  if (k == group.ops.size()) group.ops.push_back(WgmmaOp{kind, n, transpose_b, desc_a, desc_b, accumulate});
+  if (k == group.ops.size()) group.ops.push_back(WgmmaOp{kind, n, transpose_b, transpose_a, desc_a, desc_b, accumulate});
   WgmmaOp& op = group.ops[k];
-  if (op.kind != kind || op.n != n || op.transpose_b != transpose_b || op.desc_a != desc_a || op.desc_b != desc_b ||
+  if (op.kind != kind || op.n != n || op.transpose_b != transpose_b || op.transpose_a != transpose_a || op.desc_a != desc_a || op.desc_b != desc_b ||
       op.accumulate != accumulate) {
     fail("the threads of a warpgroup issued different wgmmas");
   }

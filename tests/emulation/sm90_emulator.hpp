@@ -65,8 +65,10 @@ void tma_store_wait_read();
 
 enum class WgmmaKind { bf16, f16, e4m3, s8 };
 // One wgmma.mma_async of the calling thread's warpgroup: D[64 x n] (+)= A B,
-// `d` this thread's n / 2 accumulators (float, or int32_t for s8).
-void wgmma(WgmmaKind kind, int n, bool transpose_b, uint64_t desc_a, uint64_t desc_b, bool accumulate, void* d);
+// `d` this thread's n / 2 accumulators (float, or int32_t for s8); transposes:
+// B N-major, A M-major (16-bit operands).
+void wgmma(WgmmaKind kind, int n, bool transpose_b, uint64_t desc_a, uint64_t desc_b, bool accumulate, void* d,
+           bool transpose_a = false);
 void wgmma_commit();
 void wgmma_wait(int pending);
 

@@ -1,11 +1,12 @@
-// The sm90 backward's dQ kernel (kernels/sm90_backward) on the CPU emulator
-// (sm90_emulator.hpp) against the fp64 reference's dQ: its ring of score and
-// product parts, the dS hand-off between the consumers, masking, dropout and
-// the epilogue, with TMA landing at issue and at the first wait. dK and dV
-// come from the CPU reference here (the portable kernels' own emulated test
-// checks theirs); dQ is poisoned before the kernel runs. The same kernel
-// source the GPU runs, compiled as host code; tests/gpu/test_gpu_backward.cpp
-// checks the GPU, where impl auto runs this kernel.
+// The sm90 backward kernels (kernels/sm90_backward: dK, dV and dQ) on the CPU
+// emulator (sm90_emulator.hpp) against the fp64 reference's gradients: their
+// rings of score and product parts, the W hand-off between the consumers,
+// the transposed products, GQA's streams over the group's heads, masking,
+// causal limits from both sides, dropout and the epilogues, with TMA landing
+// at issue and at the first wait. delta is computed on the host (the portable
+// preprocess's formula). The same kernel source the GPU runs, compiled as
+// host code; tests/gpu/test_gpu_backward.cpp checks the GPU, where impl auto
+// runs these kernels.
 #include "emulation/sm90_device_shim.hpp"  // first: the CUDA built-ins as the emulator's
 
 #include <gtest/gtest.h>
@@ -16,12 +17,11 @@
 #include <vector>
 
 #include "gpu/backward_case.hpp"
-#include "kernels/sm90_backward/dq_arguments.hpp"
-#include "kernels/sm90_backward/dq_kernel.cuh"
-#include "reference/cpu_attention_backward.hpp"
+#include "kernels/sm90_backward/arguments.hpp"
+#include "kernels/sm90_backward/kernel.cuh"
 
 namespace ffpa::testing::emulated {
-alignas(1024) unsigned char dq_cta_smem[232448];
+alignas(1024) unsigned char backward_cta_smem[232448];
 }  // namespace ffpa::testing::emulated
 
 namespace ffpa::testing {
@@ -63,61 +63,67 @@ std::vector<float> host_delta(const BackwardTensors& t, const detail::BackwardPr
 }
 
 template <class Traits>
-void run_dq(BackwardTensors& t, const detail::BackwardProblem& b, TmaLanding landing) {
-  static_assert(Traits::kSmemBytes <= sizeof emulated::dq_cta_smem);
-  const std::vector<float> delta = host_delta(t, b);
-  const bwd::DqLaunch launch = bwd::dq_launch(b, delta.data(), nullptr);
+void run_role(const detail::BackwardProblem& b, const float* delta, TmaLanding landing) {
+  static_assert(Traits::kSmemBytes <= sizeof emulated::backward_cta_smem);
+  const bwd::Launch launch = bwd::backward_launch(b, Traits::kRole, delta, nullptr);
   CUtensorMap maps[4];
   for (int i = 0; i < 4; ++i) maps[i] = emulated_map(launch.maps[static_cast<size_t>(i)]);
   for (int64_t cta = 0; cta < launch.ctas; ++cta)
-    emulation::sm90::run_cta({static_cast<unsigned>(cta), 0, 0}, Traits::kThreads, emulated::dq_cta_smem, landing,
-                             [&] { bwd::dq_kernel<Traits>(launch.args, maps[0], maps[1], maps[2], maps[3]); });
+    emulation::sm90::run_cta({static_cast<unsigned>(cta), 0, 0}, Traits::kThreads, emulated::backward_cta_smem,
+                             landing,
+                             [&] { bwd::backward_kernel<Traits>(launch.args, maps[0], maps[1], maps[2], maps[3]); });
 }
 
-// dK and dV from the reference, dQ from the emulated kernel of instance kHeadDim.
+template <class Element, int kHeadDim>
+void run_all(BackwardTensors& t, const detail::BackwardProblem& b, TmaLanding landing) {
+  const std::vector<float> delta = host_delta(t, b);
+  run_role<bwd::Traits<Element, kHeadDim, bwd::Role::dk>>(b, delta.data(), landing);
+  run_role<bwd::Traits<Element, kHeadDim, bwd::Role::dv>>(b, delta.data(), landing);
+  run_role<bwd::Traits<Element, kHeadDim, bwd::Role::dq>>(b, delta.data(), landing);
+}
+
+// The three kernels of instance kHeadDim.
 template <int kHeadDim>
 void check(const BackwardCase& bc) {
   for (TmaLanding landing : {TmaLanding::at_issue, TmaLanding::at_wait}) {
-    const std::string label = landing == TmaLanding::at_issue ? "emulated sm90 dq [tma at issue]"
-                                                              : "emulated sm90 dq [tma at wait]";
+    const char* label = landing == TmaLanding::at_issue ? "emulated sm90 bwd [tma at issue]"
+                                                        : "emulated sm90 bwd [tma at wait]";
     const uint64_t seed = splitmix64(std::hash<std::string>{}(bc.name));
-    check_backward(bc, seed, label.c_str(), 5e-3, 1e-3, [&](BackwardTensors& t, const detail::BackwardProblem& b) {
-      detail::cpu_attention_backward(b);
-      fill_nan(t.d_q.buffer);
+    check_backward(bc, seed, label, 5e-3, 1e-3, [&](BackwardTensors& t, const detail::BackwardProblem& b) {
       if (b.forward.dtype == DType::bf16) {
-        run_dq<bwd::DqTraits<__nv_bfloat16, kHeadDim>>(t, b, landing);
+        run_all<__nv_bfloat16, kHeadDim>(t, b, landing);
       } else {
-        run_dq<bwd::DqTraits<__half, kHeadDim>>(t, b, landing);
+        run_all<__half, kHeadDim>(t, b, landing);
       }
     });
   }
 }
 
-TEST(EmulatedSm90BackwardDq, MhaOddSizes) { check<256>({"mha", shape_case(DType::bf16, 1, 2, 2, 70, 150, 72)}); }
+TEST(EmulatedSm90Backward, MhaOddSizes) { check<256>({"mha", shape_case(DType::bf16, 1, 2, 2, 70, 150, 72)}); }
 
-TEST(EmulatedSm90BackwardDq, GqaCausalTopLeftF16D512) {
+TEST(EmulatedSm90Backward, GqaCausalTopLeftF16D512) {
   check<512>({"gqa causal d512", shape_case(DType::f16, 1, 4, 2, 65, 200, 512).with_causal(Causal::top_left)});
 }
 
-TEST(EmulatedSm90BackwardDq, CausalBottomRightRowsWithoutKeysBnhd) {
+TEST(EmulatedSm90Backward, CausalBottomRightRowsWithoutKeysBnhd) {
   check<256>({"bottom-right bnhd", shape_case(DType::bf16, 2, 1, 1, 80, 50, 128)
                                        .with_causal(Causal::bottom_right)
                                        .with_layout(Layout::bnhd)});
 }
 
-TEST(EmulatedSm90BackwardDq, MaskDropoutD320) {
+TEST(EmulatedSm90Backward, MaskDropoutD320) {
   check<512>({"mask dropout d320", shape_case(DType::bf16, 1, 2, 1, 40, 130, 320)
                                        .with_mask(DType::f32, MaskShape::batch_rows, true)
                                        .with_dropout(0.25f)});
 }
 
-TEST(EmulatedSm90BackwardDq, UnequalValueDimLseGradient) {
+TEST(EmulatedSm90Backward, UnequalValueDimLseGradient) {
   check<256>({"dv 136 d_lse", shape_case(DType::f16, 2, 2, 2, 33, 66, 64).with_mask(DType::boolean, MaskShape::batch_keys, true),
               136, true});
   check<512>({"d200 dv 392 mqa", shape_case(DType::bf16, 1, 4, 1, 70, 90, 200).with_causal(Causal::bottom_right), 392});
 }
 
-TEST(EmulatedSm90BackwardDq, PaddedRowsScale) {
+TEST(EmulatedSm90Backward, PaddedRowsScale) {
   check<256>({"padded", shape_case(DType::bf16, 1, 1, 1, 64, 64, 64).with_row_pad(8).with_scale(0.3f)});
 }
 

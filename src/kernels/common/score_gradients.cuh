@@ -74,8 +74,9 @@ __device__ __forceinline__ void add_to_mask_gradient(const float (&ds)[Layout::k
 // s and dp: this thread's raw Q K^T and dO V^T sums of the pair (ScoreLayout);
 // k0 the pair's first key. Writes Pd to pd_tile (when not null) and dS to
 // ds_tile, visible to the other warps after the caller's next barrier, and
-// adds dS to d_mask_sum (when not null: add_to_mask_gradient).
-template <class Traits>
+// adds dS to d_mask_sum (when not null: add_to_mask_gradient). kWithDs =
+// false: Pd alone (a dV kernel), dp and delta unread, ds_tile unwritten.
+template <class Traits, bool kWithDs = true>
 __device__ __forceinline__ void write_score_gradients(float (&s)[Traits::ScoreLayout::kElements],
                                                       const float (&dp)[Traits::ScoreLayout::kElements],
                                                       const AttentionProblem& p, const float* delta,
@@ -108,7 +109,7 @@ __device__ __forceinline__ void write_score_gradients(float (&s)[Traits::ScoreLa
     if (i < seq_q) {
       const float lse = p.lse[tile.batch * p.lse_stride[0] + tile.head * p.lse_stride[1] + i * p.lse_stride[2]];
       if (lse != -INFINITY) lse_log2[r] = lse * kLog2e;
-      row_delta[r] = delta[(static_cast<int64_t>(tile.batch) * p.heads_q + tile.head) * p.seq_q + i];
+      if constexpr (kWithDs) row_delta[r] = delta[(static_cast<int64_t>(tile.batch) * p.heads_q + tile.head) * p.seq_q + i];
     }
   }
 
@@ -118,7 +119,7 @@ __device__ __forceinline__ void write_score_gradients(float (&s)[Traits::ScoreLa
     const int r = (i / 2) % 2;
     const float probability = fast_exp2(s[i] - lse_log2[r]);
     pd[i] = probability;
-    s[i] = probability * (dp[i] - row_delta[r]);  // dS without dropout
+    if constexpr (kWithDs) s[i] = probability * (dp[i] - row_delta[r]);  // dS without dropout
   }
   if (p.dropout_p > 0.0f) {
     // Bit Layout::index(r, b, e) of dropped: whether that element is dropped.
@@ -140,13 +141,12 @@ __device__ __forceinline__ void write_score_gradients(float (&s)[Traits::ScoreLa
     for (int i = 0; i < Layout::kElements; ++i) {
       const bool drop = (dropped >> i) & 1;
       const float probability = pd[i];
-      const float kept_dp = drop ? 0.0f : dp[i] * keep_scale;
       pd[i] = drop ? 0.0f : probability * keep_scale;
-      s[i] = probability * (kept_dp - row_delta[(i / 2) % 2]);
+      if constexpr (kWithDs) s[i] = probability * ((drop ? 0.0f : dp[i] * keep_scale) - row_delta[(i / 2) % 2]);
     }
   }
 
-  if (d_mask_sum != nullptr) add_to_mask_gradient<Layout>(s, p, tile, coords, key0, d_mask_sum, mask_shape);
+  if (kWithDs && d_mask_sum != nullptr) add_to_mask_gradient<Layout>(s, p, tile, coords, key0, d_mask_sum, mask_shape);
 
 #pragma unroll
   for (int b = 0; b < Layout::kColBlocks; ++b)
@@ -156,7 +156,8 @@ __device__ __forceinline__ void write_score_gradients(float (&s)[Traits::ScoreLa
       if (pd_tile != nullptr)
         *reinterpret_cast<uint32_t*>(pd_tile + at) =
             pack2<Element>(pd[Layout::index(r, b, 0)], pd[Layout::index(r, b, 1)]);
-      *reinterpret_cast<uint32_t*>(ds_tile + at) = pack2<Element>(s[Layout::index(r, b, 0)], s[Layout::index(r, b, 1)]);
+      if constexpr (kWithDs)
+        *reinterpret_cast<uint32_t*>(ds_tile + at) = pack2<Element>(s[Layout::index(r, b, 0)], s[Layout::index(r, b, 1)]);
     }
 }
 

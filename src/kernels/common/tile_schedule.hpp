@@ -52,6 +52,16 @@ FFPA_HOST_DEVICE int attended_kv_end(const AttentionProblem& p, int q0, int bloc
   return p.causal == Causal::none ? seq_kv : (clipped > 0 ? clipped : 0);
 }
 
+// The first block of block_m query rows (of one head) with a row that attends
+// key0: causal, row i sees key0 once i + shift >= key0. Every block from it
+// on attends some key of a key block starting at key0 (the backward's
+// key-stationary kernels stream them).
+FFPA_HOST_DEVICE int first_attending_row_block(const AttentionProblem& p, int key0, int block_m) {
+  if (p.causal == Causal::none) return 0;
+  const int first_row = key0 - static_cast<int>(p.causal_shift());
+  return (first_row > 0 ? first_row : 0) / block_m;
+}
+
 // The rows of one head in a tile of block_m rows holding heads_per_tile heads.
 FFPA_HOST_DEVICE int rows_per_head(int block_m, int heads_per_tile) { return block_m / heads_per_tile; }
 

@@ -34,15 +34,15 @@ Status runnable(DType dtype, int device);
 // e.g. "sm80_backward<bf16,slice128>x4".
 std::string kernel_name(const BackwardProblem& problem);
 
-// Computes dQ in place of the portable dQ kernel, after the preprocess
-// (delta) and beside the dK/dV kernel: another family's kernel for the same
-// gradient (sm90_backward::run_dq). d_mask_sum: where an additive mask's
-// gradient is summed when the call asks for it (the dQ kernel adds dS there).
-using DqRunner = Status (*)(const BackwardProblem& problem, const float* delta, float* d_mask_sum,
-                            cudaStream_t stream);
+// Computes dQ, dK and dV in place of the portable gradient kernels, after
+// the preprocess (delta): another family's kernels (sm90_backward::run_gradients).
+// d_mask_sum: where an additive mask's gradient is summed when the call asks
+// for it (the dQ kernel adds dS there); the conversion into d_mask follows.
+using GradientRunner = Status (*)(const BackwardProblem& problem, const float* delta, float* d_mask_sum,
+                                  cudaStream_t stream);
 
-// The gradients, on `stream`; `workspace` holds workspace_bytes(problem). dq:
-// the dQ kernel to run instead of this family's (null: this family's).
-Status run(const BackwardProblem& problem, void* workspace, cudaStream_t stream, DqRunner dq = nullptr);
+// The gradients, on `stream`; `workspace` holds workspace_bytes(problem).
+// gradients: the kernels to run instead of this family's dK/dV and dQ (null: these).
+Status run(const BackwardProblem& problem, void* workspace, cudaStream_t stream, GradientRunner gradients = nullptr);
 
 }  // namespace ffpa::detail::sm80_backward

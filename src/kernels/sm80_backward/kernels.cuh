@@ -131,11 +131,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dkdv_kernel(const Args ar
   const int k0 = place.block * Traits::kBlockK, kv_head = place.head, batch = place.batch;
   const int col0 = place.slice * Traits::kSliceCols;
 
-  // The query blocks that attend a key of the block: causal, row i sees key
-  // k0 once i + shift >= k0.
+  // The query blocks that attend a key of the block.
   const int q_blocks = (seq_q + Traits::kBlockQ - 1) / Traits::kBlockQ;
-  const int shift = static_cast<int>(p.causal_shift());
-  const int first_q_block = p.causal == Causal::none ? 0 : max(0, k0 - shift) / Traits::kBlockQ;
+  const int first_q_block = first_attending_row_block(p, k0, Traits::kBlockQ);
   const int blocks_per_head = max(0, q_blocks - first_q_block);
   const int group = static_cast<int>(p.group_size());
   const int pairs = group * blocks_per_head;

@@ -65,7 +65,7 @@ Status launch_mask_gradient(const BackwardProblem& b, const float* sum, cudaStre
 }
 
 template <class Element>
-Status run_typed(const BackwardProblem& b, void* workspace, cudaStream_t stream, DqRunner dq) {
+Status run_typed(const BackwardProblem& b, void* workspace, cudaStream_t stream, GradientRunner gradients) {
   using T = Traits<Element, kSliceCols>;
   const AttentionProblem& p = b.forward;
   const WorkspaceLayout layout = workspace_layout(b);
@@ -78,11 +78,11 @@ Status run_typed(const BackwardProblem& b, void* workspace, cudaStream_t stream,
   }
   if (Status status = launch_preprocess<Element>(b, delta, stream); !status.ok()) return status;
   const Args args = kernel_args(b, delta, d_mask_sum);
-  if (Status status = launch_grid<T>(dkdv_kernel<T>, args, dkdv_ctas<T>(p), stream); !status.ok()) return status;
-  if (dq != nullptr) {
-    if (Status status = dq(b, delta, d_mask_sum, stream); !status.ok()) return status;
-  } else if (Status status = launch_grid<T>(dq_kernel<T>, args, dq_ctas<T>(p), stream); !status.ok()) {
-    return status;
+  if (gradients != nullptr) {
+    if (Status status = gradients(b, delta, d_mask_sum, stream); !status.ok()) return status;
+  } else {
+    if (Status status = launch_grid<T>(dkdv_kernel<T>, args, dkdv_ctas<T>(p), stream); !status.ok()) return status;
+    if (Status status = launch_grid<T>(dq_kernel<T>, args, dq_ctas<T>(p), stream); !status.ok()) return status;
   }
   return d_mask_sum != nullptr ? launch_mask_gradient(b, d_mask_sum, stream) : Status{};
 }
@@ -132,11 +132,11 @@ std::string kernel_name(const BackwardProblem& b) {
          std::to_string(kSliceCols) + ">x" + std::to_string(slices_of(b.forward));
 }
 
-Status run(const BackwardProblem& b, void* workspace, cudaStream_t stream, DqRunner dq) {
+Status run(const BackwardProblem& b, void* workspace, cudaStream_t stream, GradientRunner gradients) {
   const AttentionProblem& p = b.forward;
   if (p.batch * p.heads_q * p.seq_q == 0 && p.batch * p.heads_kv * p.seq_kv == 0) return {};
-  return p.dtype == DType::bf16 ? run_typed<__nv_bfloat16>(b, workspace, stream, dq)
-                                : run_typed<__half>(b, workspace, stream, dq);
+  return p.dtype == DType::bf16 ? run_typed<__nv_bfloat16>(b, workspace, stream, gradients)
+                                : run_typed<__half>(b, workspace, stream, gradients);
 }
 
 }  // namespace ffpa::detail::sm80_backward

@@ -1,7 +1,8 @@
-// Host-side interface of the sm90 backward kernels (TMA + wgmma, sm_90a): so
-// far option B's dQ kernel (docs/kernels/backward_plan.md), which runs in
-// place of the portable dQ kernel beside the portable preprocess and dK/dV
-// kernels (sm80_backward::run's DqRunner). Its instances, one per
+// Host-side interface of the sm90 backward kernels (TMA + wgmma, sm_90a):
+// dQ, dK and dV kernels (option B with dK and dV apart,
+// docs/kernels/backward_plan.md; arguments.hpp), run after the portable
+// preprocess (delta) in place of the portable gradient kernels
+// (sm80_backward::run's GradientRunner). Their instances, one per
 // instantiated head dim (CMake's FFPA_SM90_BACKWARD_HEAD_DIMS), each serve D
 // and Dv up to it.
 #pragma once
@@ -15,35 +16,31 @@
 
 namespace ffpa::detail::sm90_backward {
 
-using DqLauncher = Status (*)(const BackwardProblem&, const float* delta, float* d_mask_sum, cudaStream_t);
-using DqRunnableCheck = Status (*)(DType, int device);
+using Launcher = Status (*)(const BackwardProblem&, const float* delta, float* d_mask_sum, cudaStream_t);
+using RunnableCheck = Status (*)(DType, int device);
 
-// Defined in dq_launch.cuh, instantiated per head dim in the generated
-// sm90_backward_dq_d<D>.cu translation units (sm_90a only).
+// Defined in launch.cuh, instantiated per head dim in the generated
+// sm90_backward_d<D>.cu translation units (sm_90a only).
 template <int kHeadDim>
-Status launch_dq_instance(const BackwardProblem& problem, const float* delta, float* d_mask_sum,
-                          cudaStream_t stream);
+Status launch_instance(const BackwardProblem& problem, const float* delta, float* d_mask_sum, cudaStream_t stream);
 template <int kHeadDim>
-Status dq_instance_runnable(DType dtype, int device);
+Status instance_runnable(DType dtype, int device);
 
-struct DqInstance {
+struct Instance {
   int head_dim;  // a multiple of 128; serves D and Dv up to it
-  DqLauncher launch;
-  DqRunnableCheck runnable;
+  Launcher launch;
+  RunnableCheck runnable;
 };
 
 // Generated (registry.cpp.in), ascending head_dim; empty without sm_90a.
-extern const DqInstance kDqInstances[];
-extern const int kDqInstanceCount;
+extern const Instance kInstances[];
+extern const int kInstanceCount;
 
-// The compiled instance that serves the call's dQ, or nullptr with *reason.
-const DqInstance* route_dq(const BackwardProblem& problem, std::string* reason);
+// The compiled instance that serves the call, or nullptr with *reason.
+const Instance* route(const BackwardProblem& problem, std::string* reason);
 
-// e.g. "sm90_backward_dq<bf16,d512>".
-std::string dq_kernel_name(const BackwardProblem& problem, const DqInstance& instance);
-
-// dQ of a routed call (route_dq), after the preprocess wrote delta: the
-// signature of sm80_backward::DqRunner.
-Status run_dq(const BackwardProblem& problem, const float* delta, float* d_mask_sum, cudaStream_t stream);
+// dQ, dK and dV of a routed call (route), after the preprocess wrote delta:
+// the signature of sm80_backward::GradientRunner.
+Status run_gradients(const BackwardProblem& problem, const float* delta, float* d_mask_sum, cudaStream_t stream);
 
 }  // namespace ffpa::detail::sm90_backward

@@ -13,13 +13,13 @@
 
 namespace ffpa::detail::sm90_wgmma {
 
-template <typename Element, int N, bool kTransposeB>
+template <typename Element, int N, bool kTransposeB, bool kTransposeA = false>
 inline void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int accumulate) {
   static_assert(ElementTraits<Element>::kBytes == 2, "16-bit operands: bf16 or fp16");
   static_assert(N % 8 == 0 && N >= 8 && N <= 256, "a wgmma N (the real header restricts it to its shapes)");
   ::ffpa::emulation::sm90::wgmma(ElementTraits<Element>::kIsBf16 ? ::ffpa::emulation::sm90::WgmmaKind::bf16
                                                                  : ::ffpa::emulation::sm90::WgmmaKind::f16,
-                                 N, kTransposeB, desc_a, desc_b, accumulate != 0, d);
+                                 N, kTransposeB, desc_a, desc_b, accumulate != 0, d, kTransposeA);
 }
 
 template <int N>

@@ -1,0 +1,167 @@
+// A consumer warpgroup of an sm90 backward kernel: its half of the gradient
+// (fp32 in registers) and its roles on the streamed blocks:
+//   compute_scores  S_j = Q K^T (and dP_j = dO V^T) of its own blocks (j % 2 == w),
+//                   over the whole head dims, one operand stationary, one streamed;
+//   publish_w       P_j from the forward's LSE, then W_j = dS_j (dq, dk) or
+//                   P_j z (dv) as a 16-bit tile (kernels/common/score_gradients.cuh:
+//                   the limits, causal alignment, mask and dropout of the forward);
+//   accumulate      G_w += W_j B_j (dq) or W_j^T B_j (dk, dv), every block,
+//                   both consumers, B_j this consumer's columns of the block;
+//   store           scale, convert, write its rows and columns.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/element.cuh"
+#include "kernels/common/score_gradients.cuh"
+#include "kernels/sm90_backward/cta.cuh"
+#include "kernels/sm90_wgmma/ptx.cuh"
+#include "kernels/sm90_wgmma/ring.hpp"
+#include "kernels/sm90_wgmma/wgmma.cuh"
+
+namespace ffpa::detail::sm90_backward {
+
+template <class Traits>
+struct Consumer {
+  using Element = typename Traits::Element;
+  static constexpr int kStages = Traits::kStages, kTileBytes = Traits::kTileBytes;
+  static constexpr int kStageBytes = Traits::kStageBytes, kStageTiles = Traits::kStageTiles;
+  static constexpr int kScoreStages = Traits::kScoreStages, kProductStages = Traits::kProductStages;
+  static constexpr int kHalfCols = Traits::kHalfCols;
+
+  const Cta<Traits>& cta;
+  const int w;  // which half of the gradient, and which streamed blocks (j % 2 == w)
+  float acc[kHalfCols / 2];
+
+  __device__ __forceinline__ Consumer(const Cta<Traits>& cta_, int w_) : cta(cta_), w(w_) {
+#pragma unroll
+    for (int i = 0; i < kHalfCols / 2; ++i) acc[i] = 0.0f;
+  }
+
+  __device__ __forceinline__ static int thread() { return static_cast<int>(threadIdx.x % 128); }
+  // Frees ring position `position`: one arrival per warp once its wgmmas have read it.
+  __device__ __forceinline__ void release(int position) const {
+    if (sm90_wgmma::lane_id() == 0) sm90_wgmma::mbarrier_arrive(cta.empty(position % kStages));
+  }
+
+  // One product over a head dim, S or dP (64 x 64, fp32) from zero: the
+  // stationary tiles from `first_tile` against the ring's stages from
+  // `position0` (kStageTiles boxes each), both K-major; the query side is A
+  // (Q or dO), the key side B (K or V). Each stage is freed once the wgmmas
+  // after it are issued and the ones reading it have retired.
+  __device__ __forceinline__ void score_product(float (&scores)[32], int first_tile, int position0) {
+    constexpr int kPartStages = Traits::kKStages;
+#pragma unroll
+    for (int ps = 0; ps < kPartStages; ++ps) {
+      const int position = position0 + ps;
+      const int stage = position % kStages;
+      sm90_wgmma::mbarrier_wait(cta.full(position), cta.full_parity(position));
+      sm90_wgmma::wgmma_fence();
+      constexpr int kLast = Traits::kChunks - kStageTiles * (kPartStages - 1);
+#pragma unroll
+      for (int b = 0; b < (ps + 1 < kPartStages ? kStageTiles : kLast); ++b)
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {  // k16 steps: 32 bytes of a 128-byte row
+          const uint32_t fixed = cta.stationary() + (first_tile + kStageTiles * ps + b) * kTileBytes + kk * 32;
+          const uint32_t streamed = cta.ring() + stage * kStageBytes + b * kTileBytes + kk * 32;
+          const uint64_t a = sm90_wgmma::smem_descriptor(Traits::kQueryStationary ? fixed : streamed, 16, 1024);
+          const uint64_t k = sm90_wgmma::smem_descriptor(Traits::kQueryStationary ? streamed : fixed, 16, 1024);
+          sm90_wgmma::wgmma_ss<Element, 64, false>(scores, a, k, (ps | b | kk) != 0);
+        }
+      sm90_wgmma::wgmma_commit();
+      if (ps > 0) {
+        sm90_wgmma::wgmma_wait<1>();
+        release(position - 1);
+      }
+    }
+    sm90_wgmma::wgmma_wait<0>();
+    release(position0 + kPartStages - 1);
+  }
+
+  // S_j (and dP_j), streaming block j's score part through the ring.
+  __device__ __forceinline__ void compute_scores(int j, float (&s)[32], float (&dp)[32]) {
+    const int first = sm90_wgmma::ring_k_position(j, kScoreStages, kProductStages);
+    sm90_wgmma::fence_operands(s);
+    score_product(s, 0, first);
+    if constexpr (Traits::kWithDp) {
+      sm90_wgmma::fence_operands(dp);
+      score_product(dp, Traits::kChunks, first + Traits::kKStages);
+      sm90_wgmma::fence_operands(dp);
+    }
+    sm90_wgmma::fence_operands(s);
+  }
+
+  // W_j into buffer j % 2 once the other consumer has read W_{j-2} from it.
+  __device__ __forceinline__ void publish_w(int j, float (&s)[32], const float (&dp)[32]) {
+    const int buffer = j & 1;
+    if (j >= 2) sm90_wgmma::mbarrier_wait(cta.w_empty(buffer), ((j >> 1) - 1) & 1);
+    const TileCoordinates tile = cta.block_tile(j);
+    const unsigned tid = static_cast<unsigned>(thread());
+    if constexpr (Traits::kWithDp) {
+      write_score_gradients<Traits>(s, dp, cta.p, cta.args.delta, tile, cta.block_key0(j), cta.args.scale_log2,
+                                    nullptr, cta.w_tile(buffer), tid, cta.args.d_mask_sum, cta.args.mask_shape);
+    } else {
+      write_score_gradients<Traits, false>(s, s, cta.p, nullptr, tile, cta.block_key0(j), cta.args.scale_log2,
+                                           cta.w_tile(buffer), nullptr, tid);
+    }
+    sm90_wgmma::fence_proxy_async();
+    sm90_wgmma::mbarrier_arrive(cta.w_full(buffer));
+  }
+
+  // G_w += W_j B_j: A = W_j ([64 query rows][64 keys]) read K-major (dq: dS
+  // rows x keys) or transposed (dk, dv: keys x rows), B = this consumer's
+  // product-part stage ([64 rows][kHalfCols], N-major).
+  __device__ __forceinline__ void accumulate(int j, bool own) {
+    const int buffer = j & 1;
+    sm90_wgmma::mbarrier_wait(cta.w_full(buffer), (j >> 1) & 1);
+    const int position =
+        sm90_wgmma::ring_v_part_position(j, cta.plan()->blocks, kScoreStages, 0, w, kProductStages);
+    const int stage = position % kStages;
+    sm90_wgmma::mbarrier_wait(cta.full(position), cta.full_parity(position));
+    sm90_wgmma::fence_operands(acc);
+    sm90_wgmma::wgmma_fence();
+    const uint32_t w_tile = smem_address(cta.w_tile(buffer));
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {  // k16 steps: 16 keys (dq) or 16 query rows (dk, dv)
+      const uint64_t a = Traits::kQueryStationary ? sm90_wgmma::smem_descriptor(w_tile + kk * 32, 16, 1024)
+                                                  : sm90_wgmma::smem_descriptor(w_tile + kk * 16 * 128, kTileBytes, 1024);
+      const uint64_t b = sm90_wgmma::smem_descriptor(cta.ring() + stage * kStageBytes + kk * 16 * 128, kTileBytes, 1024);
+      sm90_wgmma::wgmma_ss<Element, kHalfCols, true, !Traits::kQueryStationary>(acc, a, b, 1);
+    }
+    sm90_wgmma::wgmma_commit();
+    sm90_wgmma::wgmma_wait<0>();
+    sm90_wgmma::fence_operands(acc);
+    release(position);
+    if (!own && sm90_wgmma::lane_id() == 0) sm90_wgmma::mbarrier_arrive(cta.w_empty(buffer));
+  }
+
+  // The gradient's rows (query rows for dq, keys for dk and dv) and this
+  // consumer's columns, times the softmax scale for dQ and dK (dS is the
+  // gradient of the scaled scores); rows and columns past the call's are not written.
+  __device__ __forceinline__ void store() const {
+    const AttentionProblem& p = cta.p;
+    const BlockPlan* plan = cta.plan();
+    const int warp = thread() / 32, lane = thread() % 32, g = lane / 4, t = lane % 4;
+    const int row0 = Traits::kQueryStationary ? plan->tile.q0 : plan->key0;
+    const int rows = static_cast<int>(Traits::kQueryStationary ? p.seq_q : p.seq_kv);
+    const int cols = static_cast<int>(Traits::kRole == Role::dv ? p.dv() : p.head_dim);
+    const int head = Traits::kQueryStationary ? plan->tile.head : plan->tile.kv_head;
+    const float scale = Traits::kRole == Role::dv ? 1.0f : p.scale;
+    auto* const base = static_cast<Element*>(cta.args.gradient) + plan->tile.batch * cta.args.gradient_stride[0] +
+                       static_cast<int64_t>(head) * cta.args.gradient_stride[1];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = row0 + warp * 16 + g + 8 * h;
+      if (row >= rows) continue;
+      Element* const out = base + row * cta.args.gradient_stride[2];
+#pragma unroll
+      for (int i = 0; i < kHalfCols / 8; ++i) {
+        const int col = w * kHalfCols + 8 * i + 2 * t;
+        if (col < cols)
+          *reinterpret_cast<uint32_t*>(out + col) = pack2<Element>(acc[4 * i + 2 * h] * scale, acc[4 * i + 2 * h + 1] * scale);
+      }
+    }
+  }
+};
+
+}  // namespace ffpa::detail::sm90_backward

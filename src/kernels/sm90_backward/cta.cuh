@@ -1,0 +1,116 @@
+// What every role of an sm90 backward CTA shares: the shared-memory layout
+// (Traits), the barriers and the block plan (thread 0 computes it into shared
+// memory; the roles read it where used): which stationary rows the CTA holds
+// and, for each streamed block, its rows and the tile the masking pieces see.
+#pragma once
+
+#include <cstdint>
+
+#include "common/attention_problem.hpp"
+#include "kernels/common/score_gradients.cuh"
+#include "kernels/common/shared_memory.cuh"
+#include "kernels/common/tile_schedule.hpp"
+#include "kernels/sm90_backward/traits.cuh"
+#include "kernels/sm90_wgmma/ptx.cuh"
+
+namespace ffpa::detail::sm90_backward {
+
+using sm90_wgmma::cta_shared_memory;
+
+struct BlockPlan {
+  // dq: the stationary query rows' tile (tile_schedule.hpp: its KV blocks are
+  // the streamed ones); dk, dv: batch and kv_head.
+  TileCoordinates tile;
+  int key0;  // dk, dv: the first stationary key
+  int blocks;  // streamed blocks
+  // dk, dv: streamed block j is row block first_row_block + j % row_blocks of
+  // query head kv_head x group + j / row_blocks (the row blocks that attend a
+  // stationary key, for each query head of the group).
+  int first_row_block, row_blocks;
+};
+
+template <class Traits>
+struct Cta {
+  static constexpr int kStages = Traits::kStages, kFull = Traits::kFullBarriers;
+
+  const Args& args;
+  const AttentionProblem& p;
+
+  __device__ __forceinline__ explicit Cta(const Args& args_) : args(args_), p(args_.p) {}
+
+  __device__ __forceinline__ static unsigned char* smem() { return cta_shared_memory(); }
+  // Stationary tile c: Q's or K's chunk c, then (kWithDp) dO's or V's.
+  __device__ __forceinline__ uint32_t stationary() const { return smem_address(smem() + Traits::kStationaryOffset); }
+  __device__ __forceinline__ unsigned char* w_tile(int buffer) const {
+    return smem() + Traits::kWOffset + buffer * Traits::kTileBytes;
+  }
+  __device__ __forceinline__ uint32_t ring() const { return smem_address(smem() + Traits::kRingOffset); }
+  __device__ __forceinline__ BlockPlan* plan() const { return reinterpret_cast<BlockPlan*>(smem() + Traits::kPlanOffset); }
+
+  // Streamed block j: the tile of its query rows (the masking pieces' view)
+  // and its first key, for S_j = Q K^T of the pair.
+  __device__ __forceinline__ TileCoordinates block_tile(int j) const {
+    const BlockPlan* plan_ = plan();
+    if constexpr (Traits::kQueryStationary) {
+      return plan_->tile;
+    } else {
+      const int group = static_cast<int>(p.group_size());
+      return block_pair_tile((plan_->first_row_block + j % plan_->row_blocks) * Traits::kBlockN,
+                             plan_->tile.kv_head * group + j / plan_->row_blocks, plan_->tile.batch,
+                             plan_->tile.kv_head, Traits::kBlockN);
+    }
+  }
+  __device__ __forceinline__ int block_key0(int j) const {
+    if constexpr (Traits::kQueryStationary) {
+      return (plan()->tile.kv_first + j) * Traits::kBlockN;
+    } else {
+      return plan()->key0;
+    }
+  }
+
+  // --- barriers -------------------------------------------------------------
+  __device__ __forceinline__ uint32_t barriers() const { return smem_address(smem() + Traits::kBarrierOffset); }
+  __device__ __forceinline__ uint32_t stationary_full() const { return barriers(); }
+  __device__ __forceinline__ uint32_t full(int position) const { return barriers() + 8 * (1 + position % kFull); }
+  __device__ __forceinline__ static uint32_t full_parity(int position) {
+    return static_cast<uint32_t>((position / kFull) & 1);
+  }
+  __device__ __forceinline__ uint32_t empty(int stage) const { return barriers() + 8 * (1 + kFull + stage); }
+  // W_j written (every thread of its owner) / read by the other consumer (a warp each).
+  __device__ __forceinline__ uint32_t w_full(int buffer) const { return barriers() + 8 * (1 + kFull + kStages + buffer); }
+  __device__ __forceinline__ uint32_t w_empty(int buffer) const { return barriers() + 8 * (3 + kFull + kStages + buffer); }
+
+  // Thread 0: the plan (stationary block fastest, then head, then batch) and the barriers.
+  __device__ __forceinline__ void setup() const {
+    if (threadIdx.x == 0) {
+      BlockPlan* const plan_ = plan();
+      const int cta = static_cast<int>(blockIdx.x);
+      if constexpr (Traits::kQueryStationary) {
+        plan_->tile = tile_coordinates<int>(p, cta, args.stationary_blocks, Traits::kBlockM, Traits::kBlockN);
+        plan_->blocks = plan_->tile.kv_blocks;
+      } else {
+        const int kv_heads = static_cast<int>(p.heads_kv);
+        const int key_block = cta % args.stationary_blocks, rest = cta / args.stationary_blocks;
+        plan_->tile = TileCoordinates{};
+        plan_->tile.kv_head = rest % kv_heads;
+        plan_->tile.batch = rest / kv_heads;
+        plan_->key0 = key_block * Traits::kBlockM;
+        const int row_blocks = static_cast<int>(head_row_blocks(p.seq_q, Traits::kBlockN, 1));
+        plan_->first_row_block = first_attending_row_block(p, plan_->key0, Traits::kBlockN);
+        plan_->row_blocks = row_blocks > plan_->first_row_block ? row_blocks - plan_->first_row_block : 0;
+        plan_->blocks = static_cast<int>(p.group_size()) * plan_->row_blocks;
+      }
+      sm90_wgmma::mbarrier_init(stationary_full(), 1);
+      for (int f = 0; f < kFull; ++f) sm90_wgmma::mbarrier_init(full(f), 1);
+      for (int s = 0; s < kStages; ++s) sm90_wgmma::mbarrier_init(empty(s), 4);  // a warp of the consumer each
+      for (int b = 0; b < 2; ++b) {
+        sm90_wgmma::mbarrier_init(w_full(b), 128);
+        sm90_wgmma::mbarrier_init(w_empty(b), 4);
+      }
+      sm90_wgmma::fence_barrier_init();
+    }
+    __syncthreads();
+  }
+};
+
+}  // namespace ffpa::detail::sm90_backward

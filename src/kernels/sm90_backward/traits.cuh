@@ -1,0 +1,98 @@
+// The compile-time shape of an sm90 backward kernel (arguments.hpp's roles)
+// and its shared-memory layout.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/accumulator_layout.cuh"
+#include "kernels/common/element.cuh"
+#include "kernels/common/swizzle.hpp"
+#include "kernels/sm90_backward/arguments.hpp"
+
+namespace ffpa::detail::sm90_backward {
+
+// kHeadDim: the instance's padded head dim, for D and Dv both (a call's D and
+// Dv up to it; TMA zero-fills the columns past each, which add nothing).
+template <typename Element_, int kHeadDim_, Role kRole_>
+struct Traits {
+  using Element = Element_;
+  static constexpr Role kRole = kRole_;
+  static constexpr int kElementBytes = ElementTraits<Element>::kBytes;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = kTileRows;  // stationary rows: one wgmma M
+  static constexpr int kBlockN = kTileRows;  // rows of a streamed block: S's keys (dq) or query rows
+  static constexpr int kThreads = 384;       // a producer warpgroup, two consumers
+  static constexpr int kChunks = kHeadDim / 64;  // 128-byte swizzle boxes of a row of Q, dO, K or V
+  static constexpr int kTileBytes = 64 * kSwizzleRowBytes;  // [64 rows][64 columns]: every box
+  // The rows stay on the stationary side (dq) or the keys (dk, dv).
+  static constexpr bool kQueryStationary = kRole == Role::dq;
+  // dP = dO V^T (and dS) for dq and dk; dv needs P alone.
+  static constexpr bool kWithDp = kRole != Role::dv;
+  // Consumer w owns gradient columns [w * kHalfCols, (w + 1) * kHalfCols): 64
+  // x kHalfCols fp32 in registers (128 a thread at D = 512, as the forward's O).
+  static constexpr int kHalfCols = kHeadDim / 2;
+  static constexpr int kHalfTiles = kHalfCols / 64;
+  // The ring: stages of up to four boxes. Streamed block j takes, in order,
+  // the operand of S (K_j, or Q_j; kKStages) and of dP (V_j, or dO_j;
+  // kVStages), together its "score part" read by its owner, and a block
+  // later the B operand of the product (K_j, Q_j or dO_j), one stage per
+  // consumer with its kHalfCols columns (the "product part"). dq and dk load
+  // K_j or Q_j twice: the ring cannot hold it from S to the product beside
+  // the stationary tiles.
+  static constexpr int kStageTiles = 4;
+  static constexpr int kStageBytes = kStageTiles * kTileBytes;
+  static constexpr int kKStages = (kChunks + kStageTiles - 1) / kStageTiles;
+  static constexpr int kVStages = kWithDp ? kKStages : 0;
+  static constexpr int kScoreStages = kKStages + kVStages;  // the ring's "k_stages" (sm90_wgmma/ring.hpp)
+  static constexpr int kProductStages = 2;                  // the ring's "v_stages": one per consumer
+  // Stationary tiles: Q and dO (dq), K and V (dk), K (dv).
+  static constexpr int kStationaryTiles = (kWithDp ? 2 : 1) * kChunks;
+
+  // S and dP of a consumer warp: one 16-row slab, kBlockN / 8 column blocks.
+  using ScoreLayout = AccumulatorLayout<1, kBlockN / 8>;
+  // kernels/common/score_gradients.cuh's view: a warpgroup's warps each hold
+  // 16 rows and every key of the block pair.
+  static constexpr int kBlockK = kTileRows;
+  static constexpr int kScoreWarpsN = 1;
+  static constexpr int kScoreWarpKeys = kTileRows;
+
+  // Registers after setmaxnreg (see sm90_wgmma/traits.cuh: 24 + 2 x 240 is
+  // the launch's 168 a thread).
+  static constexpr int kLaunchRegisters = 168;
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kLaunchRegisters,
+                "setmaxnreg redistributes the launch's registers");
+
+  // Shared memory: the stationary tiles, two W buffers, the ring, the plan, barriers.
+  static constexpr int kStationaryOffset = 0;
+  static constexpr int kWOffset = kStationaryOffset + kStationaryTiles * kTileBytes;  // 2 x [64][64]
+  static constexpr int kRingOffset = kWOffset + 2 * kTileBytes;
+  static constexpr int kSmemLimit = 232448;
+  static constexpr int kFixedTail = 1024;  // the block plan and the barriers
+  static constexpr int kStages = (kSmemLimit - kRingOffset - kFixedTail) / kStageBytes > 4
+                                     ? 4
+                                     : (kSmemLimit - kRingOffset - kFixedTail) / kStageBytes;
+  static constexpr int kPlanOffset = kRingOffset + kStages * kStageBytes;
+  static constexpr int kBarrierOffset = kPlanOffset + 64;
+  // q_full (the stationary tiles), full[kFullBarriers], empty[kStages],
+  // w_full[2], w_empty[2]. As in the forward (sm90_wgmma/kernel.cuh, "Why
+  // more full barriers than stages"): a consumer waits for position p only
+  // after its previous position q was issued, and p - q <= kScoreStages +
+  // kProductStages (from its part of block j - 1's product to block j's), so
+  // p - kFull has landed when kFull >= kScoreStages + kProductStages + kStages.
+  static constexpr int kFullBarriers = 16;
+  static_assert(kFullBarriers >= kScoreStages + kProductStages + kStages, "see the full-barrier count above");
+  static constexpr int kBarriers = 1 + kFullBarriers + kStages + 4;
+  static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
+
+  static_assert(kElementBytes == 2, "q, k, v, dO and the gradients are bf16 or fp16");
+  static_assert(kHeadDim % 128 == 0 && kHeadDim >= 128 && kHeadDim <= 512,
+                "gradient halves are whole boxes with N = 64..256");
+  static_assert(kHalfTiles <= kStageTiles, "a consumer's product part is one stage");
+  static_assert(kStages >= 2, "the ring needs two stages at least");
+  static_assert(kBarrierOffset + kBarriers * 8 <= kPlanOffset + kFixedTail, "barriers within the fixed tail");
+  static_assert(kSmemBytes <= kSmemLimit, "fits the 227 KB a Hopper block may opt into");
+};
+
+}  // namespace ffpa::detail::sm90_backward
