@@ -8,7 +8,7 @@ This sweep measures the two kinds of call that routing.py still hands to SDPA fo
          backward of out with a fixed random grad), bf16, B = 1; ffpa_attn_func with
          CUDABackend(impl="ffpa") (ffpa's forward and its GPU backward) against the original
          F.scaled_dot_product_attention (SDPA's own dispatch, enable_gqa for GQA points).
-         Points: D in {320, 384, 512, 640, 768, 1024} x N in {1024, 2048, 4096, 8192} x {causal, not},
+         Points: D in {128, 256, 320, 384, 512, 640, 768, 1024} x N in {1024, 2048, 4096, 8192} x {causal, not},
          H = 32 (H = 16 from D = 768 on), and GQA Hq 32 / Hkv 8 at D = 512.
   train_extra  training calls with a key-padding mask, with dropout 0.1 (causal or not) at D 512 and
          1024, N 2048 and 8192, and with D_qk != D_v (576/512 Hq 32 / Hkv 1, 192/128 H 32, causal).
@@ -70,7 +70,7 @@ class Point:
 def make_points(kinds: tuple[str, ...]) -> list[Point]:
     points = []
     if "train" in kinds:
-        for D in (320, 384, 512, 640, 768, 1024):
+        for D in (128, 256, 320, 384, 512, 640, 768, 1024):
             H = 32 if D < 768 else 16
             for N in (1024, 2048, 4096, 8192):
                 for causal in (False, True):
