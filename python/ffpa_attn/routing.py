@@ -59,20 +59,22 @@ FFPA_FASTER_HOPPER_DECODE_MAX_ROWS = 32
 SDPA_FASTER_MHA_DECODE = ((448, 0), (512, 512), (1024, 8192))
 SDPA_FASTER_DECODE_MIN_ROWS = 128
 
-# Training calls (an input requires grad: ffpa's forward, then its backward, the
-# portable sm80 kernels, kernels/sm80_backward) against SDPA's forward and backward
-# (its memory-efficient kernels above D = 256), forward + backward of one call.
-# H200, torch 2.11, bf16, B = 1 (docs/perf/h200-2026-12-01f/routing_sweep.md,
-# routing_extra.md; bench/routing_sweep.py), SDPA ms / ffpa ms:
-#   D 320-768 (H 32; 16 at 768), N 1024-8192, causal or not: 1.03-1.73x
-#     (D 512 1.44-1.72x; GQA 32/8 at D 512 1.48-3.20x; key padding 1.42-1.50x;
-#     dropout 0.1 1.25-1.47x)
-#   D 1024 (H 16): N 1024 1.38-1.72x, N 2048 1.03-1.50x (key padding, dropout
-#     too); N 4096 0.98x (causal 1.18x); N 8192 0.82-0.92x (causal 1.01x)
+# Training calls (an input requires grad: ffpa's forward, then its backward: on
+# Hopper up to D 512 the sm90 kernels, kernels/sm90_backward, else the portable
+# ones, kernels/sm80_backward) against SDPA's forward and backward (its
+# memory-efficient kernels above D = 256), forward + backward of one call.
+# H200, torch 2.11, bf16, B = 1 (docs/perf/h200-2026-12-01g/routing_train.md;
+# bench/routing_sweep.py), SDPA ms / ffpa ms:
+#   D 128 and 256 (H 32), N 1024-8192: 0.18-0.68x (SDPA's flash / cuDNN)
+#   D 320-512 (H 32), N 1024-8192, causal or not: 1.87-6.36x (D 512 2.80-6.36x;
+#     GQA 32/8 at D 512 5.62-12.7x; key padding 4.81-5.35x; dropout 0.1 2.95-3.37x)
+#   D 640-768 (portable backward; H 32, 16 at 768): 1.03-1.71x
+#   D 1024 (H 16): N 1024 1.29-1.62x, N 2048 1.11-1.43x (key padding 1.09x,
+#     dropout 1.02-1.28x); N 4096 0.97x (causal 1.16x); N 8192 0.81-0.99x
 #   D_qk 576 / D_v 512, Hq 32, one KV head, causal: N 4096 1.81x, N 1024 0.63x
 #     (each dK/dV CTA owns a block of keys of one KV head: 1024 keys in all
 #     leave most SMs idle)
-#   D_qk 192 / D_v 128: SDPA 4-5x faster (flash / cuDNN at D <= 256)
+#   D_qk 192 / D_v 128: SDPA 3-3.5x faster (flash / cuDNN at D <= 256)
 # The larger of D_qk and D_v decides (the backward's work follows both).
 FFPA_TRAINS_MAX_HEAD_DIM_ANY_LENGTH = 768
 FFPA_TRAINS_LARGE_HEAD_DIM_MAX_SEQ = 2048  # D above 768: ffpa trains when Nq and Nkv are at most this
