@@ -1,5 +1,6 @@
 #include "host/dispatch.hpp"
 
+#include <algorithm>
 #include <new>
 #include <string>
 #include <utility>
@@ -229,10 +230,11 @@ Status plan_fp8(const AttentionProblem& problem, Impl requested, MemorySpace spa
 Status plan_automatic_device(const AttentionProblem& problem, KernelChoice* choice) {
   // H200, N = 8192, bf16 (docs/kernels/sm90_wgmma.md): D = 128 split-D 218 vs
   // sm90 137 TFLOP/s; D = 256 split-D 249 vs sm90 451.
-  // D_qk != D_v: the portable family (MLA 576/512: 222 TFLOP/s measured, the
-  // sm90 family's padded instance not yet; h200-2026-12-01f).
+  // D_qk != D_v by the wider head dim (the sm90 instance it takes): MLA 576 /
+  // 512 prefill 242 vs split-D 221 TFLOP/s, its decode (B 64, Hq 128 packed)
+  // 0.66 vs 0.67 ms, 192 / 128 causal 192 vs 180 (docs/perf/h200-2026-12-01g/mla_ab.jsonl).
   constexpr int64_t kSm90MinHeadDim = 129;
-  if (problem.head_dim >= kSm90MinHeadDim && problem.dv() == problem.head_dim &&
+  if (std::max(problem.head_dim, problem.dv()) >= kSm90MinHeadDim &&
       plan_sm90_wgmma(problem, MemorySpace::device, choice).ok()) {
     return {};
   }

@@ -1,8 +1,8 @@
 // D_qk != D_v on the GPU (issue 14): forward() on device tensors against the
 // fp64 CPU reference (every element of o and lse, o poisoned first, the gaps
-// of padded rows untouched), under impl auto (the portable family, measured
-// for it) and impl sm90_wgmma (the instance of the wider head dim; skipped
-// off Hopper): masks, both causal alignments, dropout, GQA/MQA, packed decode
+// of padded rows untouched), under impl auto (on Hopper the sm90 family, by the
+// wider head dim), sm80_split_d and sm90_wgmma (the instance of the wider head
+// dim; skipped off Hopper): masks, both causal alignments, dropout, GQA/MQA, packed decode
 // with split-KV, bnhd, padded rows, odd sizes.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -90,10 +90,11 @@ std::vector<ValueDimCase> cases() {
        64},
   };
   std::vector<ValueDimCase> all;
-  for (Impl impl : {Impl::automatic, Impl::sm90_wgmma})
+  for (Impl impl : {Impl::automatic, Impl::sm80_split_d, Impl::sm90_wgmma})
     for (const ValueDimCase& c : shapes) {
       all.push_back(c);
       all.back().impl = impl;
+      if (impl == Impl::sm80_split_d) all.back().name += "_sm80";
       if (impl == Impl::sm90_wgmma) all.back().name += "_sm90";
     }
   return all;

@@ -110,28 +110,38 @@ struct Consumer {
 
   // G_w += W_j B_j: A = W_j ([64 query rows][64 keys]) read K-major (dq: dS
   // rows x keys) or transposed (dk, dv: keys x rows), B = this consumer's
-  // product-part stage ([64 rows][kHalfCols], N-major).
+  // product-part stages ([64 rows][kStageTiles x 64 columns] each, N-major),
+  // each adding to its columns' slice of acc.
   __device__ __forceinline__ void accumulate(int j, bool own) {
+    constexpr int kPartCols = kStageTiles * 64, kPartRegs = kPartCols / 2;
     const int buffer = j & 1;
     sm90_wgmma::mbarrier_wait(cta.w_full(buffer), (j >> 1) & 1);
-    const int position =
+    const int first =
         sm90_wgmma::ring_v_part_position(j, cta.plan()->blocks, kScoreStages, 0, w, kProductStages);
-    const int stage = position % kStages;
-    sm90_wgmma::mbarrier_wait(cta.full(position), cta.full_parity(position));
     sm90_wgmma::fence_operands(acc);
-    sm90_wgmma::wgmma_fence();
     const uint32_t w_tile = smem_address(cta.w_tile(buffer));
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {  // k16 steps: 16 keys (dq) or 16 query rows (dk, dv)
-      const uint64_t a = Traits::kQueryStationary ? sm90_wgmma::smem_descriptor(w_tile + kk * 32, 16, 1024)
-                                                  : sm90_wgmma::smem_descriptor(w_tile + kk * 16 * 128, kTileBytes, 1024);
-      const uint64_t b = sm90_wgmma::smem_descriptor(cta.ring() + stage * kStageBytes + kk * 16 * 128, kTileBytes, 1024);
-      sm90_wgmma::wgmma_ss<Element, kHalfCols, true, !Traits::kQueryStationary>(acc, a, b, 1);
+    for (int part = 0; part < Traits::kProductParts; ++part) {
+      const int position = first + 2 * part;
+      const int stage = position % kStages;
+      sm90_wgmma::mbarrier_wait(cta.full(position), cta.full_parity(position));
+      sm90_wgmma::wgmma_fence();
+      float(&slice)[kPartRegs] = *reinterpret_cast<float(*)[kPartRegs]>(&acc[part * kPartRegs]);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) {  // k16 steps: 16 keys (dq) or 16 query rows (dk, dv)
+        const uint64_t a = Traits::kQueryStationary
+                               ? sm90_wgmma::smem_descriptor(w_tile + kk * 32, 16, 1024)
+                               : sm90_wgmma::smem_descriptor(w_tile + kk * 16 * 128, kTileBytes, 1024);
+        const uint64_t b =
+            sm90_wgmma::smem_descriptor(cta.ring() + stage * kStageBytes + kk * 16 * 128, kTileBytes, 1024);
+        sm90_wgmma::wgmma_ss<Element, kPartCols, true, !Traits::kQueryStationary>(slice, a, b, 1);
+      }
+      sm90_wgmma::wgmma_commit();
     }
-    sm90_wgmma::wgmma_commit();
     sm90_wgmma::wgmma_wait<0>();
     sm90_wgmma::fence_operands(acc);
-    release(position);
+#pragma unroll
+    for (int part = 0; part < Traits::kProductParts; ++part) release(first + 2 * part);
     if (!own && sm90_wgmma::lane_id() == 0) sm90_wgmma::mbarrier_arrive(cta.w_empty(buffer));
   }
 

@@ -56,11 +56,14 @@ struct Producer {
     if constexpr (Traits::kWithDp) load_boxes(maps[Traits::kQueryStationary ? 2 : 3], row, head, 0, Traits::kChunks);
   }
 
-  // The product's B operand: K (dq), Q (dk) or dO (dv), consumer w's columns.
+  // The product's B operand: K (dq), Q (dk) or dO (dv), consumer w's columns,
+  // a stage per part: (part 0, consumer 0), (part 0, consumer 1), (part 1, consumer 0), ...
   __device__ __forceinline__ void load_product_part(const CUtensorMap* const (&maps)[4], int j) {
     constexpr int kMap = Traits::kRole == Role::dq ? 1 : Traits::kRole == Role::dk ? 0 : 3;
     const int row = block_row(j), head = block_head(j);
-    for (int w = 0; w < 2; ++w) load_boxes(maps[kMap], row, head, w * Traits::kHalfTiles, Traits::kHalfTiles);
+    for (int part = 0; part < Traits::kProductParts; ++part)
+      for (int w = 0; w < 2; ++w)
+        load_boxes(maps[kMap], row, head, w * Traits::kHalfTiles + part * kStageTiles, kStageTiles);
   }
 
   __device__ __forceinline__ void run(const CUtensorMap* const (&maps)[4]) {
