@@ -527,6 +527,10 @@ Status plan_backward(const BackwardProblem& problem, Impl requested, BackwardCho
     sm90 = {StatusCode::impl_unavailable, "impl sm90_wgmma does not serve this backward: " + reason};
   }
   if (sm90.ok()) sm90 = instance->runnable(problem.forward.dtype, info.device);
+  // Auto takes the instances measured faster than the portable kernels (up
+  // to 512: sm90_backward.md); the clusters above only when asked for.
+  constexpr int kAutoMaxHeadDim = 512;
+  if (requested == Impl::automatic && sm90.ok() && instance->head_dim > kAutoMaxHeadDim) return {};
   if (sm90.ok()) {
     choice->impl = Impl::sm90_wgmma;
     choice->sm90_gradients = true;

@@ -8,6 +8,7 @@
 
 #include "ffpa/ffpa.hpp"
 #include "kernels/sm80_split_d/family.hpp"
+#include "kernels/sm90_backward/family.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
 #include "support/host_tensors.hpp"
 
@@ -167,6 +168,63 @@ TEST(Sm90Routing, DeclinesWithAReason) {
   } else {
     EXPECT_NE(reason.find("head dim 1000"), std::string::npos) << reason;  // a build without D 1024
   }
+}
+
+// --- sm90 backward: what it serves and why it declines ---------------------------
+
+ffpa::detail::BackwardProblem sm90_backward_problem(int64_t head_dim, int64_t value_dim = 0) {
+  ffpa::detail::BackwardProblem b;
+  b.forward = sm90_problem(head_dim);
+  b.forward.value_dim = value_dim;
+  alignas(16) static unsigned char buffer[16];
+  b.d_o = b.d_q = b.d_k = b.d_v = buffer;
+  for (int64_t* stride : {b.d_o_stride, b.d_q_stride, b.d_k_stride, b.d_v_stride}) {
+    for (int i = 0; i < 3; ++i) stride[i] = b.forward.q_stride[i];
+  }
+  return b;
+}
+
+TEST(Sm90BackwardRouting, ServesEachHeadDimWithTheSmallestInstanceThatHoldsIt) {
+  namespace bwd = ffpa::detail::sm90_backward;
+  if (bwd::kInstanceCount == 0) GTEST_SKIP() << "built without sm_90a";
+  const int largest = bwd::kInstances[bwd::kInstanceCount - 1].head_dim;
+  for (int d = 8; d <= largest; d += 8) {
+    SCOPED_TRACE("D = " + std::to_string(d));
+    std::string reason;
+    const bwd::Instance* instance = bwd::route(sm90_backward_problem(d), &reason);
+    ASSERT_NE(instance, nullptr) << reason;
+    EXPECT_GE(instance->head_dim, d);
+    for (int i = 0; i < bwd::kInstanceCount; ++i) {
+      if (bwd::kInstances[i].head_dim >= d) EXPECT_GE(bwd::kInstances[i].head_dim, instance->head_dim);
+    }
+  }
+  std::string reason;
+  const bwd::Instance* mla = bwd::route(sm90_backward_problem(576, 512), &reason);  // the wider head dim decides
+  if (mla != nullptr) EXPECT_GE(mla->head_dim, 576);
+  if (largest < 1024) {
+    EXPECT_EQ(bwd::route(sm90_backward_problem(largest + 8), &reason), nullptr);
+    EXPECT_NE(reason.find("D and Dv up to " + std::to_string(largest)), std::string::npos) << reason;
+  }
+}
+
+TEST(Sm90BackwardRouting, DeclinesWithAReason) {
+  namespace bwd = ffpa::detail::sm90_backward;
+  if (bwd::kInstanceCount == 0) GTEST_SKIP() << "built without sm_90a";
+  std::string reason;
+  auto f32 = sm90_backward_problem(64);
+  f32.forward.dtype = DType::f32;
+  EXPECT_EQ(bwd::route(f32, &reason), nullptr);
+  EXPECT_NE(reason.find("f16 and bf16"), std::string::npos) << reason;
+
+  auto odd_rows = sm90_backward_problem(256);
+  odd_rows.d_o_stride[2] = 260;  // 520-byte rows of dO: not a multiple of 16 bytes
+  EXPECT_EQ(bwd::route(odd_rows, &reason), nullptr);
+  EXPECT_NE(reason.find("TMA"), std::string::npos) << reason;
+
+  auto odd_gradient = sm90_backward_problem(256);
+  odd_gradient.d_k_stride[1] = 1001;  // an odd head stride: the gradients are written in pairs
+  EXPECT_EQ(bwd::route(odd_gradient, &reason), nullptr);
+  EXPECT_NE(reason.find("even strides"), std::string::npos) << reason;
 }
 
 // Which calls run the kernels that start S at the mask (family.hpp's

@@ -21,7 +21,7 @@
 #include "kernels/sm90_backward/kernel.cuh"
 
 namespace ffpa::testing::emulated {
-alignas(1024) unsigned char backward_cta_smem[232448];
+alignas(1024) unsigned char backward_cta_smem[2][232448];  // two for a cluster
 }  // namespace ffpa::testing::emulated
 
 namespace ffpa::testing {
@@ -64,14 +64,15 @@ std::vector<float> host_delta(const BackwardTensors& t, const detail::BackwardPr
 
 template <class Traits>
 void run_role(const detail::BackwardProblem& b, const float* delta, TmaLanding landing) {
-  static_assert(Traits::kSmemBytes <= sizeof emulated::backward_cta_smem);
+  static_assert(Traits::kSmemBytes <= sizeof emulated::backward_cta_smem[0]);
   const bwd::Launch launch = bwd::backward_launch(b, Traits::kRole, delta, nullptr);
   CUtensorMap maps[4];
   for (int i = 0; i < 4; ++i) maps[i] = emulated_map(launch.maps[static_cast<size_t>(i)]);
-  for (int64_t cta = 0; cta < launch.ctas; ++cta)
-    emulation::sm90::run_cta({static_cast<unsigned>(cta), 0, 0}, Traits::kThreads, emulated::backward_cta_smem,
-                             landing,
-                             [&] { bwd::backward_kernel<Traits>(launch.args, maps[0], maps[1], maps[2], maps[3]); });
+  unsigned char* const shared[2] = {emulated::backward_cta_smem[0], emulated::backward_cta_smem[1]};
+  for (int64_t block = 0; block < launch.ctas; ++block)  // a cluster of kSplit CTAs per stationary block
+    emulation::sm90::run_cluster({static_cast<unsigned>(block * Traits::kSplit), 0, 0}, Traits::kSplit,
+                                 Traits::kThreads, shared, landing,
+                                 [&] { bwd::backward_kernel<Traits>(launch.args, maps[0], maps[1], maps[2], maps[3]); });
 }
 
 template <class Element, int kHeadDim>
@@ -121,6 +122,21 @@ TEST(EmulatedSm90Backward, UnequalValueDimLseGradient) {
   check<256>({"dv 136 d_lse", shape_case(DType::f16, 2, 2, 2, 33, 66, 64).with_mask(DType::boolean, MaskShape::batch_keys, true),
               136, true});
   check<512>({"d200 dv 392 mqa", shape_case(DType::bf16, 1, 4, 1, 70, 90, 200).with_causal(Causal::bottom_right), 392});
+}
+
+// D above 512: a cluster of two CTAs per stationary block, each with half of
+// the columns, adding each other's partial S and dP.
+TEST(EmulatedSm90Backward, ClusterD1024GqaCausalDropout) {
+  check<1024>({"d1024 cluster gqa causal dropout", shape_case(DType::bf16, 1, 4, 2, 70, 130, 1024)
+                                                       .with_causal(Causal::top_left)
+                                                       .with_dropout(0.2f)});
+}
+
+TEST(EmulatedSm90Backward, ClusterMla576512MaskF16) {
+  check<1024>({"mla 576/512 cluster mask", shape_case(DType::f16, 1, 4, 1, 65, 100, 576)
+                                               .with_mask(DType::f32, MaskShape::batch_rows, true)
+                                               .with_causal(Causal::bottom_right),
+               512});
 }
 
 TEST(EmulatedSm90Backward, PaddedRowsScale) {

@@ -14,7 +14,6 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -164,22 +163,6 @@ TEST_P(GpuBackward, GradientsMatchTheReference) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, GpuBackward, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<BackwardCase>& info) { return info.param.name; });
-
-// An explicit sm90_wgmma refuses a call its dQ kernel does not serve (D above
-// its instances) with impl_unavailable, writing nothing.
-TEST(GpuBackwardRefusals, Sm90ImplBeyondItsHeadDims) {
-  if (const auto& reason = gpu_unavailable_reason()) GTEST_SKIP() << *reason;
-  BackwardTensors t;
-  ASSERT_NO_FATAL_FAILURE(make_backward_tensors({"refusal", shape_case(DType::bf16, 1, 1, 1, 16, 16, 1024)}, 7, &t));
-  DeviceBackward device;
-  ASSERT_NO_FATAL_FAILURE(device.mirror(t));
-  BackwardParams p = device.params;
-  p.options.impl = Impl::sm90_wgmma;
-  const Status status = backward(p);
-  EXPECT_EQ(status.code, StatusCode::impl_unavailable) << status.message;
-  ASSERT_NO_FATAL_FAILURE(device.copy_back(t, nullptr));
-  EXPECT_TRUE(std::isnan(element_as_double(t.d_q.view, {0, 0, 0, 0}))) << "d_q was written";
-}
 
 }  // namespace
 }  // namespace ffpa::testing

@@ -91,6 +91,26 @@ struct Consumer {
     sm90_wgmma::fence_operands(s);
   }
 
+  // kSplit = 2: this CTA's partial S_j (and dP_j) to the peer's owner of block
+  // j (sent before this consumer adds the other's W_{j-1}, received after).
+  __device__ __forceinline__ void send_partials(int j, const float (&s)[32], const float (&dp)[32]) const {
+    if constexpr (Traits::kSplit == 2) {
+      const sm90_wgmma::PartialExchange x = cta.exchange(thread());
+      x.wait_slot_free(j);
+      x.send(s, 0);
+      if constexpr (Traits::kWithDp) x.send(dp, 8);
+    }
+  }
+  __device__ __forceinline__ void add_peer_partials(int j, float (&s)[32], float (&dp)[32]) const {
+    if constexpr (Traits::kSplit == 2) {
+      const sm90_wgmma::PartialExchange x = cta.exchange(thread());
+      x.wait_received(j, Traits::kExchangedBytes);
+      x.add(s, 0);
+      if constexpr (Traits::kWithDp) x.add(dp, 8);
+      x.release();
+    }
+  }
+
   // W_j into buffer j % 2 once the other consumer has read W_{j-2} from it.
   __device__ __forceinline__ void publish_w(int j, float (&s)[32], const float (&dp)[32]) {
     const int buffer = j & 1;
@@ -98,8 +118,10 @@ struct Consumer {
     const TileCoordinates tile = cta.block_tile(j);
     const unsigned tid = static_cast<unsigned>(thread());
     if constexpr (Traits::kWithDp) {
+      // In a cluster both CTAs form the same dS: rank 0 alone sums it into the mask's gradient.
       write_score_gradients<Traits>(s, dp, cta.p, cta.args.delta, tile, cta.block_key0(j), cta.args.scale_log2,
-                                    nullptr, cta.w_tile(buffer), tid, cta.args.d_mask_sum, cta.args.mask_shape);
+                                    nullptr, cta.w_tile(buffer), tid, cta.rank() == 0 ? cta.args.d_mask_sum : nullptr,
+                                    cta.args.mask_shape);
     } else {
       write_score_gradients<Traits, false>(s, s, cta.p, nullptr, tile, cta.block_key0(j), cta.args.scale_log2,
                                            cta.w_tile(buffer), nullptr, tid);
@@ -166,7 +188,7 @@ struct Consumer {
       Element* const out = base + row * cta.args.gradient_stride[2];
 #pragma unroll
       for (int i = 0; i < kHalfCols / 8; ++i) {
-        const int col = w * kHalfCols + 8 * i + 2 * t;
+        const int col = cta.col0() + w * kHalfCols + 8 * i + 2 * t;
         if (col < cols)
           *reinterpret_cast<uint32_t*>(out + col) = pack2<Element>(acc[4 * i + 2 * h] * scale, acc[4 * i + 2 * h + 1] * scale);
       }

@@ -11,6 +11,7 @@
 #include "kernels/common/shared_memory.cuh"
 #include "kernels/common/tile_schedule.hpp"
 #include "kernels/sm90_backward/traits.cuh"
+#include "kernels/sm90_wgmma/partial_exchange.cuh"
 #include "kernels/sm90_wgmma/ptx.cuh"
 
 namespace ffpa::detail::sm90_backward {
@@ -31,7 +32,7 @@ struct BlockPlan {
 
 template <class Traits>
 struct Cta {
-  static constexpr int kStages = Traits::kStages, kFull = Traits::kFullBarriers;
+  static constexpr int kStages = Traits::kStages, kFull = Traits::kFullBarriers, kSplit = Traits::kSplit;
 
   const Args& args;
   const AttentionProblem& p;
@@ -46,6 +47,15 @@ struct Cta {
   }
   __device__ __forceinline__ uint32_t ring() const { return smem_address(smem() + Traits::kRingOffset); }
   __device__ __forceinline__ BlockPlan* plan() const { return reinterpret_cast<BlockPlan*>(smem() + Traits::kPlanOffset); }
+
+  // This CTA's columns of every operand and of the gradient start at col0()
+  // (kSplit = 2: rank r holds [r kCtaDim, (r + 1) kCtaDim)).
+  __device__ __forceinline__ static int rank() { return sm90_wgmma::split_rank<kSplit>(); }
+  __device__ __forceinline__ static int col0() { return rank() * Traits::kCtaDim; }
+  // kSplit = 2: the partial S and dP to and from the peer, a phase per streamed block.
+  __device__ __forceinline__ sm90_wgmma::PartialExchange exchange(int thread) const {
+    return {smem() + Traits::kExchangeOffset, x_full(), x_empty(), static_cast<uint32_t>(1 - rank()), thread};
+  }
 
   // Streamed block j: the tile of its query rows (the masking pieces' view)
   // and its first key, for S_j = Q K^T of the pair.
@@ -79,12 +89,15 @@ struct Cta {
   // W_j written (every thread of its owner) / read by the other consumer (a warp each).
   __device__ __forceinline__ uint32_t w_full(int buffer) const { return barriers() + 8 * (1 + kFull + kStages + buffer); }
   __device__ __forceinline__ uint32_t w_empty(int buffer) const { return barriers() + 8 * (3 + kFull + kStages + buffer); }
+  __device__ __forceinline__ uint32_t x_full() const { return barriers() + 8 * (5 + kFull + kStages); }
+  __device__ __forceinline__ uint32_t x_empty() const { return x_full() + 8; }
 
-  // Thread 0: the plan (stationary block fastest, then head, then batch) and the barriers.
+  // Thread 0: the plan (stationary block fastest, then head, then batch; the
+  // CTAs of a cluster share it) and the barriers.
   __device__ __forceinline__ void setup() const {
     if (threadIdx.x == 0) {
       BlockPlan* const plan_ = plan();
-      const int cta = static_cast<int>(blockIdx.x);
+      const int cta = static_cast<int>(blockIdx.x) / kSplit;
       if constexpr (Traits::kQueryStationary) {
         plan_->tile = tile_coordinates<int>(p, cta, args.stationary_blocks, Traits::kBlockM, Traits::kBlockN);
         plan_->blocks = plan_->tile.kv_blocks;
@@ -107,9 +120,17 @@ struct Cta {
         sm90_wgmma::mbarrier_init(w_full(b), 128);
         sm90_wgmma::mbarrier_init(w_empty(b), 4);
       }
+      if constexpr (kSplit == 2) {
+        sm90_wgmma::mbarrier_init(x_full(), 1);     // the receiver's announcement of the slot's bytes
+        sm90_wgmma::mbarrier_init(x_empty(), 128);  // the peer's owner has read our partials
+      }
       sm90_wgmma::fence_barrier_init();
     }
-    __syncthreads();
+    if constexpr (kSplit == 1) {
+      __syncthreads();
+    } else {
+      sm90_wgmma::cluster_sync();  // the peer's barriers exist before anyone arrives on them
+    }
   }
 };
 

@@ -3,7 +3,8 @@
 // stationary and streamed operands (arguments.hpp's roles).
 //
 // One CTA: 64 stationary rows (query rows of a head for dQ, keys of a KV head
-// for dK and dV) and all of their gradient's columns. Three warpgroups:
+// for dK and dV) and all of their gradient's columns (above D 512 a cluster of
+// two, each with half of the columns, adding each other's partial S and dP). Three warpgroups:
 //   - a producer (one thread issues the TMA loads: producer.cuh);
 //   - two consumers; consumer w owns gradient columns [w * kHalfCols, (w + 1) * kHalfCols).
 // Streamed blocks of 64 rows (keys for dQ; query rows of every head of the
@@ -33,9 +34,13 @@ __device__ __forceinline__ void run_consumer(Consumer<Traits>& consumer) {
   for (int j = consumer.w;; j += 2) {
     const bool own = j < consumer.cta.plan()->blocks;
     float s[32], dp[32];  // dp: unused by dv (its compute_scores leaves it alone)
-    if (own) consumer.compute_scores(j, s, dp);
+    if (own) {
+      consumer.compute_scores(j, s, dp);
+      consumer.send_partials(j, s, dp);  // kSplit = 2
+    }
     if (j >= 1 && j - 1 < consumer.cta.plan()->blocks) consumer.accumulate(j - 1, false);
     if (!own) break;
+    consumer.add_peer_partials(j, s, dp);
     consumer.publish_w(j, s, dp);
     consumer.accumulate(j, true);
   }
@@ -56,6 +61,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       const CUtensorMap* const maps[4] = {&q_map, &k_map, &v_map, &do_map};
       Producer<Traits>{cta}.run(maps);
     }
+    if constexpr (Traits::kSplit == 2) sm90_wgmma::cluster_sync();  // every thread of the cluster
     return;
   }
   sm90_wgmma::setmaxnreg_increase<Traits::kConsumerRegisters>();
@@ -63,6 +69,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   sm90_wgmma::mbarrier_wait(cta.stationary_full(), 0);
   run_consumer(consumer);
   consumer.store();
+  if constexpr (Traits::kSplit == 2) sm90_wgmma::cluster_sync();  // the peer may still arrive on our barriers
 #endif
 }
 

@@ -1,5 +1,5 @@
 // Launching the sm90 backward kernels: tensor maps, shared-memory opt-in, one
-// CTA per 64 stationary rows; dK, dV and dQ one after the other on the
+// CTA (a cluster of two above D 512) per 64 stationary rows; dK, dV and dQ one after the other on the
 // stream (after the preprocess's delta). Included only by the generated
 // per-head-dim translation units.
 #pragma once
@@ -31,9 +31,19 @@ Status launch_role(const BackwardProblem& b, const float* delta, float* d_mask_s
   FFPA_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
   FFPA_RETURN_IF_DEVICE_ERROR("sm90_backward", opt_in_shared_memory(reinterpret_cast<const void*>(kernel),
                                                                     Traits::kSmemBytes, device, &opt_in));
-  kernel<<<static_cast<unsigned>(launch.ctas), Traits::kThreads, Traits::kSmemBytes, stream>>>(
-      launch.args, maps[0], maps[1], maps[2], maps[3]);
-  FFPA_RETURN_IF_DEVICE_ERROR("sm90_backward", cudaGetLastError());
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(launch.ctas * Traits::kSplit));
+  config.blockDim = dim3(Traits::kThreads);
+  config.dynamicSmemBytes = Traits::kSmemBytes;
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = Traits::kSplit;
+  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = Traits::kSplit > 1 ? 1 : 0;
+  FFPA_RETURN_IF_DEVICE_ERROR("sm90_backward",
+                              cudaLaunchKernelEx(&config, kernel, launch.args, maps[0], maps[1], maps[2], maps[3]));
   return {};
 }
 

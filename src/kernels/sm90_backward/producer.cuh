@@ -28,15 +28,16 @@ struct Producer {
     return stage;
   }
 
-  // Boxes [first_box, first_box + boxes) of 64 rows from `row` of (head,
-  // batch) of `map`, a stage of up to kStageTiles at a time.
+  // Boxes [first_box, first_box + boxes) of this CTA's columns (from col0()),
+  // 64 rows from `row` of (head, batch) of `map`, a stage of up to
+  // kStageTiles at a time.
   __device__ __forceinline__ void load_boxes(const CUtensorMap* map, int row, int head, int first_box, int boxes) {
     for (int done = 0; done < boxes; done += kStageTiles) {
       const int count = boxes - done < kStageTiles ? boxes - done : kStageTiles;
       const int stage = acquire(count * Traits::kTileBytes);
       for (int b = 0; b < count; ++b)
         sm90_wgmma::tma_load_4d(cta.ring() + stage * Traits::kStageBytes + b * Traits::kTileBytes, map,
-                                cta.full(position - 1), (first_box + done + b) * 64, row, head,
+                                cta.full(position - 1), cta.col0() + (first_box + done + b) * 64, row, head,
                                 cta.plan()->tile.batch);
     }
   }
@@ -77,11 +78,11 @@ struct Producer {
     sm90_wgmma::mbarrier_arrive_expect_tx(cta.stationary_full(), Traits::kStationaryTiles * Traits::kTileBytes);
 #pragma unroll 1
     for (int c = 0; c < Traits::kChunks; ++c) {
-      sm90_wgmma::tma_load_4d(cta.stationary() + c * Traits::kTileBytes, first, cta.stationary_full(), c * 64, row,
-                              head, plan->tile.batch);
+      sm90_wgmma::tma_load_4d(cta.stationary() + c * Traits::kTileBytes, first, cta.stationary_full(),
+                              cta.col0() + c * 64, row, head, plan->tile.batch);
       if constexpr (Traits::kWithDp)
         sm90_wgmma::tma_load_4d(cta.stationary() + (Traits::kChunks + c) * Traits::kTileBytes, second,
-                                cta.stationary_full(), c * 64, row, head, plan->tile.batch);
+                                cta.stationary_full(), cta.col0() + c * 64, row, head, plan->tile.batch);
     }
     const int n = plan->blocks;
     if (n > 0) {

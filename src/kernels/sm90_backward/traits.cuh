@@ -8,11 +8,18 @@
 #include "kernels/common/element.cuh"
 #include "kernels/common/swizzle.hpp"
 #include "kernels/sm90_backward/arguments.hpp"
+#include "kernels/sm90_wgmma/partial_exchange.cuh"
 
 namespace ffpa::detail::sm90_backward {
 
 // kHeadDim: the instance's padded head dim, for D and Dv both (a call's D and
 // Dv up to it; TMA zero-fills the columns past each, which add nothing).
+// Above 512 a stationary block takes a cluster of two CTAs (kSplit = 2), each
+// with half of every operand's columns and of the gradient's: 64 rows x 1024
+// gradient columns are 256 KB of fp32, no CTA's registers. Each CTA computes S
+// and dP over its half of the head dims, the block's owners add each other's
+// partials (sm90_wgmma/partial_exchange.cuh, as the forward's D > 512 tiles
+// do), and both form the same W from the same sums.
 template <typename Element_, int kHeadDim_, Role kRole_>
 struct Traits {
   using Element = Element_;
@@ -22,7 +29,9 @@ struct Traits {
   static constexpr int kBlockM = kTileRows;  // stationary rows: one wgmma M
   static constexpr int kBlockN = kTileRows;  // rows of a streamed block: S's keys (dq) or query rows
   static constexpr int kThreads = 384;       // a producer warpgroup, two consumers
-  static constexpr int kChunks = kHeadDim / 64;  // 128-byte swizzle boxes of a row of Q, dO, K or V
+  static constexpr int kSplit = kHeadDim > 512 ? 2 : 1;  // CTAs of a cluster sharing a stationary block
+  static constexpr int kCtaDim = kHeadDim / kSplit;      // columns of every operand and gradient a CTA holds
+  static constexpr int kChunks = kCtaDim / 64;  // 128-byte swizzle boxes of a CTA's part of a row
   static constexpr int kTileBytes = 64 * kSwizzleRowBytes;  // [64 rows][64 columns]: every box
   // The rows stay on the stationary side (dq) or the keys (dk, dv).
   static constexpr bool kQueryStationary = kRole == Role::dq;
@@ -30,7 +39,7 @@ struct Traits {
   static constexpr bool kWithDp = kRole != Role::dv;
   // Consumer w owns gradient columns [w * kHalfCols, (w + 1) * kHalfCols): 64
   // x kHalfCols fp32 in registers (128 a thread at D = 512, as the forward's O).
-  static constexpr int kHalfCols = kHeadDim / 2;
+  static constexpr int kHalfCols = kCtaDim / 2;
   static constexpr int kHalfTiles = kHalfCols / 64;
   // The ring: stages of two boxes (16 KB). Streamed block j takes, in order,
   // the operand of S (K_j, or Q_j; kKStages) and of dP (V_j, or dO_j;
@@ -70,10 +79,15 @@ struct Traits {
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kLaunchRegisters,
                 "setmaxnreg redistributes the launch's registers");
 
-  // Shared memory: the stationary tiles, two W buffers, the ring, the plan, barriers.
+  // Shared memory: the stationary tiles, two W buffers, (kSplit = 2) the
+  // peer's partial S and dP, the ring, the plan, barriers.
   static constexpr int kStationaryOffset = 0;
   static constexpr int kWOffset = kStationaryOffset + kStationaryTiles * kTileBytes;  // 2 x [64][64]
-  static constexpr int kRingOffset = kWOffset + 2 * kTileBytes;
+  static constexpr int kExchangeOffset = kWOffset + 2 * kTileBytes;
+  static constexpr int kExchangeBytes = kSplit == 2 ? sm90_wgmma::PartialExchange::kSlotBytes : 0;
+  // What the owner sends: S and dP (32 floats a thread each), or S alone (dv).
+  static constexpr int kExchangedBytes = (kWithDp ? 2 : 1) * 32 * 4 * 128;
+  static constexpr int kRingOffset = kExchangeOffset + kExchangeBytes;
   static constexpr int kSmemLimit = 232448;
   static constexpr int kFixedTail = 1024;  // the block plan and the barriers
   static constexpr int kStages = (kSmemLimit - kRingOffset - kFixedTail) / kStageBytes > 8
@@ -82,19 +96,20 @@ struct Traits {
   static constexpr int kPlanOffset = kRingOffset + kStages * kStageBytes;
   static constexpr int kBarrierOffset = kPlanOffset + 64;
   // q_full (the stationary tiles), full[kFullBarriers], empty[kStages],
-  // w_full[2], w_empty[2]. As in the forward (sm90_wgmma/kernel.cuh, "Why
+  // w_full[2], w_empty[2] (kSplit = 2: x_full, x_empty). As in the forward (sm90_wgmma/kernel.cuh, "Why
   // more full barriers than stages"): a consumer waits for position p only
   // after its previous position q was issued, and p - q <= kScoreStages +
   // kProductStages (from its part of block j - 1's product to block j's), so
   // p - kFull has landed when kFull >= kScoreStages + kProductStages + kStages.
   static constexpr int kFullBarriers = 32;  // a power of two: cheap p % 32
   static_assert(kFullBarriers >= kScoreStages + kProductStages + kStages, "see the full-barrier count above");
-  static constexpr int kBarriers = 1 + kFullBarriers + kStages + 4;
+  static constexpr int kBarriers = 1 + kFullBarriers + kStages + 4 + (kSplit == 2 ? 2 : 0);
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
 
   static_assert(kElementBytes == 2, "q, k, v, dO and the gradients are bf16 or fp16");
-  static_assert(kHeadDim % 128 == 0 && kHeadDim >= 128 && kHeadDim <= 512,
+  static_assert(kHeadDim % (128 * kSplit) == 0 && kHeadDim >= 128 && kHeadDim <= 1024,
                 "gradient halves are whole boxes with N = 64..256");
+  static_assert(kExchangedBytes <= kExchangeBytes || kSplit == 1, "the partials fit the slot");
   static_assert(kHalfTiles % kStageTiles == 0, "a consumer's product part is whole stages (N = 128 wgmmas)");
   // A consumer holds its first product stage while it waits for its second,
   // as may the other consumer: with two stages the producer could not load either.

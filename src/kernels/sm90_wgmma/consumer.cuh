@@ -16,6 +16,7 @@
 #include "kernels/common/dropout_quad.hpp"
 #include "kernels/common/score_mask.cuh"
 #include "kernels/sm90_wgmma/cta.cuh"
+#include "kernels/sm90_wgmma/partial_exchange.cuh"
 #include "kernels/sm90_wgmma/ptx.cuh"
 
 namespace ffpa::detail::sm90_wgmma {
@@ -143,6 +144,7 @@ struct Consumer {
   __device__ __forceinline__ void finish_pv(int first, int j, bool own);
   __device__ __forceinline__ void accumulate_pv(int j, bool own) { finish_pv(issue_pv(j, own), j, own); }
   // cluster_exchange.cuh
+  __device__ __forceinline__ PartialExchange exchange() const;
   __device__ __forceinline__ void send_s(int j, const float (&s)[64]);
   __device__ __forceinline__ void receive_s(int j, float (&s)[64]);
   // softmax.cuh

@@ -9,20 +9,11 @@
 #include "common/attention_problem.hpp"
 #include "kernels/common/shared_memory.cuh"
 #include "kernels/common/tile_schedule.hpp"
+#include "kernels/sm90_wgmma/partial_exchange.cuh"
 #include "kernels/sm90_wgmma/ptx.cuh"
 #include "kernels/sm90_wgmma/traits.cuh"
 
 namespace ffpa::detail::sm90_wgmma {
-
-// This CTA's rank in its cluster (0 without a cluster).
-template <int kSplit>
-__device__ __forceinline__ int split_rank() {
-  if constexpr (kSplit == 1) {
-    return 0;
-  } else {
-    return static_cast<int>(cluster_cta_rank());
-  }
-}
 
 template <class Traits>
 struct Cta {
