@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "emulation/sm90_tensor_maps.hpp"
 #include "gpu/backward_case.hpp"
 #include "kernels/sm90_backward/arguments.hpp"
 #include "kernels/sm90_backward/kernel.cuh"
@@ -29,20 +30,6 @@ namespace {
 
 namespace bwd = detail::sm90_backward;
 using emulation::sm90::TmaLanding;
-
-CUtensorMap emulated_map(const detail::sm90_wgmma::TensorMapShape& shape) {
-  emulation::sm90::TensorMapInfo info;
-  info.base = static_cast<const unsigned char*>(shape.base);
-  info.element_bytes = shape.element_bytes;
-  const int64_t dims[4] = {shape.head_dim, shape.seq, shape.heads, shape.batch};
-  for (int i = 0; i < 4; ++i) info.dims[i] = dims[i];
-  for (int i = 0; i < 3; ++i) info.strides[i] = shape.stride[2 - i] * shape.element_bytes;
-  const int box[4] = {128 / shape.element_bytes, 64, 1, 1};
-  for (int i = 0; i < 4; ++i) info.box[i] = box[i];
-  CUtensorMap map;
-  emulation::sm90::encode_tensor_map(info, &map);
-  return map;
-}
 
 // delta_i = dO_i . O_i - d_lse_i in fp32, as the preprocess kernel computes it.
 std::vector<float> host_delta(const BackwardTensors& t, const detail::BackwardProblem& b) {
@@ -67,7 +54,7 @@ void run_role(const detail::BackwardProblem& b, const float* delta, TmaLanding l
   static_assert(Traits::kSmemBytes <= sizeof emulated::backward_cta_smem[0]);
   const bwd::Launch launch = bwd::backward_launch(b, Traits::kRole, delta, nullptr);
   CUtensorMap maps[4];
-  for (int i = 0; i < 4; ++i) maps[i] = emulated_map(launch.maps[static_cast<size_t>(i)]);
+  for (int i = 0; i < 4; ++i) maps[i] = emulated_map(launch.maps[static_cast<size_t>(i)], 64, 1);
   unsigned char* const shared[2] = {emulated::backward_cta_smem[0], emulated::backward_cta_smem[1]};
   for (int64_t block = 0; block < launch.ctas; ++block)  // a cluster of kSplit CTAs per stationary block
     emulation::sm90::run_cluster({static_cast<unsigned>(block * Traits::kSplit), 0, 0}, Traits::kSplit,

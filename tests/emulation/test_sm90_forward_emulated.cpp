@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "emulation/forward_check.hpp"
+#include "emulation/sm90_tensor_maps.hpp"
 #include "kernels/common/split_kv.hpp"
 #include "kernels/sm90_wgmma/arguments.hpp"
 #include "kernels/sm90_wgmma/kernel.cuh"
@@ -32,22 +33,6 @@ namespace {
 
 namespace sm90 = detail::sm90_wgmma;
 using emulation::sm90::TmaLanding;
-
-// The emulator's tensor map for one of the launch's tensors (tensor_map.cpp's
-// shapes and boxes, encoded for the emulated TMA instead of the driver).
-CUtensorMap emulated_map(const sm90::TensorMapShape& shape, int box_rows, int box_heads) {
-  emulation::sm90::TensorMapInfo info;
-  info.base = static_cast<const unsigned char*>(shape.base);
-  info.element_bytes = shape.element_bytes;
-  const int64_t dims[4] = {shape.head_dim, shape.seq, shape.heads, shape.batch};
-  for (int i = 0; i < 4; ++i) info.dims[i] = dims[i];
-  for (int i = 0; i < 3; ++i) info.strides[i] = shape.stride[2 - i] * shape.element_bytes;
-  const int box[4] = {128 / shape.element_bytes, box_rows, box_heads, 1};
-  for (int i = 0; i < 4; ++i) info.box[i] = box[i];
-  CUtensorMap map;
-  emulation::sm90::encode_tensor_map(info, &map);
-  return map;
-}
 
 template <class Traits>
 void run_traits(const detail::AttentionProblem& problem, sm90::TileLaunch tiles, int wanted_splits, TmaLanding landing) {

@@ -13,6 +13,7 @@
 #include "kernels/sm90_backward/arguments.hpp"
 #include "kernels/sm90_backward/family.hpp"
 #include "kernels/sm90_backward/kernel.cuh"
+#include "kernels/sm90_wgmma/cluster_launch.hpp"
 #include "kernels/sm90_wgmma/tensor_map.hpp"
 
 namespace ffpa::detail::sm90_backward {
@@ -31,19 +32,10 @@ Status launch_role(const BackwardProblem& b, const float* delta, float* d_mask_s
   FFPA_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
   FFPA_RETURN_IF_DEVICE_ERROR("sm90_backward", opt_in_shared_memory(reinterpret_cast<const void*>(kernel),
                                                                     Traits::kSmemBytes, device, &opt_in));
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(launch.ctas * Traits::kSplit));
-  config.blockDim = dim3(Traits::kThreads);
-  config.dynamicSmemBytes = Traits::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = Traits::kSplit;
-  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = Traits::kSplit > 1 ? 1 : 0;
-  FFPA_RETURN_IF_DEVICE_ERROR("sm90_backward",
-                              cudaLaunchKernelEx(&config, kernel, launch.args, maps[0], maps[1], maps[2], maps[3]));
+  FFPA_RETURN_IF_DEVICE_ERROR(
+      "sm90_backward", sm90_wgmma::launch_in_clusters(kernel, launch.ctas * Traits::kSplit, Traits::kThreads,
+                                                      Traits::kSmemBytes, Traits::kSplit, stream, launch.args, maps[0],
+                                                      maps[1], maps[2], maps[3]));
   return {};
 }
 

@@ -17,6 +17,7 @@
 #include "kernels/common/tile_schedule.hpp"
 #include "kernels/fp8_prepass/workspace.hpp"
 #include "kernels/sm90_wgmma/arguments.hpp"
+#include "kernels/sm90_wgmma/cluster_launch.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
 #include "kernels/sm90_wgmma/kernel.cuh"
 #include "kernels/sm90_wgmma/tensor_map.hpp"
@@ -36,24 +37,17 @@ Status launch_tiles(const Args& args, const CUtensorMap (&maps)[4], int64_t tile
   // launch the device cannot give its resources or cluster, below.
   FFPA_RETURN_IF_DEVICE_ERROR("sm90_wgmma", opt_in_shared_memory(reinterpret_cast<const void*>(kernel),
                                                                  Traits::kSmemBytes, device, &opt_in));
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(tile_count * Traits::kSplit));
-  config.blockDim = dim3(Traits::kThreads);
-  config.dynamicSmemBytes = Traits::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = Traits::kSplit;
-  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = Traits::kSplit > 1 ? 1 : 0;
-  cudaError_t error = cudaLaunchKernelEx(&config, kernel, args, maps[0], maps[1], maps[2], maps[3]);
+  auto launch_once = [&] {
+    return launch_in_clusters(kernel, tile_count * Traits::kSplit, Traits::kThreads, Traits::kSmemBytes,
+                              Traits::kSplit, stream, args, maps[0], maps[1], maps[2], maps[3]);
+  };
+  cudaError_t error = launch_once();
   if (error != cudaSuccess) {
     // The opt-in may be gone (a device reset since it was set): set it and launch once more.
     (void)cudaGetLastError();
     forget_shared_memory_opt_in(device, &opt_in);
     error = opt_in_shared_memory(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes, device, &opt_in);
-    if (error == cudaSuccess) error = cudaLaunchKernelEx(&config, kernel, args, maps[0], maps[1], maps[2], maps[3]);
+    if (error == cudaSuccess) error = launch_once();
   }
   if (error != cudaSuccess) {
     (void)cudaGetLastError();
