@@ -126,6 +126,14 @@ TEST(EmulatedSm90Backward, ClusterMla576512MaskF16) {
                512});
 }
 
+// Gradient halves of three boxes: stages of three (the 384 and 768 instances).
+TEST(EmulatedSm90Backward, ThreeBoxHalves) {
+  check<384>({"d320 instance 384 gqa", shape_case(DType::bf16, 1, 4, 2, 70, 100, 320).with_causal(Causal::top_left)});
+  check<768>({"d704 cluster bnhd dropout", shape_case(DType::f16, 2, 2, 1, 40, 90, 704)
+                                                .with_layout(Layout::bnhd)
+                                                .with_dropout(0.1f)});
+}
+
 TEST(EmulatedSm90Backward, PaddedRowsScale) {
   check<256>({"padded", shape_case(DType::bf16, 1, 1, 1, 64, 64, 64).with_row_pad(8).with_scale(0.3f)});
 }

@@ -41,7 +41,8 @@ struct Traits {
   // x kHalfCols fp32 in registers (128 a thread at D = 512, as the forward's O).
   static constexpr int kHalfCols = kCtaDim / 2;
   static constexpr int kHalfTiles = kHalfCols / 64;
-  // The ring: stages of two boxes (16 KB). Streamed block j takes, in order,
+  // The ring: stages of two boxes (16 KB), or of a gradient half's three (24
+  // KB: the 384 and 768 instances). Streamed block j takes, in order,
   // the operand of S (K_j, or Q_j; kKStages) and of dP (V_j, or dO_j;
   // kVStages), together its "score part" read by its owner, and a block
   // later the B operand of the product (K_j, Q_j or dO_j), kProductParts
@@ -53,7 +54,7 @@ struct Traits {
   // runs ahead: under ncu dK 18.2 -> 15.9 ms, dQ 17.8 -> 15.2 (their
   // consumers had waited on the ring for 40-48 % of the stall samples), dV
   // 11.1 -> 11.9; bwd-d512 281 -> 301 TFLOP/s (H200, compass).
-  static constexpr int kStageTiles = 2;
+  static constexpr int kStageTiles = kHalfTiles % 2 == 0 ? 2 : kHalfTiles;
   static constexpr int kStageBytes = kStageTiles * kTileBytes;
   static constexpr int kKStages = (kChunks + kStageTiles - 1) / kStageTiles;
   static constexpr int kVStages = kWithDp ? kKStages : 0;
@@ -110,7 +111,8 @@ struct Traits {
   static_assert(kHeadDim % (128 * kSplit) == 0 && kHeadDim >= 128 && kHeadDim <= 1024,
                 "gradient halves are whole boxes with N = 64..256");
   static_assert(kExchangedBytes <= kExchangeBytes || kSplit == 1, "the partials fit the slot");
-  static_assert(kHalfTiles % kStageTiles == 0, "a consumer's product part is whole stages (N = 128 wgmmas)");
+  static_assert(kHalfTiles % kStageTiles == 0 && kStageTiles <= 3,
+                "a consumer's product part is whole stages (N = 128 or 192 wgmmas)");
   // A consumer holds its first product stage while it waits for its second,
   // as may the other consumer: with two stages the producer could not load either.
   static_assert(kStages >= (kProductParts > 1 ? 3 : 2), "the ring holds both consumers' first parts and one more");
