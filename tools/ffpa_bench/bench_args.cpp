@@ -176,7 +176,8 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   BenchArgs& args = parsed.args;
   const std::map<std::string, Handler> options = value_options(&args);
   const std::map<std::string, bool*> flags = {
-      {"--lse", &args.lse}, {"--json", &args.json}, {"--help", &args.help}, {"-h", &args.help},
+      {"--lse", &args.lse}, {"--backward", &args.backward}, {"--json", &args.json}, {"--help", &args.help},
+      {"-h", &args.help},
       {"--device-inputs", &args.device_inputs},
       {"--version", &args.version}};
 
@@ -207,7 +208,7 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
     parsed.error = option->second(value);
     if (!parsed.error.empty()) return parsed;
   }
-  if (args.device_inputs && args.check_rows > 0) {
+  if (args.device_inputs && args.check_rows > 0 && !args.backward) {
     parsed.error = "--device-inputs: the reference check needs the inputs on the host; pass --check-rows 0";
   }
   return parsed;
@@ -287,6 +288,10 @@ Data and options
   --fp8-early-rows N     fp8: hybrid rows computed in the inputs' precision, a
                          multiple of 64 (default 256 with --causal, else 0)
   --lse                  also write the log-sum-exp and check it
+  --backward             time the backward instead (ffpa::backward: dQ, dK and dV
+                         from the forward's o and lse, o standing in for dO);
+                         FLOPs 2.5x the forward's; one input set; not checked
+                         against the reference (the test suites check gradients)
   --impl auto|cpu|sm80|sm90  implementation (default auto); cpu runs the CPU
                          reference on host memory, on the small default shape
   --kv-splits N          split the keys into about N ranges (1: unsplit) instead

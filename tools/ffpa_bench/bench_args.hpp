@@ -34,6 +34,9 @@ struct BenchArgs {
   Fp8Options fp8;                          // --fp8-qk, --fp8-early-rows
   std::optional<float> scale;
   bool lse = false;
+  // --backward: time ffpa::backward (dQ, dK, dV from the forward's o and lse)
+  // instead of the forward; FLOPs 2.5x the forward's; no reference check.
+  bool backward = false;
   int warmup = 3;
   int iters = 10;
   int64_t check_rows = 16;  // 0: no check

@@ -44,6 +44,7 @@ std::string describe_point(const BenchArgs& args, const ProblemShape& s) {
   }
   if (args.scale) text += " scale=" + format("%g", *args.scale);
   if (args.lse) text += " lse";
+  if (args.backward) text += " backward";
   return text + " impl=" + choice_name(args.impl);
 }
 
@@ -70,7 +71,8 @@ void print_text(std::FILE* out, const BenchArgs& args, const PointResult& r) {
                  static_cast<long long>(c->rows), c->rel_l2, c->max_abs, lse.c_str(),
                  static_cast<long long>(c->nan_count), c->passed ? "pass" : "FAIL", c->tolerance);
   } else {
-    std::fprintf(out, "  check   skipped (--check-rows 0)\n");
+    std::fprintf(out, "  check   skipped (%s)\n",
+                 args.backward ? "--backward: the test suites check the gradients" : "--check-rows 0");
   }
   if (const auto& m = r.memory) {
     std::fprintf(out, "  memory  %s beyond inputs and outputs (workspace %s, pool high-water %s, free-memory drop %s)\n",
@@ -95,6 +97,7 @@ std::string to_json(const BenchArgs& args, const PointResult& r) {
   json.key("scale");
   if (args.scale) json.number(*args.scale); else json.null();
   json.key("accum").string(choice_name(args.accumulation)).key("lse").boolean(args.lse);
+  json.key("backward").boolean(args.backward);
   json.key("precision").string(choice_name(args.precision));
   json.key("impl_requested").string(choice_name(args.impl));
   json.key("impl").string(choice_name(r.kernel.impl)).key("kernel").string(r.kernel.kernel);

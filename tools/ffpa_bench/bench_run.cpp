@@ -240,6 +240,21 @@ CheckResult check_against_reference(const ForwardParams& host, const BenchArgs& 
   return check;
 }
 
+// --backward: the backward of a forward call (its o and lse written), o
+// standing in for dO (a tensor of its shape and dtype; the kernels' time does
+// not depend on its values), the gradients into d_q, d_k, d_v (q's, k's and
+// v's descriptions over the given buffers).
+BackwardParams make_backward_params(const ForwardParams& f, void* d_q, void* d_k, void* d_v) {
+  BackwardParams b;
+  b.q = f.q, b.k = f.k, b.v = f.v, b.o = f.o, b.lse = f.lse, b.mask = f.mask;
+  b.d_o = f.o;
+  b.d_q = f.q, b.d_k = f.k, b.d_v = f.v;
+  b.d_q.data = d_q, b.d_k.data = d_k, b.d_v.data = d_v;
+  b.options = f.options;
+  b.stream = f.stream;
+  return b;
+}
+
 // The described tensors and their random inputs in host memory.
 struct HostInputs {
   PointTensors tensors;
@@ -249,7 +264,7 @@ struct HostInputs {
 
 // The tensors and the slab's layout; no host copy (inputs drawn on the device).
 HostInputs describe_inputs(const BenchArgs& args, const ProblemShape& shape, size_t min_total_bytes) {
-  const PointTensors tensors = describe_tensors(shape, args.dtype, args.layout, args.mask, args.lse);
+  const PointTensors tensors = describe_tensors(shape, args.dtype, args.layout, args.mask, args.lse || args.backward);
   return HostInputs{tensors, plan_input_slab(tensors, min_total_bytes), HostBuffer(0)};
 }
 
@@ -259,6 +274,54 @@ HostInputs make_host_inputs(const BenchArgs& args, const ProblemShape& shape, si
   inputs.buffer = HostBuffer(inputs.slab.total_bytes());
   fill_inputs(inputs.buffer.get(), inputs.slab, inputs.tensors, seed);
   return inputs;
+}
+
+// Times `iters` calls (call(i) issues call i on the stream) with CUDA events
+// around each, lowering *lowest_free to the least free device memory seen.
+template <class Call>
+std::vector<double> time_on_stream(cudaStream_t stream, int iters, size_t* lowest_free, Call&& call) {
+  const Event start = make_event(), stop = make_event();
+  std::vector<double> ms;
+  size_t free_now = 0, total = 0;
+  for (int i = 0; i < iters; ++i) {
+    BENCH_CUDA(cudaEventRecord(start.get(), stream));
+    call(i);
+    BENCH_CUDA(cudaEventRecord(stop.get(), stream));
+    BENCH_CUDA(cudaEventSynchronize(stop.get()));
+    float elapsed = 0;
+    BENCH_CUDA(cudaEventElapsedTime(&elapsed, start.get(), stop.get()));
+    ms.push_back(elapsed);
+    BENCH_CUDA(cudaMemGetInfo(&free_now, &total));
+    *lowest_free = std::min(*lowest_free, free_now);
+  }
+  return ms;
+}
+
+// --backward on the GPU: the forward once (o, lse), then the backward timed.
+PointResult time_backward_on_device(const BenchArgs& args, cudaStream_t stream, const ForwardParams& forward_params,
+                                    PointResult result) {
+  check_ffpa(ffpa::forward(forward_params), "ffpa::forward");
+  const DeviceMemory d_q = device_alloc(buffer_bytes(forward_params.q)), d_k = device_alloc(buffer_bytes(forward_params.k)),
+                     d_v = device_alloc(buffer_bytes(forward_params.v));
+  BackwardParams params = make_backward_params(forward_params, d_q.get(), d_k.get(), d_v.get());
+  MemoryResult memory;
+  check_ffpa(backward_workspace_size(params, &memory.workspace), "ffpa::backward_workspace_size");
+  const DeviceMemory workspace = device_alloc(memory.workspace);
+  params.workspace = workspace.get(), params.workspace_bytes = memory.workspace;
+  result.kernel.impl = args.impl;
+  result.kernel.kernel = "ffpa::backward";
+  result.input_sets = 1;
+  for (int n = 0; n < args.warmup; ++n) check_ffpa(ffpa::backward(params), "ffpa::backward (warm-up)");
+  BENCH_CUDA(cudaStreamSynchronize(stream));
+  size_t free_before = 0, total = 0;
+  BENCH_CUDA(cudaMemGetInfo(&free_before, &total));
+  size_t lowest_free = free_before;
+  std::vector<double> ms = time_on_stream(stream, args.iters, &lowest_free,
+                                          [&](int) { check_ffpa(ffpa::backward(params), "ffpa::backward"); });
+  memory.free_drop = free_before - lowest_free;
+  result.memory = memory;
+  result.timing = summarize(std::move(ms));
+  return result;
 }
 
 PointResult run_on_device(const BenchArgs& args, const Device& device, cudaStream_t stream, PointResult result) {
@@ -309,6 +372,8 @@ PointResult run_on_device(const BenchArgs& args, const Device& device, cudaStrea
     workspace_bytes = memory.workspace;
   }
 
+  if (args.backward) return time_backward_on_device(args, stream, call(0), std::move(result));
+
   if (args.check_rows > 0) {
     // 0xFF bytes are NaN in f16, bf16 and f32: any element left unwritten shows.
     BENCH_CUDA(cudaMemsetAsync(o.get(), 0xFF, o_bytes, stream));
@@ -329,24 +394,16 @@ PointResult run_on_device(const BenchArgs& args, const Device& device, cudaStrea
   BENCH_CUDA(cudaDeviceGetDefaultMemPool(&pool, device.id));
   uint64_t pool_used_high = 0;  // setting the high-water mark to 0 resets it
   BENCH_CUDA(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &pool_used_high));
-  size_t free_before = 0, free_now = 0, total = 0;
+  size_t free_before = 0, total = 0;
   BENCH_CUDA(cudaMemGetInfo(&free_before, &total));
   size_t lowest_free = free_before;
 
-  const Event start = make_event(), stop = make_event();
-  std::vector<double> ms;
-  for (int i = 0; i < args.iters; ++i) {
-    const ForwardParams params = call(args.warmup + i);
-    BENCH_CUDA(cudaEventRecord(start.get(), stream));
-    check_ffpa(forward(params), "ffpa::forward");
-    BENCH_CUDA(cudaEventRecord(stop.get(), stream));
-    BENCH_CUDA(cudaEventSynchronize(stop.get()));
-    float elapsed = 0;
-    BENCH_CUDA(cudaEventElapsedTime(&elapsed, start.get(), stop.get()));
-    ms.push_back(elapsed);
-    BENCH_CUDA(cudaMemGetInfo(&free_now, &total));
-    lowest_free = std::min(lowest_free, free_now);
-  }
+  // Each timed call's parameters made before the timing: the events bracket the launch alone.
+  std::vector<ForwardParams> timed;
+  for (int i = 0; i < args.iters; ++i) timed.push_back(call(args.warmup + i));
+  std::vector<double> ms = time_on_stream(stream, args.iters, &lowest_free, [&](int i) {
+    check_ffpa(forward(timed[static_cast<size_t>(i)]), "ffpa::forward");
+  });
   BENCH_CUDA(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemHigh, &pool_used_high));
   memory.pool_used_high = pool_used_high;
   memory.free_drop = free_before - lowest_free;
@@ -364,6 +421,21 @@ PointResult run_on_host(const BenchArgs& args, PointResult result) {
   const ForwardParams params = make_params(bind_tensors(in.tensors, in.slab, in.buffer.get(), 0, o.get(), lse.get()),
                                            args, Impl::cpu_reference, nullptr);
   check_ffpa(select_kernel(params, &result.kernel), "ffpa::select_kernel");
+  if (args.backward) {  // the CPU reference's backward: the reference itself, nothing to check against
+    check_ffpa(forward(params), "ffpa::forward");
+    const HostBuffer d_q(buffer_bytes(params.q)), d_k(buffer_bytes(params.k)), d_v(buffer_bytes(params.v));
+    const BackwardParams backward_params = make_backward_params(params, d_q.get(), d_k.get(), d_v.get());
+    result.kernel.kernel = "ffpa::backward (CPU reference)";
+    std::vector<double> ms;
+    for (int i = 0; i < args.warmup + args.iters; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      check_ffpa(backward(backward_params), "ffpa::backward");
+      if (i >= args.warmup)
+        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    }
+    result.timing = summarize(std::move(ms));
+    return result;
+  }
   if (args.check_rows > 0) {
     std::memset(o.get(), 0xFF, o_bytes);  // NaN in every float dtype
     std::memset(lse.get(), 0xFF, lse_bytes);
@@ -418,7 +490,7 @@ int run_benchmarks(const BenchArgs& args) {
       result.count = static_cast<int>(shapes.size());
       result.device = on_host ? "CPU reference" : device->name;
       result.shape = shapes[i];
-      result.flops = forward_flops(shapes[i], args.causal);
+      result.flops = forward_flops(shapes[i], args.causal) * (args.backward ? 2.5 : 1.0);
       result.data_seed = args.data_seed.value_or(entropy());
       result = on_host ? run_on_host(args, std::move(result))
                        : run_on_device(args, *device, stream.get(), std::move(result));
