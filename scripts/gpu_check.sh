@@ -100,7 +100,7 @@ LIMIT_DEVICE=30
 LIMIT_TESTS=140
 LIMIT_PYTEST=200
 LIMIT_SANITIZER=60  # each of memcheck and racecheck
-LIMIT_FFPA_BENCH=50
+LIMIT_FFPA_BENCH=80
 LIMIT_ATTENTION_MIN=100
 BUDGET_SECONDS=480
 
@@ -109,6 +109,7 @@ if [ "$QUICK" = 1 ]; then
   BENCH_POINTS=(
     "--seq-q 2048 --dims 128,512"
     "--batch 2 --heads-q 8 --heads-kv 2 --seq-q 777 --seq-kv 1029 --head-dim 320 --mask key-add --causal bottom_right --dropout 0.1 --lse --layout bnhd"
+    "--backward --seq-q 2048 --head-dim 512"
   )
   ATTENTION_ARGS=(--cases smoke)
 else
@@ -117,6 +118,8 @@ else
     "--head-dim 512 --causal top_left"
     "--batch 2 --heads-q 8 --heads-kv 2 --seq-q 777 --seq-kv 1029 --head-dim 320 --mask key-add --causal bottom_right --dropout 0.1 --lse --layout bnhd"
     "--dtype f16 --accum f16 --heads-q 16 --seq-q 4096 --head-dim 384 --mask full-bool"
+    "--backward --head-dim 512"
+    "--backward --head-dim 1024 --seq-q 4096"
   )
   ATTENTION_ARGS=()
 fi
