@@ -1,6 +1,5 @@
 #include "host/dispatch.hpp"
 
-#include <algorithm>
 #include <new>
 #include <string>
 #include <utility>
@@ -234,7 +233,7 @@ Status plan_automatic_device(const AttentionProblem& problem, KernelChoice* choi
   // 512 prefill 242 vs split-D 221 TFLOP/s, its decode (B 64, Hq 128 packed)
   // 0.66 vs 0.67 ms, 192 / 128 causal 192 vs 180 (docs/perf/h200-2026-12-01g/mla_ab.jsonl).
   constexpr int64_t kSm90MinHeadDim = 129;
-  if (std::max(problem.head_dim, problem.dv()) >= kSm90MinHeadDim &&
+  if (sm90_wgmma::instance_width(problem) >= kSm90MinHeadDim &&
       plan_sm90_wgmma(problem, MemorySpace::device, choice).ok()) {
     return {};
   }
@@ -533,7 +532,7 @@ Status plan_backward(const BackwardProblem& problem, Impl requested, BackwardCho
   if (requested == Impl::automatic && sm90.ok() && instance->head_dim > kAutoMaxHeadDim) return {};
   if (sm90.ok()) {
     choice->impl = Impl::sm90_wgmma;
-    choice->sm90_gradients = true;
+    choice->sm90_gradients = instance->launch;
     return {};
   }
   if (requested == Impl::sm90_wgmma) return sm90;
@@ -554,7 +553,7 @@ Status run_backward(const BackwardProblem& problem, const BackwardChoice& choice
     }
     return {};
   }
-  const sm80_backward::GradientRunner gradients = choice.sm90_gradients ? &sm90_backward::run_gradients : nullptr;
+  const sm80_backward::GradientRunner gradients = choice.sm90_gradients;
   const size_t bytes = sm80_backward::workspace_bytes(problem);
   if (bytes == 0) return sm80_backward::run(problem, nullptr, stream, gradients);
   Workspace memory(workspace, workspace_size, stream);

@@ -45,15 +45,15 @@ int64_t workspace_bytes(const AttentionProblem& problem, const KernelChoice& cho
 Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
                    size_t workspace_size, cudaStream_t stream, const Fp8KvCache* kv_cache = nullptr);
 
-// The backward's implementation: the CPU reference for host tensors; the
-// portable kernels (sm80_backward) for device tensors under auto and
-// sm80_split_d. Fails like plan_forward (never substitutes).
+// The backward's implementation: the CPU reference for host tensors; for
+// device tensors the portable preprocess, then the sm90 kernels where they
+// serve the call (impl auto up to the measured head dims, sm90_wgmma) or the
+// portable ones (auto, sm80_split_d). Fails like plan_forward (never substitutes).
 struct BackwardChoice {
   Impl impl = Impl::automatic;
-  // The sm90 backward kernels run in place of the portable dK/dV and dQ
-  // kernels (impl auto or sm90_wgmma on an sm_90a device, where they serve
-  // the call; the portable preprocess runs first either way).
-  bool sm90_gradients = false;
+  // The routed sm90_backward instance's launch, run in place of the portable
+  // dK/dV and dQ kernels (sm80_backward::GradientRunner); null: the portable ones.
+  Status (*sm90_gradients)(const BackwardProblem&, const float* delta, float* d_mask_sum, cudaStream_t) = nullptr;
 };
 Status plan_backward(const BackwardProblem& problem, Impl requested, BackwardChoice* choice);
 

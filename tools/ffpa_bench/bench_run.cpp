@@ -412,6 +412,19 @@ PointResult run_on_device(const BenchArgs& args, const Device& device, cudaStrea
   return result;
 }
 
+// The host's wall time of `iters` calls after `warmup` untimed ones.
+template <class Call>
+Timing time_on_host(int warmup, int iters, Call&& call) {
+  for (int n = 0; n < warmup; ++n) call();
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    call();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  return summarize(std::move(ms));
+}
+
 PointResult run_on_host(const BenchArgs& args, PointResult result) {
   if (args.kv_splits) throw CallFailure("--kv-splits: the CPU reference has no KV splits (the sm90 family plans them)");
   if (args.device_inputs) throw CallFailure("--device-inputs: no GPU to draw them on");
@@ -426,14 +439,8 @@ PointResult run_on_host(const BenchArgs& args, PointResult result) {
     const HostBuffer d_q(buffer_bytes(params.q)), d_k(buffer_bytes(params.k)), d_v(buffer_bytes(params.v));
     const BackwardParams backward_params = make_backward_params(params, d_q.get(), d_k.get(), d_v.get());
     result.kernel.kernel = "ffpa::backward (CPU reference)";
-    std::vector<double> ms;
-    for (int i = 0; i < args.warmup + args.iters; ++i) {
-      const auto start = std::chrono::steady_clock::now();
-      check_ffpa(backward(backward_params), "ffpa::backward");
-      if (i >= args.warmup)
-        ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-    }
-    result.timing = summarize(std::move(ms));
+    result.timing = time_on_host(args.warmup, args.iters,
+                                 [&] { check_ffpa(backward(backward_params), "ffpa::backward"); });
     return result;
   }
   if (args.check_rows > 0) {
@@ -442,14 +449,7 @@ PointResult run_on_host(const BenchArgs& args, PointResult result) {
     check_ffpa(forward(params), "ffpa::forward");
     result.check = check_against_reference(params, args);
   }
-  for (int n = 0; n < args.warmup; ++n) check_ffpa(forward(params), "ffpa::forward (warm-up)");
-  std::vector<double> ms;
-  for (int i = 0; i < args.iters; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    check_ffpa(forward(params), "ffpa::forward");
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-  }
-  result.timing = summarize(std::move(ms));
+  result.timing = time_on_host(args.warmup, args.iters, [&] { check_ffpa(forward(params), "ffpa::forward"); });
   return result;
 }
 

@@ -35,7 +35,7 @@ Status runnable(DType dtype, int device);
 std::string kernel_name(const BackwardProblem& problem);
 
 // Computes dQ, dK and dV in place of the portable gradient kernels, after
-// the preprocess (delta): another family's kernels (sm90_backward::run_gradients).
+// the preprocess (delta): another family's kernels (a routed sm90_backward::Instance's launch).
 // d_mask_sum: where an additive mask's gradient is summed when the call asks
 // for it (the dQ kernel adds dS there); the conversion into d_mask follows.
 using GradientRunner = Status (*)(const BackwardProblem& problem, const float* delta, float* d_mask_sum,

@@ -7,6 +7,7 @@
 
 #include "common/ceil_div.hpp"
 #include "kernels/sm90_backward/arguments.hpp"
+#include "kernels/sm90_wgmma/family.hpp"
 #include "kernels/sm90_wgmma/tensor_map.hpp"
 
 namespace ffpa::detail::sm90_backward {
@@ -17,7 +18,7 @@ const Instance* route(const BackwardProblem& b, std::string* reason) {
     *reason = "the sm90 backward kernels: f16 and bf16 inputs only";
     return nullptr;
   }
-  const int64_t width = p.dv() > p.head_dim ? p.dv() : p.head_dim;
+  const int64_t width = sm90_wgmma::instance_width(p);
   const Instance* instance = nullptr;
   for (int i = 0; i < kInstanceCount && instance == nullptr; ++i) {
     if (kInstances[i].head_dim >= width) instance = &kInstances[i];
@@ -51,13 +52,6 @@ const Instance* route(const BackwardProblem& b, std::string* reason) {
     return nullptr;
   }
   return instance;
-}
-
-Status run_gradients(const BackwardProblem& b, const float* delta, float* d_mask_sum, cudaStream_t stream) {
-  std::string reason;
-  const Instance* instance = route(b, &reason);
-  if (instance == nullptr) return {StatusCode::impl_unavailable, reason};
-  return instance->launch(b, delta, d_mask_sum, stream);
 }
 
 }  // namespace ffpa::detail::sm90_backward

@@ -2,7 +2,7 @@
 // dQ, dK and dV kernels (option B with dK and dV apart,
 // docs/kernels/backward_plan.md; arguments.hpp), run after the portable
 // preprocess (delta) in place of the portable gradient kernels
-// (sm80_backward::run's GradientRunner). Their instances, one per
+// (sm80_backward::run's GradientRunner: the routed instance's launch). Their instances, one per
 // instantiated head dim (CMake's FFPA_SM90_BACKWARD_HEAD_DIMS), each serve D
 // and Dv up to it.
 #pragma once
@@ -16,6 +16,8 @@
 
 namespace ffpa::detail::sm90_backward {
 
+// dQ, dK and dV of a routed call, after the preprocess wrote delta: the
+// signature of sm80_backward::GradientRunner.
 using Launcher = Status (*)(const BackwardProblem&, const float* delta, float* d_mask_sum, cudaStream_t);
 using RunnableCheck = Status (*)(DType, int device);
 
@@ -39,8 +41,5 @@ extern const int kInstanceCount;
 // The compiled instance that serves the call, or nullptr with *reason.
 const Instance* route(const BackwardProblem& problem, std::string* reason);
 
-// dQ, dK and dV of a routed call (route), after the preprocess wrote delta:
-// the signature of sm80_backward::GradientRunner.
-Status run_gradients(const BackwardProblem& problem, const float* delta, float* d_mask_sum, cudaStream_t stream);
 
 }  // namespace ffpa::detail::sm90_backward

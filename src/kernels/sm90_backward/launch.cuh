@@ -26,17 +26,10 @@ Status launch_role(const BackwardProblem& b, const float* delta, float* d_mask_s
   if (Status status = sm90_wgmma::encode_tensor_maps(launch.maps, {64, 64, 64, 64}, {1, 1, 1, 1}, maps); !status.ok()) {
     return status;
   }
-  const auto kernel = backward_kernel<Traits>;
   static SharedMemoryOptIn opt_in;
-  int device = 0;
-  FFPA_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
-  FFPA_RETURN_IF_DEVICE_ERROR("sm90_backward", opt_in_shared_memory(reinterpret_cast<const void*>(kernel),
-                                                                    Traits::kSmemBytes, device, &opt_in));
-  FFPA_RETURN_IF_DEVICE_ERROR(
-      "sm90_backward", sm90_wgmma::launch_in_clusters(kernel, launch.ctas * Traits::kSplit, Traits::kThreads,
-                                                      Traits::kSmemBytes, Traits::kSplit, stream, launch.args, maps[0],
-                                                      maps[1], maps[2], maps[3]));
-  return {};
+  return sm90_wgmma::launch_opted_in("sm90_backward", &opt_in, backward_kernel<Traits>, launch.ctas * Traits::kSplit,
+                                     Traits::kThreads, Traits::kSmemBytes, Traits::kSplit, stream, launch.args, maps[0],
+                                     maps[1], maps[2], maps[3]);
 }
 
 template <int kHeadDim, class Element>

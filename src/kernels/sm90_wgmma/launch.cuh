@@ -29,31 +29,9 @@ namespace ffpa::detail::sm90_wgmma {
 template <class Traits>
 Status launch_tiles(const Args& args, const CUtensorMap (&maps)[4], int64_t tile_count, cudaStream_t stream) {
   static_assert(Traits::kBlockM == kTileRows && Traits::kBlockN == kTileKeys, "the tile the host plans with");
-  const auto kernel = forward_kernel<Traits>;
   static SharedMemoryOptIn opt_in;
-  int device = 0;
-  FFPA_RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
-  // A device without an sm_90a image fails here (impl_unavailable), as does a
-  // launch the device cannot give its resources or cluster, below.
-  FFPA_RETURN_IF_DEVICE_ERROR("sm90_wgmma", opt_in_shared_memory(reinterpret_cast<const void*>(kernel),
-                                                                 Traits::kSmemBytes, device, &opt_in));
-  auto launch_once = [&] {
-    return launch_in_clusters(kernel, tile_count * Traits::kSplit, Traits::kThreads, Traits::kSmemBytes,
-                              Traits::kSplit, stream, args, maps[0], maps[1], maps[2], maps[3]);
-  };
-  cudaError_t error = launch_once();
-  if (error != cudaSuccess) {
-    // The opt-in may be gone (a device reset since it was set): set it and launch once more.
-    (void)cudaGetLastError();
-    forget_shared_memory_opt_in(device, &opt_in);
-    error = opt_in_shared_memory(reinterpret_cast<const void*>(kernel), Traits::kSmemBytes, device, &opt_in);
-    if (error == cudaSuccess) error = launch_once();
-  }
-  if (error != cudaSuccess) {
-    (void)cudaGetLastError();
-    return device_status(error, "sm90_wgmma", "cudaLaunchKernelEx");
-  }
-  return {};
+  return launch_opted_in("sm90_wgmma", &opt_in, forward_kernel<Traits>, tile_count * Traits::kSplit, Traits::kThreads,
+                         Traits::kSmemBytes, Traits::kSplit, stream, args, maps[0], maps[1], maps[2], maps[3]);
 }
 
 template <class Traits>
