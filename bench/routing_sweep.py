@@ -210,6 +210,8 @@ def main(argv=None) -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--min-head-dim", type=int, default=0,
+                        help="only the points whose wider head dim (D or Dv) is at least this")
     parser.add_argument("--json")
     parser.add_argument("--markdown")
     args = parser.parse_args(argv)
@@ -221,6 +223,8 @@ def main(argv=None) -> int:
               "commit": commit, "command": "python3 bench/routing_sweep.py " + " ".join(argv or sys.argv[1:]),
               "rows": []}
     for p in make_points(kinds):
+        if max(p.D, p.Dv) < args.min_head_dim:
+            continue
         row = run_point(p, args)
         report["rows"].append(row)
         torch.cuda.empty_cache()

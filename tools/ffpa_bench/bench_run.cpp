@@ -308,6 +308,8 @@ PointResult time_backward_on_device(const BenchArgs& args, cudaStream_t stream, 
   check_ffpa(backward_workspace_size(params, &memory.workspace), "ffpa::backward_workspace_size");
   const DeviceMemory workspace = device_alloc(memory.workspace);
   params.workspace = workspace.get(), params.workspace_bytes = memory.workspace;
+  // The forward's choice (padded D, splits) says nothing of the backward's kernels.
+  result.kernel = KernelChoice{};
   result.kernel.impl = args.impl;
   result.kernel.kernel = "ffpa::backward";
   result.input_sets = 1;
