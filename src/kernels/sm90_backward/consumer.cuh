@@ -50,16 +50,16 @@ struct Consumer {
   // (Q or dO), the key side B (K or V). Each stage is freed once the wgmmas
   // after it are issued and the ones reading it have retired.
   __device__ __forceinline__ void score_product(float (&scores)[32], int first_tile, int position0) {
-    constexpr int kPartStages = Traits::kKStages;
+    constexpr int kOperandStages = Traits::kKStages;
 #pragma unroll
-    for (int ps = 0; ps < kPartStages; ++ps) {
+    for (int ps = 0; ps < kOperandStages; ++ps) {
       const int position = position0 + ps;
       const int stage = position % kStages;
       sm90_wgmma::mbarrier_wait(cta.full(position), cta.full_parity(position));
       sm90_wgmma::wgmma_fence();
-      constexpr int kLast = Traits::kChunks - kStageTiles * (kPartStages - 1);
+      constexpr int kLast = Traits::kChunks - kStageTiles * (kOperandStages - 1);
 #pragma unroll
-      for (int b = 0; b < (ps + 1 < kPartStages ? kStageTiles : kLast); ++b)
+      for (int b = 0; b < (ps + 1 < kOperandStages ? kStageTiles : kLast); ++b)
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {  // k16 steps: 32 bytes of a 128-byte row
           const uint32_t fixed = cta.stationary() + (first_tile + kStageTiles * ps + b) * kTileBytes + kk * 32;
@@ -75,39 +75,72 @@ struct Consumer {
       }
     }
     sm90_wgmma::wgmma_wait<0>();
-    release(position0 + kPartStages - 1);
+    release(position0 + kOperandStages - 1);
   }
 
-  // S_j (and dP_j), streaming block j's score part through the ring.
+  // S_j (and dP_j), streaming block j's score part through the ring. In a
+  // cluster (kSplit = 2) the block's owners add each other's partials one at
+  // a time through a 16 KB slot (exchange phases 2 j and 2 j + 1; dv: j):
+  // S_j goes out as soon as it is complete and comes back while dP_j is
+  // computed; dP_j goes out next and comes back after the other consumer's
+  // W_{j-1} is added (add_last_partial). The slot's other 16 KB are ring
+  // stages (32 KB held S and dP at once before).
+  //
+  // Both consumers use the one slot and its barriers, whose waits name a
+  // phase by its parity: a wait is exact only while the barrier is at most
+  // one phase from it. So the phases go in order: block j + 1's first send
+  // waits until block j's last has gone out (x_sent), its first read until
+  // block j's last has been read (x_read); each consumer's own phases follow
+  // its program order. (Without x_sent a consumer could send while the
+  // peer had yet to read two phases back, its x_empty wait passing on the
+  // older phase.)
   __device__ __forceinline__ void compute_scores(int j, float (&s)[32], float (&dp)[32]) {
     const int first = sm90_wgmma::ring_k_position(j, kScoreStages, kProductStages);
     sm90_wgmma::fence_operands(s);
     score_product(s, 0, first);
+    sm90_wgmma::fence_operands(s);
     if constexpr (Traits::kWithDp) {
+      send_partial(j, 2 * j, s, true, false);
       sm90_wgmma::fence_operands(dp);
       score_product(dp, Traits::kChunks, first + Traits::kKStages);
       sm90_wgmma::fence_operands(dp);
+      add_peer_partial(j, 2 * j, s, true, false);
+      send_partial(j, 2 * j + 1, dp, false, true);
+    } else {
+      send_partial(j, j, s, true, true);
     }
-    sm90_wgmma::fence_operands(s);
+  }
+  // The peer's partial of block j not yet added: dP_j (S_j for dv).
+  __device__ __forceinline__ void add_last_partial(int j, float (&s)[32], float (&dp)[32]) const {
+    if constexpr (Traits::kWithDp) {
+      add_peer_partial(j, 2 * j + 1, dp, false, true);
+    } else {
+      add_peer_partial(j, j, s, true, true);
+    }
   }
 
-  // kSplit = 2: this CTA's partial S_j (and dP_j) to the peer's owner of block
-  // j (sent before this consumer adds the other's W_{j-1}, received after).
-  __device__ __forceinline__ void send_partials(int j, const float (&s)[32], const float (&dp)[32]) const {
+  // kSplit = 2: exchange `phase` of block j (its first and / or last): this
+  // CTA's partial to the peer's owner of the block, and the peer's added. The
+  // reader of a phase announces the next one's bytes (cta.cuh's setup the
+  // first), so that x_full takes one arrival a phase whichever consumer reads next.
+  __device__ __forceinline__ void send_partial(int j, int phase, const float (&v)[32], bool first, bool last) const {
     if constexpr (Traits::kSplit == 2) {
       const sm90_wgmma::PartialExchange x = cta.exchange(thread());
-      x.wait_slot_free(j);
-      x.send(s, 0);
-      if constexpr (Traits::kWithDp) x.send(dp, 8);
+      if (first && j >= 1) sm90_wgmma::mbarrier_wait(cta.x_sent(), (j - 1) & 1);
+      x.wait_slot_free(phase);
+      x.send(v, 0);
+      if (last) sm90_wgmma::mbarrier_arrive(cta.x_sent());
     }
   }
-  __device__ __forceinline__ void add_peer_partials(int j, float (&s)[32], float (&dp)[32]) const {
+  __device__ __forceinline__ void add_peer_partial(int j, int phase, float (&v)[32], bool first, bool last) const {
     if constexpr (Traits::kSplit == 2) {
       const sm90_wgmma::PartialExchange x = cta.exchange(thread());
-      x.wait_received(j, Traits::kExchangedBytes);
-      x.add(s, 0);
-      if constexpr (Traits::kWithDp) x.add(dp, 8);
+      if (first && j >= 1) sm90_wgmma::mbarrier_wait(cta.x_read(), (j - 1) & 1);
+      x.wait_landed(phase);
+      x.add(v, 0);
       x.release();
+      if (thread() == 0) x.expect(Traits::kExchangeBytes);
+      if (last) sm90_wgmma::mbarrier_arrive(cta.x_read());
     }
   }
 
@@ -159,11 +192,16 @@ struct Consumer {
         sm90_wgmma::wgmma_ss<Element, kPartCols, true, !Traits::kQueryStationary>(slice, a, b, 1);
       }
       sm90_wgmma::wgmma_commit();
+      // The part before has been read once this one's wgmmas are issued and it
+      // retired: its stage goes back (bwd D 1024 1.03x, H200 A/B).
+      if (part > 0) {
+        sm90_wgmma::wgmma_wait<1>();
+        release(position - 2);
+      }
     }
     sm90_wgmma::wgmma_wait<0>();
     sm90_wgmma::fence_operands(acc);
-#pragma unroll
-    for (int part = 0; part < Traits::kProductParts; ++part) release(first + 2 * part);
+    release(first + 2 * (Traits::kProductParts - 1));
     if (!own && sm90_wgmma::lane_id() == 0) sm90_wgmma::mbarrier_arrive(cta.w_empty(buffer));
   }
 

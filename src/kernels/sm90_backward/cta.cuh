@@ -91,6 +91,10 @@ struct Cta {
   __device__ __forceinline__ uint32_t w_empty(int buffer) const { return barriers() + 8 * (3 + kFull + kStages + buffer); }
   __device__ __forceinline__ uint32_t x_full() const { return barriers() + 8 * (5 + kFull + kStages); }
   __device__ __forceinline__ uint32_t x_empty() const { return x_full() + 8; }
+  // A phase per block: its owner has sent (x_sent) or read (x_read) its
+  // partials (consumer.cuh: the other consumer's exchanges of the next block wait for them).
+  __device__ __forceinline__ uint32_t x_sent() const { return x_full() + 16; }
+  __device__ __forceinline__ uint32_t x_read() const { return x_full() + 24; }
 
   // Thread 0: the plan (stationary block fastest, then head, then batch; the
   // CTAs of a cluster share it) and the barriers.
@@ -123,6 +127,9 @@ struct Cta {
       if constexpr (kSplit == 2) {
         sm90_wgmma::mbarrier_init(x_full(), 1);     // the receiver's announcement of the slot's bytes
         sm90_wgmma::mbarrier_init(x_empty(), 128);  // the peer's owner has read our partials
+        sm90_wgmma::mbarrier_arrive_expect_tx(x_full(), Traits::kExchangeBytes);  // phase 0 (consumer.cuh)
+        sm90_wgmma::mbarrier_init(x_sent(), 128);
+        sm90_wgmma::mbarrier_init(x_read(), 128);
       }
       sm90_wgmma::fence_barrier_init();
     }

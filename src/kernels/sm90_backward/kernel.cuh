@@ -34,13 +34,10 @@ __device__ __forceinline__ void run_consumer(Consumer<Traits>& consumer) {
   for (int j = consumer.w;; j += 2) {
     const bool own = j < consumer.cta.plan()->blocks;
     float s[32], dp[32];  // dp: unused by dv (its compute_scores leaves it alone)
-    if (own) {
-      consumer.compute_scores(j, s, dp);
-      consumer.send_partials(j, s, dp);  // kSplit = 2
-    }
+    if (own) consumer.compute_scores(j, s, dp);  // kSplit = 2: sends the last partial
     if (j >= 1 && j - 1 < consumer.cta.plan()->blocks) consumer.accumulate(j - 1, false);
     if (!own) break;
-    consumer.add_peer_partials(j, s, dp);
+    consumer.add_last_partial(j, s, dp);  // kSplit = 2
     consumer.publish_w(j, s, dp);
     consumer.accumulate(j, true);
   }

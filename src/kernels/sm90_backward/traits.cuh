@@ -42,7 +42,8 @@ struct Traits {
   static constexpr int kHalfCols = kCtaDim / 2;
   static constexpr int kHalfTiles = kHalfCols / 64;
   // The ring: stages of two boxes (16 KB), or of a gradient half's three (24
-  // KB: the 384 and 768 instances). Streamed block j takes, in order,
+  // KB: the 384 and 768 instances), or of one box (8 KB: 1024, below).
+  // Streamed block j takes, in order,
   // the operand of S (K_j, or Q_j; kKStages) and of dP (V_j, or dO_j;
   // kVStages), together its "score part" read by its owner, and a block
   // later the B operand of the product (K_j, Q_j or dO_j), kProductParts
@@ -54,12 +55,19 @@ struct Traits {
   // runs ahead: under ncu dK 18.2 -> 15.9 ms, dQ 17.8 -> 15.2 (their
   // consumers had waited on the ring for 40-48 % of the stall samples), dV
   // 11.1 -> 11.9; bwd-d512 281 -> 301 TFLOP/s (H200, compass).
-  static constexpr int kStageTiles = kHalfTiles % 2 == 0 ? 2 : kHalfTiles;
+  // At 1024 the 48 KB that dq and dk left to the ring held three 16 KB
+  // stages, of which a consumer holds two while its wgmmas read them: the
+  // ring waits were 31 % of dq's stall samples (ncu). One-box stages there
+  // (N = 64 products): bwd D 1024 1.08x (H200 A/B; a product part of two
+  // adjacent one-box stages, N = 128, 1.06x; one-box stages at 384 and 512
+  // lose 10-12 %, in dv at 1024 (fourteen) nothing against its seven 16 KB).
+  static constexpr bool kOneBoxStages = kSplit == 2 && kWithDp && kHalfTiles % 2 == 0;
+  static constexpr int kStageTiles = kOneBoxStages ? 1 : kHalfTiles % 2 == 0 ? 2 : kHalfTiles;
   static constexpr int kStageBytes = kStageTiles * kTileBytes;
   static constexpr int kKStages = (kChunks + kStageTiles - 1) / kStageTiles;
   static constexpr int kVStages = kWithDp ? kKStages : 0;
   static constexpr int kScoreStages = kKStages + kVStages;  // the ring's "k_stages" (sm90_wgmma/ring.hpp)
-  static constexpr int kProductParts = (kHalfCols / 64 + kStageTiles - 1) / kStageTiles;
+  static constexpr int kProductParts = kHalfTiles / kStageTiles;
   static constexpr int kProductStages = 2 * kProductParts;  // the ring's "v_stages"
   // Stationary tiles: Q and dO (dq), K and V (dk), K (dv).
   static constexpr int kStationaryTiles = (kWithDp ? 2 : 1) * kChunks;
@@ -81,38 +89,39 @@ struct Traits {
                 "setmaxnreg redistributes the launch's registers");
 
   // Shared memory: the stationary tiles, two W buffers, (kSplit = 2) the
-  // peer's partial S and dP, the ring, the plan, barriers.
+  // peer's partial S or dP (one at a time), the ring, the plan, barriers.
   static constexpr int kStationaryOffset = 0;
   static constexpr int kWOffset = kStationaryOffset + kStationaryTiles * kTileBytes;  // 2 x [64][64]
   static constexpr int kExchangeOffset = kWOffset + 2 * kTileBytes;
-  static constexpr int kExchangeBytes = kSplit == 2 ? sm90_wgmma::PartialExchange::kSlotBytes : 0;
-  // What the owner sends: S and dP (32 floats a thread each), or S alone (dv).
-  static constexpr int kExchangedBytes = (kWithDp ? 2 : 1) * 32 * 4 * 128;
+  // One partial (S or dP: 32 floats a thread) a phase (consumer.cuh's compute_scores).
+  static constexpr int kExchangeBytes = kSplit == 2 ? 32 * 4 * 128 : 0;
   static constexpr int kRingOffset = kExchangeOffset + kExchangeBytes;
   static constexpr int kSmemLimit = 232448;
   static constexpr int kFixedTail = 1024;  // the block plan and the barriers
-  static constexpr int kStages = (kSmemLimit - kRingOffset - kFixedTail) / kStageBytes > 8
-                                     ? 8
-                                     : (kSmemLimit - kRingOffset - kFixedTail) / kStageBytes;
+  static constexpr int kFreeStages = (kSmemLimit - kRingOffset - kFixedTail) / kStageBytes;
+  static constexpr int kFullBarriers = 32;  // a power of two: cheap p % 32
+  // As many as fit, within what the full barriers allow (below).
+  static constexpr int kStages = kFreeStages < kFullBarriers - kScoreStages - kProductStages
+                                     ? kFreeStages
+                                     : kFullBarriers - kScoreStages - kProductStages;
   static constexpr int kPlanOffset = kRingOffset + kStages * kStageBytes;
   static constexpr int kBarrierOffset = kPlanOffset + 64;
   // q_full (the stationary tiles), full[kFullBarriers], empty[kStages],
-  // w_full[2], w_empty[2] (kSplit = 2: x_full, x_empty). As in the forward (sm90_wgmma/kernel.cuh, "Why
+  // w_full[2], w_empty[2] (kSplit = 2: x_full, x_empty, x_sent, x_read). As in the forward (sm90_wgmma/kernel.cuh, "Why
   // more full barriers than stages"): a consumer waits for position p only
   // after its previous position q was issued, and p - q <= kScoreStages +
   // kProductStages (from its part of block j - 1's product to block j's), so
   // p - kFull has landed when kFull >= kScoreStages + kProductStages + kStages.
-  static constexpr int kFullBarriers = 32;  // a power of two: cheap p % 32
   static_assert(kFullBarriers >= kScoreStages + kProductStages + kStages, "see the full-barrier count above");
-  static constexpr int kBarriers = 1 + kFullBarriers + kStages + 4 + (kSplit == 2 ? 2 : 0);
+  static constexpr int kBarriers = 1 + kFullBarriers + kStages + 4 + (kSplit == 2 ? 4 : 0);
   static constexpr int kSmemBytes = kBarrierOffset + kBarriers * 8;
 
   static_assert(kElementBytes == 2, "q, k, v, dO and the gradients are bf16 or fp16");
   static_assert(kHeadDim % (128 * kSplit) == 0 && kHeadDim >= 128 && kHeadDim <= 1024,
                 "gradient halves are whole boxes with N = 64..256");
-  static_assert(kExchangedBytes <= kExchangeBytes || kSplit == 1, "the partials fit the slot");
+  static_assert(kExchangeBytes <= sm90_wgmma::PartialExchange::kSlotBytes, "within the exchange's layout");
   static_assert(kHalfTiles % kStageTiles == 0 && kStageTiles <= 3,
-                "a consumer's product part is whole stages (N = 128 or 192 wgmmas)");
+                "a consumer's product part is whole stages (N = 64, 128 or 192 wgmmas)");
   // A consumer holds its first product stage while it waits for its second,
   // as may the other consumer: with two stages the producer could not load either.
   static_assert(kStages >= (kProductParts > 1 ? 3 : 2), "the ring holds both consumers' first parts and one more");

@@ -8,8 +8,9 @@
 // count going negative until then). The sender first waits on x_empty for the
 // peer to have read the exchange before (the receiver arrives remotely once it
 // has added it), so the barriers are at most one phase behind. The forward's
-// partial S (cluster_exchange.cuh) and the backward's partial S and dP
-// (kernels/sm90_backward) go through it. Barriers at CTA scope, as CUTLASS's
+// partial S (cluster_exchange.cuh) and the backward's partial S and dP, one
+// a phase in the slot's first 16 KB (kernels/sm90_backward/consumer.cuh,
+// whose two consumers keep the phases in order), go through it. Barriers at CTA scope, as CUTLASS's
 // ClusterBarrier: the data are in the receiver's own shared memory, and the
 // release of the x_empty arrival orders the receiver's reads of its own slot
 // (cluster scope cost CCTL.IVALL per wait and MEMBAR.GPU per arrival: ncu,
@@ -59,9 +60,15 @@ struct PartialExchange {
   // The peer's exchange `phase` (`bytes` of it: what the peer sends) has
   // landed in this CTA's slot.
   __device__ __forceinline__ void wait_received(int phase, uint32_t bytes = kSlotBytes) const {
-    if (thread == 0) mbarrier_arrive_expect_tx(x_full, bytes);
-    mbarrier_wait_cluster(x_full, phase & 1);
+    if (thread == 0) expect(bytes);
+    wait_landed(phase);
   }
+  // The two halves of wait_received, for a slot whose phases are read by more
+  // than one warpgroup (the backward's consumers): the reader of a phase
+  // announces the next one's bytes once it has read it (one arrival a phase
+  // whoever reads next), the first announced at setup.
+  __device__ __forceinline__ void expect(uint32_t bytes) const { mbarrier_arrive_expect_tx(x_full, bytes); }
+  __device__ __forceinline__ void wait_landed(int phase) const { mbarrier_wait_cluster(x_full, phase & 1); }
   // v += the peer's quads from first_quad on, two loads in flight at a time
   // (all at once would spill the callers' accumulators).
   template <int N>

@@ -94,8 +94,8 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
   // wrappers below (no transpose, other accumulator types).
   static_assert(ElementTraits<Element>::kBytes == 2, "16-bit operands: bf16 or fp16");
   constexpr bool kBf16 = ElementTraits<Element>::kIsBf16;
-  static_assert(kTransposeB ? (N == 128 || N == 192 || N == 256) : (N == 64 || N == 128),
-                "instantiated shapes: K-major B with N = 64, 128, N-major B with N = 128, 192, 256");
+  static_assert(kTransposeB ? (N == 64 || N == 128 || N == 192 || N == 256) : (N == 64 || N == 128),
+                "instantiated shapes: K-major B with N = 64, 128, N-major B with N = 64, 128, 192, 256");
   static_assert(!kTransposeA || kTransposeB, "an M-major A with an N-major B only (the backward's products)");
   if constexpr (!kTransposeB && N == 64) {
     if constexpr (kBf16) {
@@ -110,7 +110,13 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
       FFPA_WGMMA_SS("m64n128k16", "f16", "0, 0", 64, "64", "65", "66");
     }
   } else if constexpr (kTransposeA) {
-    if constexpr (N == 128) {
+    if constexpr (N == 64) {
+      if constexpr (kBf16) {
+        FFPA_WGMMA_SS("m64n64k16", "bf16", "1, 1", 32, "32", "33", "34");
+      } else {
+        FFPA_WGMMA_SS("m64n64k16", "f16", "1, 1", 32, "32", "33", "34");
+      }
+    } else if constexpr (N == 128) {
       if constexpr (kBf16) {
         FFPA_WGMMA_SS("m64n128k16", "bf16", "1, 1", 64, "64", "65", "66");
       } else {
@@ -128,6 +134,12 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
       } else {
         FFPA_WGMMA_SS("m64n256k16", "f16", "1, 1", 128, "128", "129", "130");
       }
+    }
+  } else if constexpr (N == 64) {
+    if constexpr (kBf16) {
+      FFPA_WGMMA_SS("m64n64k16", "bf16", "0, 1", 32, "32", "33", "34");
+    } else {
+      FFPA_WGMMA_SS("m64n64k16", "f16", "0, 1", 32, "32", "33", "34");
     }
   } else if constexpr (N == 128) {
     if constexpr (kBf16) {
