@@ -342,6 +342,8 @@ class GpuSession:
                 "cuda_architectures": list(info.cuda_architectures),
                 "split_d_head_dims": list(info.split_d_head_dims),
                 "sm90_wgmma_head_dims": list(info.sm90_wgmma_head_dims),
+                # which backward a training point ran (routing.py's hopper_backward rows)
+                "sm90_backward_head_dims": list(info.sm90_backward_head_dims),
             },
         }
 

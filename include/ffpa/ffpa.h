@@ -264,6 +264,11 @@ typedef struct ffpa_library_info {
    * serves every D up to it; a count of 0: no FP8 in this build. */
   int32_t sm90_fp8_head_dim_count;
   int32_t sm90_fp8_head_dims[FFPA_LIBRARY_INFO_MAX_HEAD_DIMS];
+  /* The sm90 backward kernels' instances (ffpa_backward's device path on
+   * sm_90a): each serves every D and Dv up to it; a count of 0: no sm90
+   * backward in this build. */
+  int32_t sm90_backward_head_dim_count;
+  int32_t sm90_backward_head_dims[FFPA_LIBRARY_INFO_MAX_HEAD_DIMS];
 } ffpa_library_info;
 
 /* Fills *info. FFPA_NULL_POINTER when info is NULL, FFPA_INVALID_OPTION when

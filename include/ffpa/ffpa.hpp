@@ -298,9 +298,10 @@ struct LibraryInfo {
   std::vector<int32_t> cuda_architectures;  // compiled, 10 * major + minor, ascending
   // Head dims with their own kernel instance, ascending; empty when the family
   // is not in this build.
-  std::vector<int32_t> split_d_head_dims;     // Impl::sm80_split_d
-  std::vector<int32_t> sm90_wgmma_head_dims;  // Impl::sm90_wgmma
-  std::vector<int32_t> sm90_fp8_head_dims;    // Precision::fp8 (each serves every D up to it)
+  std::vector<int32_t> split_d_head_dims;        // Impl::sm80_split_d
+  std::vector<int32_t> sm90_wgmma_head_dims;     // Impl::sm90_wgmma
+  std::vector<int32_t> sm90_fp8_head_dims;       // Precision::fp8 (each serves every D up to it)
+  std::vector<int32_t> sm90_backward_head_dims;  // backward() on sm_90a (each serves every D and Dv up to it)
 };
 FFPA_API LibraryInfo library_info();
 

@@ -212,6 +212,8 @@ class FfpaLibraryInfo(ctypes.Structure):
         ("sm90_wgmma_head_dims", ctypes.c_int32 * LIBRARY_INFO_MAX_HEAD_DIMS),
         ("sm90_fp8_head_dim_count", ctypes.c_int32),
         ("sm90_fp8_head_dims", ctypes.c_int32 * LIBRARY_INFO_MAX_HEAD_DIMS),
+        ("sm90_backward_head_dim_count", ctypes.c_int32),
+        ("sm90_backward_head_dims", ctypes.c_int32 * LIBRARY_INFO_MAX_HEAD_DIMS),
     ]
 
 
@@ -226,7 +228,7 @@ assert FfpaOptions.precision.offset == 40 and FfpaOptions.fp8.offset == 48
 assert ctypes.sizeof(FfpaForwardParams) == 592 and FfpaForwardParams.fp8_kv_cache.offset == 584
 assert ctypes.sizeof(FfpaFp8KvCache) == 480
 assert ctypes.sizeof(FfpaFp8QuantizeKvParams) == 696 and FfpaFp8QuantizeKvParams.fp8.offset == 640
-assert ctypes.sizeof(FfpaLibraryInfo) == 288
+assert FfpaLibraryInfo.sm90_backward_head_dim_count.offset == 288 and ctypes.sizeof(FfpaLibraryInfo) == 360
 
 
 @dataclass(frozen=True)
@@ -245,6 +247,7 @@ class LibraryInfo:
     split_d_head_dims: tuple[int, ...]  # head dims with their own sm80_split_d instance
     sm90_wgmma_head_dims: tuple[int, ...]  # empty when the build has no sm_90a
     sm90_fp8_head_dims: tuple[int, ...] = ()  # precision "fp8": each serves every D up to it
+    sm90_backward_head_dims: tuple[int, ...] = ()  # the Hopper backward: each serves every D and Dv up to it
 
     @property
     def limits(self) -> Limits:
@@ -266,6 +269,7 @@ class LibraryInfo:
             split_d_head_dims=tuple(c.split_d_head_dims[: c.split_d_head_dim_count]),
             sm90_wgmma_head_dims=tuple(c.sm90_wgmma_head_dims[: c.sm90_wgmma_head_dim_count]),
             sm90_fp8_head_dims=tuple(c.sm90_fp8_head_dims[: c.sm90_fp8_head_dim_count]),
+            sm90_backward_head_dims=tuple(c.sm90_backward_head_dims[: c.sm90_backward_head_dim_count]),
         )
 
 

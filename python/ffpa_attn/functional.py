@@ -18,7 +18,7 @@ from . import _library, ops  # noqa: F401  (ops registers torch.ops.ffpa_attn.fo
 from ._library import Accumulation, Causal, FFPAError, Fp8QkFormat, Fp8QkScales, Fp8VScales, Impl, Precision
 from .config import CUDABackend
 from .decisions import CallSpec, Limits, fallback_reason, precision_fallback_reason
-from .routing import route, sdpa_backends
+from .routing import route, sdpa_backends, widest_head_dim
 
 logger = logging.getLogger("ffpa_attn")
 
@@ -39,10 +39,11 @@ def _library_limits() -> tuple[Limits | None, str | None]:
 
 # Asked once, at import, so that torch.compile never traces the library's loading.
 _LIBRARY_LIMITS, _LIBRARY_MISSING = _library_limits()
-# The head dims the library's Hopper family has its own instance for (empty without a library), and its
-# FP8 instances (each serves every D up to it).
+# The head dims the library's Hopper family has its own instance for (empty without a library), its
+# FP8 instances (each serves every D up to it) and its backward instances (each serves every D and Dv up to it).
 _SM90_HEAD_DIMS = () if _LIBRARY_MISSING is not None else _library.library_info().sm90_wgmma_head_dims
 _SM90_FP8_HEAD_DIMS = () if _LIBRARY_MISSING is not None else _library.library_info().sm90_fp8_head_dims
+_SM90_BACKWARD_HEAD_DIMS = () if _LIBRARY_MISSING is not None else _library.library_info().sm90_backward_head_dims
 
 
 def _fp8_head_dim_refusal(head_dim: int) -> str | None:
@@ -79,6 +80,23 @@ def _hopper_family_serves(spec, device_index: int | None) -> bool:
     head_dim = spec.q_shape[-1] if spec.q_shape else 0
     if spec.device_type != "cuda" or device_index is None or head_dim not in _SM90_HEAD_DIMS:
         return False
+    return _sm90_kernels_run(device_index)
+
+
+def _hopper_backward_serves(spec, device_index: int | None) -> bool:
+    """Whether the library runs its Hopper backward (kernels/sm90_backward) for the call's gradients on its
+    device (routing.py's training rows measured on it hold only there): the call needs grad, the build has
+    an instance as wide as max(D_qk, D_v) and the family's kernels run on the GPU."""
+    if not spec.needs_grad or spec.device_type != "cuda" or device_index is None or not spec.q_shape:
+        return False
+    width = widest_head_dim(spec)
+    if not any(head_dim >= width for head_dim in _SM90_BACKWARD_HEAD_DIMS):
+        return False
+    return _sm90_kernels_run(device_index)
+
+
+def _sm90_kernels_run(device_index: int) -> bool:
+    """Whether the library runs its sm_90a kernels on CUDA device `device_index` (asked of the library)."""
     try:
         return _device_unsupported(device_index, "sm90_wgmma") is None
     except _library.FFPAError:
@@ -401,7 +419,14 @@ def _decision(
         reason = precision_fallback_reason(reason, backend.precision)
         backends, why = sdpa_backends(spec)
         return _Decision("sdpa", reason if why is None else f"{reason}; {why}", backends)
-    chosen = route(spec, backend, return_lse, _hopper_family_serves(spec, query.device.index))
+    device_index = query.device.index
+    chosen = route(
+        spec,
+        backend,
+        return_lse,
+        _hopper_family_serves(spec, device_index),
+        hopper_backward=_hopper_backward_serves(spec, device_index),
+    )
     if chosen.path == "sdpa":
         backends, why = sdpa_backends(spec)
         return _Decision("sdpa", chosen.reason if why is None else f"{chosen.reason}; {why}", backends)

@@ -45,9 +45,10 @@ def report(args: argparse.Namespace) -> int:
         f"  architectures: {', '.join(f'sm_{a}' for a in info.cuda_architectures) or 'none'};"
         f" head dims accepted: multiples of {info.head_dim_multiple} in [{info.min_head_dim}, {info.max_head_dim}]"
     )
-    print(f"  sm80_split_d instances: {', '.join(map(str, info.split_d_head_dims)) or 'none'}")
-    print(f"  sm90_wgmma instances:   {', '.join(map(str, info.sm90_wgmma_head_dims)) or 'none'}")
-    print(f"  sm90 FP8 instances:     {', '.join(map(str, info.sm90_fp8_head_dims)) or 'none'}")
+    print(f"  sm80_split_d instances:  {', '.join(map(str, info.split_d_head_dims)) or 'none'}")
+    print(f"  sm90_wgmma instances:    {', '.join(map(str, info.sm90_wgmma_head_dims)) or 'none'}")
+    print(f"  sm90 FP8 instances:      {', '.join(map(str, info.sm90_fp8_head_dims)) or 'none'}")
+    print(f"  sm90 backward instances: {', '.join(map(str, info.sm90_backward_head_dims)) or 'none'}")
 
     try:
         import torch

@@ -11,7 +11,9 @@ Torch-free and cheap (no timing at run time): a decision reads the call's
 metadata and the constant tables here. The D <= 256 split holds on every GPU
 the library has kernels for; the rows where ffpa's Hopper family beats SDPA
 below it apply only where the caller has asked the library that the family
-runs at the call's head dim (route's hopper_family).
+runs at the call's head dim (route's hopper_family), and the training rows
+measured on the Hopper backward only where the caller has asked it that the
+backward runs for the call (route's hopper_backward).
 """
 
 from __future__ import annotations
@@ -59,23 +61,30 @@ FFPA_FASTER_HOPPER_DECODE_MAX_ROWS = 32
 SDPA_FASTER_MHA_DECODE = ((448, 0), (512, 512), (1024, 8192))
 SDPA_FASTER_DECODE_MIN_ROWS = 128
 
-# Training calls (an input requires grad: ffpa's forward, then its backward: on
-# Hopper up to D 512 the sm90 kernels, kernels/sm90_backward, else the portable
-# ones, kernels/sm80_backward) against SDPA's forward and backward (its
-# memory-efficient kernels above D = 256), forward + backward of one call.
-# H200, torch 2.11, bf16, B = 1 (docs/perf/h200-2026-12-01g/routing_train.md;
-# bench/routing_sweep.py), SDPA ms / ffpa ms:
+# Training calls (an input requires grad: ffpa's forward, then its backward) against SDPA's forward and
+# backward (its memory-efficient kernels above D = 256), forward + backward of one call. H200, torch 2.11,
+# bf16, B = 1 (bench/routing_sweep.py), SDPA ms / ffpa ms:
 #   D 128 and 256 (H 32), N 1024-8192: 0.18-0.68x (SDPA's flash / cuDNN)
-#   D 320-512 (H 32), N 1024-8192, causal or not: 1.87-6.36x (D 512 2.80-6.36x;
-#     GQA 32/8 at D 512 5.62-12.7x; key padding 4.81-5.35x; dropout 0.1 2.95-3.37x)
-#   D 640-768 (portable backward; H 32, 16 at 768): 1.03-1.71x
+#   D_qk 192 / D_v 128: SDPA 3-3.5x faster (flash / cuDNN at D <= 256)
+# Where the library runs its Hopper backward for the call (kernels/sm90_backward: an sm_90 GPU, a build
+# with an instance as wide as the call; route's hopper_backward), N 1024-8192, causal or not
+# (docs/perf/h200-2026-12-02/routing_train_large.md):
+#   D 320-512 (H 32): 1.87-6.36x; D 640 (H 32): 2.81-4.13x; D 768 (H 16): 3.37-5.71x
+#   D 1024 (H 16): 4.10-5.53x (key padding 3.95-4.69x, dropout 0.1 2.78-3.82x)
+#   D_qk 576 / D_v 512, Hq 32, one KV head, causal: N 1024 1.45x, N 4096 4.71x
+# Elsewhere the portable backward (kernels/sm80_backward; docs/perf/h200-2026-12-01f/routing_sweep.md,
+# h200-2026-12-01g/routing_train.md):
+#   D 320-512 (H 32): 1.28-1.72x; D 640-768 (H 32, 16 at 768): 1.03-1.71x
 #   D 1024 (H 16): N 1024 1.29-1.62x, N 2048 1.11-1.43x (key padding 1.09x,
 #     dropout 1.02-1.28x); N 4096 0.97x (causal 1.16x); N 8192 0.81-0.99x
-#   D_qk 576 / D_v 512, Hq 32, one KV head, causal: N 4096 1.81x, N 1024 0.63x
-#     (each dK/dV CTA owns a block of keys of one KV head: 1024 keys in all
-#     leave most SMs idle)
-#   D_qk 192 / D_v 128: SDPA 3-3.5x faster (flash / cuDNN at D <= 256)
+#   D_qk 576 / D_v 512 as above: N 4096 1.81x, N 1024 0.63x (each dK/dV CTA owns
+#     a block of keys of one KV head: 1024 keys in all leave most SMs idle)
 # The larger of D_qk and D_v decides (the backward's work follows both).
+# The Hopper backward: ffpa trains every D above 256 with at least this many keys, B x Hkv x Nkv (the
+# fewest measured: MLA at N 1024; fewer are unmeasured and stay on SDPA).
+FFPA_TRAINS_MIN_KEYS_HOPPER = 1024
+# The portable backward: ffpa trains D up to 768 at any length, D above it up to N 2048, each with at
+# least FFPA_TRAINS_MIN_KEYS keys.
 FFPA_TRAINS_MAX_HEAD_DIM_ANY_LENGTH = 768
 FFPA_TRAINS_LARGE_HEAD_DIM_MAX_SEQ = 2048  # D above 768: ffpa trains when Nq and Nkv are at most this
 FFPA_TRAINS_MIN_KEYS = 4096  # B x Hkv x Nkv: fewer keys and SDPA trains (MLA at N 1024: 0.63x)
@@ -140,19 +149,27 @@ def sdpa_wrong_reason(spec: CallSpec) -> str | None:
     return None
 
 
-def route(spec: CallSpec, backend: CUDABackend, return_lse: bool, hopper_family: bool = False) -> Route:
+def route(
+    spec: CallSpec, backend: CUDABackend, return_lse: bool, hopper_family: bool = False, hopper_backward: bool = False
+) -> Route:
     """The path of a call the library can serve (decisions.fallback_reason(spec) is None).
 
     hopper_family: the library runs its Hopper family (sm90_wgmma) at exactly the call's
     head dim on the call's device (asked of the library by the caller).
+    hopper_backward: the library runs its Hopper backward (sm90_backward) for the call's
+    head dims on the call's device (asked of the library by the caller).
     """
-    if spec.needs_grad and backend.impl == "auto" and (reason := training_sdpa_reason(spec)) is not None:
+    if (
+        spec.needs_grad
+        and backend.impl == "auto"
+        and (reason := training_sdpa_reason(spec, hopper_backward)) is not None
+    ):
         return Route("sdpa", reason)
     if (reason := only_ffpa_reason(spec, backend, return_lse)) is not None:
         return Route("ffpa", reason)
     if (reason := sdpa_wrong_reason(spec)) is not None:
         return Route("ffpa", reason)
-    head_dim = _widest_head_dim(spec)
+    head_dim = widest_head_dim(spec)
     if hopper_family and (reason := _hopper_faster_reason(spec)) is not None:
         return Route("ffpa", reason)
     if head_dim <= SDPA_FASTER_MAX_HEAD_DIM:
@@ -168,27 +185,34 @@ def route(spec: CallSpec, backend: CUDABackend, return_lse: bool, hopper_family:
     return Route("ffpa", f"D = {head_dim}: ffpa's kernels are faster than SDPA's (measured)")
 
 
-def _widest_head_dim(spec: CallSpec) -> int:
+def widest_head_dim(spec: CallSpec) -> int:
     """The larger of D_qk and D_v: with D_qk != D_v the routing rules read it (measured: D_qk 576 / D_v 512
     5.6-11.6x faster on ffpa's portable kernels, D_qk 192 / D_v 128 2.3-3x faster on SDPA's, H200,
     docs/perf/h200-2026-12-01f/routing_sweep.md)."""
     return max(spec.q_shape[-1], spec.v_shape[-1]) if spec.v_shape else spec.q_shape[-1]
 
 
-def training_sdpa_reason(spec: CallSpec) -> str | None:
+def training_sdpa_reason(spec: CallSpec, hopper_backward: bool = False) -> str | None:
     """Why SDPA trains a call that needs grad under impl="auto" (the table above), or None: ffpa trains it.
 
-    (Calls whose options have no backward, FP8 and fp16 accumulation, never get here: functional.py's
-    _no_gradient_reason sends them to SDPA first.)"""
-    head_dim = _widest_head_dim(spec)
+    hopper_backward: the library runs its Hopper backward for the call (route's); else the portable
+    backward's measurements apply. (Calls whose options have no backward, FP8 and fp16 accumulation, never
+    get here: functional.py's _no_gradient_reason sends them to SDPA first.)"""
+    head_dim = widest_head_dim(spec)
     if head_dim <= SDPA_FASTER_MAX_HEAD_DIM:
         return f"training at D = {head_dim} <= {SDPA_FASTER_MAX_HEAD_DIM}: SDPA's backward is faster (measured)"
     if len(spec.q_shape) != 4 or len(spec.k_shape) != 4:
         return "training call of an unusual rank: not measured"
     batch, _, seq_q, _ = spec.q_shape
     heads_kv, seq_kv = spec.k_shape[1], spec.k_shape[2]
-    if batch * heads_kv * seq_kv < FFPA_TRAINS_MIN_KEYS:
-        return (f"training with B x Hkv x Nkv = {batch * heads_kv * seq_kv} < {FFPA_TRAINS_MIN_KEYS} keys: "
+    keys = batch * heads_kv * seq_kv
+    if hopper_backward:
+        if keys < FFPA_TRAINS_MIN_KEYS_HOPPER:
+            return (f"training with B x Hkv x Nkv = {keys} < {FFPA_TRAINS_MIN_KEYS_HOPPER} keys: "
+                    "ffpa's Hopper backward is not measured faster there")
+        return None
+    if keys < FFPA_TRAINS_MIN_KEYS:
+        return (f"training with B x Hkv x Nkv = {keys} < {FFPA_TRAINS_MIN_KEYS} keys: "
                 "ffpa's backward leaves the GPU idle, SDPA's is faster (measured)")
     longest = max(seq_q, seq_kv)
     if head_dim > FFPA_TRAINS_MAX_HEAD_DIM_ANY_LENGTH and longest > FFPA_TRAINS_LARGE_HEAD_DIM_MAX_SEQ:

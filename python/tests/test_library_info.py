@@ -50,6 +50,8 @@ def test_binding_equals_the_c_abi():
     assert info.cuda_architectures == tuple(c.cuda_architectures[: c.cuda_architecture_count])
     assert info.split_d_head_dims == tuple(c.split_d_head_dims[: c.split_d_head_dim_count])
     assert info.sm90_wgmma_head_dims == tuple(c.sm90_wgmma_head_dims[: c.sm90_wgmma_head_dim_count])
+    assert info.sm90_fp8_head_dims == tuple(c.sm90_fp8_head_dims[: c.sm90_fp8_head_dim_count])
+    assert info.sm90_backward_head_dims == tuple(c.sm90_backward_head_dims[: c.sm90_backward_head_dim_count])
     assert _library.limits() == Limits(c.min_head_dim, c.max_head_dim, c.head_dim_multiple)
 
 
@@ -75,13 +77,14 @@ def test_fields_land_where_the_c_struct_has_them():
     info = _library.library_info()
     assert 0 < info.min_head_dim <= info.max_head_dim < info.max_sequence_length
     assert info.min_head_dim % info.head_dim_multiple == info.max_head_dim % info.head_dim_multiple == 0
-    for dims in (info.split_d_head_dims, info.sm90_wgmma_head_dims):
+    for dims in (info.split_d_head_dims, info.sm90_wgmma_head_dims, info.sm90_backward_head_dims):
         assert list(dims) == sorted(set(dims))
         assert all(info.min_head_dim <= d <= info.max_head_dim and d % 64 == 0 for d in dims)
     assert info.split_d_head_dims, "every build has split-D instances"
     assert info.cuda_architectures and list(info.cuda_architectures) == sorted(set(info.cuda_architectures))
     assert all(50 <= arch < 1000 for arch in info.cuda_architectures)
     assert not info.sm90_wgmma_head_dims or 90 in info.cuda_architectures
+    assert not info.sm90_backward_head_dims or 90 in info.cuda_architectures  # sm_90a kernels too
 
 
 def test_asked_once_and_immutable():

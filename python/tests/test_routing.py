@@ -11,6 +11,8 @@ from ffpa_attn.routing import (
     CUDNN_FP32_MASK_MAX_HEAD_DIM,
     FFPA_FASTER_HOPPER_DECODE_MAX_ROWS,
     FFPA_FASTER_HOPPER_HEAD_DIMS,
+    FFPA_TRAINS_MIN_KEYS,
+    FFPA_TRAINS_MIN_KEYS_HOPPER,
     SDPA_FASTER_DECODE_MIN_ROWS,
     SDPA_FASTER_MHA_DECODE,
     SDPA_FASTER_MAX_HEAD_DIM,
@@ -209,38 +211,73 @@ def test_fp8_calls_are_never_routed_to_sdpa_for_speed(call, hopper_family):
     assert chosen.path == "ffpa" and "fp8" in chosen.reason
 
 
-@pytest.mark.parametrize(
-    "call, path",
-    [
-        (spec(512, needs_grad=True), "ffpa"),  # 1.44-1.72x (H200, routing_sweep.md)
-        (spec(320, is_causal=True, needs_grad=True), "ffpa"),
-        (spec(768, needs_grad=True), "ffpa"),
-        (spec(512, mask_dtype="bool", mask_shape=(B, 1, 1, N), needs_grad=True), "ffpa"),
-        (spec(256, needs_grad=True), "sdpa"),  # SDPA's flash / cuDNN backward
-        (spec(128, needs_grad=True), "sdpa"),
-        (spec(1024, nq=2048, nkv=2048, needs_grad=True), "ffpa"),  # 1.03-1.72x up to N 2048
-        (spec(1024, nq=4096, nkv=4096, needs_grad=True), "sdpa"),  # 0.98x, 0.82-0.92x at 8192
-        (spec(896, nq=8192, nkv=8192, is_causal=True, needs_grad=True), "sdpa"),
-    ],
-    ids=["d512", "d320-causal", "d768", "d512-key-padding", "d256", "d128", "d1024-n2048", "d1024-n4096",
-         "d896-n8192-causal"],
-)
-def test_training_calls_under_auto_run_where_measured_faster(call, path):
-    chosen = route(call, AUTO, return_lse=False)
+def train(d, n, h=16, **changes) -> CallSpec:
+    """A B = 1 training call of H heads, Nq = Nkv = n (routing_sweep.py's shapes)."""
+    return served_call_spec((1, h, n, d), (1, h, n, d), (1, h, n, d), needs_grad=True, **changes)
+
+
+def mla_train(n: int) -> CallSpec:
+    """Absorbed MLA's training call: D_qk 576 / D_v 512, Hq 32 over one KV head, causal, n keys."""
+    return served_call_spec(
+        (1, 32, n, 576), (1, 1, n, 576), (1, 1, n, 512), enable_gqa=True, is_causal=True, needs_grad=True
+    )
+
+
+# (call, path with the portable backward, path where the library runs its Hopper backward)
+TRAINING_CALLS = {
+    "d512": (spec(512, needs_grad=True), "ffpa", "ffpa"),  # 1.44-1.72x portable, 1.87-6.36x Hopper
+    "d320-causal": (spec(320, is_causal=True, needs_grad=True), "ffpa", "ffpa"),
+    "d768": (spec(768, needs_grad=True), "ffpa", "ffpa"),
+    "d512-key-padding": (spec(512, mask_dtype="bool", mask_shape=(B, 1, 1, N), needs_grad=True), "ffpa", "ffpa"),
+    "d256": (spec(256, needs_grad=True), "sdpa", "sdpa"),  # SDPA's flash / cuDNN backward
+    "d128": (spec(128, needs_grad=True), "sdpa", "sdpa"),
+    "d1024-n2048": (train(1024, 2048), "ffpa", "ffpa"),  # 1.11-1.43x portable, 4.92-5.14x Hopper
+    "d1024-n4096": (train(1024, 4096), "sdpa", "ffpa"),  # 0.97x portable, 4.47-5.53x Hopper
+    "d1024-n8192-dropout": (train(1024, 8192, dropout_p=0.1), "sdpa", "ffpa"),  # 0.81-0.99x; 2.78-3.82x
+    "d896-n8192-causal": (train(896, 8192, is_causal=True), "sdpa", "ffpa"),
+    "d640-n8192": (train(640, 8192, h=32), "ffpa", "ffpa"),  # 1.03x portable, 2.81-4.13x Hopper
+    "mla-n1024": (mla_train(1024), "sdpa", "ffpa"),  # 0.63x portable, 1.45x Hopper
+    "mla-n4096": (mla_train(4096), "ffpa", "ffpa"),  # 1.81x portable, 4.71x Hopper
+}
+
+
+@pytest.mark.parametrize("hopper_backward", [False, True], ids=["portable-backward", "hopper-backward"])
+@pytest.mark.parametrize("name", TRAINING_CALLS)
+def test_training_calls_under_auto_run_where_measured_faster(name, hopper_backward):
+    call, portable_path, hopper_path = TRAINING_CALLS[name]
+    path = hopper_path if hopper_backward else portable_path
+    chosen = route(call, AUTO, return_lse=False, hopper_backward=hopper_backward)
     assert chosen.path == path, chosen.reason
     if path == "sdpa":
         assert "training" in chosen.reason and "measured" in chosen.reason
     for impl in ("ffpa", "sm80_split_d"):  # an explicit impl always trains on ffpa
-        assert route(call, CUDABackend(impl=impl), return_lse=False).path == "ffpa"
+        assert route(call, CUDABackend(impl=impl), False, hopper_backward=hopper_backward).path == "ffpa"
 
 
-def test_training_with_few_keys_stays_on_sdpa():
-    # MLA's shape with one KV head: 1024 keys leave ffpa's dK/dV kernel mostly idle (0.63x); 4096 keys 1.81x.
-    few = served_call_spec((1, 32, 1024, 576), (1, 1, 1024, 576), (1, 1, 1024, 512), enable_gqa=True, needs_grad=True)
-    chosen = route(few, AUTO, return_lse=False)
+@pytest.mark.parametrize("hopper_backward", [False, True], ids=["portable-backward", "hopper-backward"])
+def test_training_with_few_keys_stays_on_sdpa(hopper_backward):
+    # MLA's shape with one KV head: each dK/dV CTA owns keys of one KV head, so few keys leave the GPU idle.
+    # Portable backward: 1024 keys 0.63x, 4096 1.81x. Hopper backward: 1024 keys 1.45x (the fewest
+    # measured), fewer unmeasured.
+    fewest_on_ffpa = FFPA_TRAINS_MIN_KEYS_HOPPER if hopper_backward else FFPA_TRAINS_MIN_KEYS
+    few = mla_train(fewest_on_ffpa // 2)
+    chosen = route(few, AUTO, return_lse=False, hopper_backward=hopper_backward)
     assert chosen.path == "sdpa" and "keys" in chosen.reason
-    many = served_call_spec((1, 32, 4096, 576), (1, 1, 4096, 576), (1, 1, 4096, 512), enable_gqa=True, needs_grad=True)
-    assert route(many, AUTO, return_lse=False).path == "ffpa"
+    assert route(mla_train(fewest_on_ffpa - 8), AUTO, False, hopper_backward=hopper_backward).path == "sdpa"
+    assert route(mla_train(fewest_on_ffpa), AUTO, False, hopper_backward=hopper_backward).path == "ffpa"
+    # B x Hkv x Nkv counts the keys: two sequences of 512 keys are 1024.
+    batched = served_call_spec(
+        (2, 32, 512, 576), (2, 1, 512, 576), (2, 1, 512, 512), enable_gqa=True, is_causal=True, needs_grad=True
+    )
+    assert route(batched, AUTO, False, hopper_backward=True).path == "ffpa"
+    assert route(batched, AUTO, False, hopper_backward=False).path == "sdpa"
+
+
+def test_the_hopper_backward_does_not_move_small_head_dims_off_sdpa():
+    # D <= 256: SDPA's flash / cuDNN backward, whichever backward ffpa would run (0.18-0.68x).
+    for call in (train(256, 8192, h=32), train(128, 4096, h=32, is_causal=True), spec(192, needs_grad=True)):
+        chosen = route(call, AUTO, False, hopper_backward=True)
+        assert chosen.path == "sdpa" and "256" in chosen.reason
 
 
 def test_unequal_value_head_dims_route_by_the_wider_one():

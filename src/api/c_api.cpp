@@ -370,7 +370,9 @@ ffpa_status ffpa_library_info_get(ffpa_library_info* info, char* message, size_t
         !to_c_list(cpp.split_d_head_dims, c.split_d_head_dims, &c.split_d_head_dim_count) ||
         !to_c_list(cpp.sm90_wgmma_head_dims, c.sm90_wgmma_head_dims,
                    &c.sm90_wgmma_head_dim_count) ||
-        !to_c_list(cpp.sm90_fp8_head_dims, c.sm90_fp8_head_dims, &c.sm90_fp8_head_dim_count)) {
+        !to_c_list(cpp.sm90_fp8_head_dims, c.sm90_fp8_head_dims, &c.sm90_fp8_head_dim_count) ||
+        !to_c_list(cpp.sm90_backward_head_dims, c.sm90_backward_head_dims,
+                   &c.sm90_backward_head_dim_count)) {
       write_message(message, message_size, "internal error: ",
                     "a list of this build does not fit in ffpa_library_info");
       return FFPA_CUDA_ERROR;

@@ -9,6 +9,7 @@
 #include "common/attention_problem.hpp"
 #include "ffpa/ffpa.hpp"
 #include "kernels/sm80_split_d/family.hpp"
+#include "kernels/sm90_backward/family.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
 
 #if !defined(FFPA_CUDA_ARCHITECTURE_LIST)
@@ -40,6 +41,8 @@ LibraryInfo library_info() {
     info.sm90_wgmma_head_dims.push_back(detail::sm90_wgmma::kInstances[i].head_dim);
   for (int i = 0; i < detail::sm90_wgmma::kFp8InstanceCount; ++i)
     info.sm90_fp8_head_dims.push_back(detail::sm90_wgmma::kFp8Instances[i].head_dim);
+  for (int i = 0; i < detail::sm90_backward::kInstanceCount; ++i)
+    info.sm90_backward_head_dims.push_back(detail::sm90_backward::kInstances[i].head_dim);
   return info;
 }
 

@@ -79,7 +79,9 @@ static_assert(offsetof(ffpa_fp8_options, qk_scales) == 4 && offsetof(ffpa_fp8_op
                   offsetof(ffpa_fp8_options, v_scales) == 24 && offsetof(ffpa_fp8_options, smooth_v) == 28,
               "ffpa_fp8_options: FfpaFp8Options' offsets");
 static_assert(sizeof(ffpa_fp8_options) == 32, "ffpa_fp8_options: FfpaFp8Options' size");
-static_assert(offsetof(ffpa_library_info, sm90_fp8_head_dim_count) == 220 && sizeof(ffpa_library_info) == 288,
+static_assert(offsetof(ffpa_library_info, sm90_fp8_head_dim_count) == 220 &&
+                  offsetof(ffpa_library_info, sm90_backward_head_dim_count) == 288 &&
+                  sizeof(ffpa_library_info) == 360,
               "ffpa_library_info: FfpaLibraryInfo's layout (python/ffpa_attn/_library.py)");
 static_assert(sizeof(ffpa_options) == 80, "ffpa_options: FfpaOptions' size");
 static_assert(offsetof(ffpa_forward_params, options) == 480 && offsetof(ffpa_forward_params, stream) == 560,

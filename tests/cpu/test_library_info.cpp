@@ -4,8 +4,11 @@
 // exactly the head dims reported, and each bad argument has its status.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -14,6 +17,7 @@
 #include "ffpa/ffpa.h"
 #include "ffpa/ffpa.hpp"
 #include "kernels/sm80_split_d/family.hpp"
+#include "kernels/sm90_backward/family.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
 #include "support/host_tensors.hpp"
 
@@ -57,6 +61,19 @@ TEST(LibraryInfo, HeadDimsAreTheInstanceTables) {
   if (sm90.empty()) EXPECT_TRUE(fp8.empty());  // the FP8 kernels are the sm90 family's
 }
 
+// The sm90 backward's instances, in the order its route walks them: a binding
+// takes the first one as wide as max(D, Dv) (test_dispatch.cpp's Sm90BackwardRouting).
+TEST(LibraryInfo, Sm90BackwardHeadDimsAreTheFamilysInstancesAscending) {
+  const ffpa::LibraryInfo info = ffpa::library_info();
+  namespace bwd = ffpa::detail::sm90_backward;
+  std::vector<int32_t> backward;
+  for (int i = 0; i < bwd::kInstanceCount; ++i) backward.push_back(bwd::kInstances[i].head_dim);
+  EXPECT_EQ(info.sm90_backward_head_dims, backward);  // empty without sm_90a
+  EXPECT_EQ(std::adjacent_find(backward.begin(), backward.end(), std::greater_equal<int32_t>()), backward.end())
+      << "strictly ascending";
+  for (int32_t d : backward) EXPECT_TRUE(d % 128 == 0 && d <= info.max_head_dim) << d;
+}
+
 TEST(LibraryInfo, ArchitecturesAreTheCMakeList) {
   const ffpa::LibraryInfo info = ffpa::library_info();
   EXPECT_EQ(info.cuda_architectures, (std::vector<int32_t>{FFPA_CUDA_ARCHITECTURE_LIST}));
@@ -64,6 +81,7 @@ TEST(LibraryInfo, ArchitecturesAreTheCMakeList) {
   for (int32_t arch : info.cuda_architectures) has_sm90 |= arch == 90;
   // The sm90 family (sm_90a code) is built only when the list targets sm_90.
   if (!info.sm90_wgmma_head_dims.empty()) EXPECT_TRUE(has_sm90);
+  if (!has_sm90) EXPECT_TRUE(info.sm90_backward_head_dims.empty());  // count 0: no sm90 backward
 }
 
 TEST(LibraryInfo, VersionFieldsSpellTheVersionString) {
@@ -103,6 +121,7 @@ TEST(LibraryInfo, CAbiAgreesWithCpp) {
   EXPECT_EQ(as_vector(c.sm90_wgmma_head_dims, c.sm90_wgmma_head_dim_count),
             cpp.sm90_wgmma_head_dims);
   EXPECT_EQ(as_vector(c.sm90_fp8_head_dims, c.sm90_fp8_head_dim_count), cpp.sm90_fp8_head_dims);
+  EXPECT_EQ(as_vector(c.sm90_backward_head_dims, c.sm90_backward_head_dim_count), cpp.sm90_backward_head_dims);
 }
 
 // ffpa_workspace_size validates without running: the status of head dim d.
@@ -141,7 +160,9 @@ TEST(LibraryInfo, NullInfoIsANullPointer) {
 }
 
 TEST(LibraryInfo, SmallStructSizeIsRejectedAndTouchesNothing) {
-  for (size_t size : {size_t{0}, sizeof(size_t), sizeof(ffpa_library_info) - 1}) {
+  // The previous version's struct ended before the sm90 backward list: its callers are rejected too.
+  const size_t before_sm90_backward = offsetof(ffpa_library_info, sm90_backward_head_dim_count);
+  for (size_t size : {size_t{0}, sizeof(size_t), before_sm90_backward, sizeof(ffpa_library_info) - 1}) {
     ffpa_library_info info;
     std::memset(&info, 0x5a, sizeof info);
     info.struct_size = size;
