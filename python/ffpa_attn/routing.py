@@ -68,7 +68,7 @@ SDPA_FASTER_DECODE_MIN_ROWS = 128
 #   D_qk 192 / D_v 128: SDPA 3-3.5x faster (flash / cuDNN at D <= 256)
 # Where the library runs its Hopper backward for the call (kernels/sm90_backward: an sm_90 GPU, a build
 # with an instance as wide as the call; route's hopper_backward), N 1024-8192, causal or not
-# (docs/perf/h200-2026-12-02/routing_train_large.md):
+# (docs/perf/h200-2026-12-01g/routing_train.md, h200-2026-12-01h/routing_train_large.md):
 #   D 320-512 (H 32): 1.87-6.36x; D 640 (H 32): 2.81-4.13x; D 768 (H 16): 3.37-5.71x
 #   D 1024 (H 16): 4.10-5.53x (key padding 3.95-4.69x, dropout 0.1 2.78-3.82x)
 #   D_qk 576 / D_v 512, Hq 32, one KV head, causal: N 1024 1.45x, N 4096 4.71x
