@@ -194,7 +194,9 @@ FFPA_API ffpa_status ffpa_fp8_quantize_kv_workspace_size(const ffpa_fp8_quantize
 /* The gradients of a forward call (ffpa::BackwardParams): d_q, d_k, d_v (and
  * d_mask for an additive mask) of sum(o * d_o) + sum(lse * d_lse), from the
  * forward's q, k, v, mask, options, o and lse (required). Host tensors run on
- * the CPU reference; device tensors on the portable backward kernels. */
+ * the CPU reference; device tensors on the Hopper backward kernels (sm_90a, D
+ * and Dv up to the widest of ffpa_library_info's sm90_backward_head_dims) or
+ * the portable ones (impl sm80_split_d, other GPUs). */
 typedef struct ffpa_backward_params {
   ffpa_tensor q, k, v, o;
   ffpa_tensor lse;  /* the forward's, [B, Hq, Nq] f32 */

@@ -60,7 +60,7 @@ struct Traits {
   // ring waits were 31 % of dq's stall samples (ncu). One-box stages there
   // (N = 64 products): bwd D 1024 1.08x (H200 A/B; a product part of two
   // adjacent one-box stages, N = 128, 1.06x; one-box stages at 384 and 512
-  // lose 10-12 %, in dv at 1024 (fourteen) nothing against its seven 16 KB).
+  // lose 10-12 %, in dv at 1024 (sixteen) nothing against its eight 16 KB).
   static constexpr bool kOneBoxStages = kSplit == 2 && kWithDp && kHalfTiles % 2 == 0;
   static constexpr int kStageTiles = kOneBoxStages ? 1 : kHalfTiles % 2 == 0 ? 2 : kHalfTiles;
   static constexpr int kStageBytes = kStageTiles * kTileBytes;
