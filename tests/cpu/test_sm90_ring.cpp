@@ -6,10 +6,10 @@
 // positions of one consumer are at most k_stages + 2 apart, which is what lets
 // the kernel's full barriers (16 of them, more than k_stages + 2 + 4 ring
 // stages) never be waited on two phases ahead. The sm90 backward kernels use the
-// same order with a block's score part as the K block (up to 8 stages: K and V
-// of D 512 in 16 KB stages) and its product part as the V block (2 or 4
-// positions): their traits assert 32 full barriers >= score + product + ring
-// stages, above the bound checked here.
+// same order with a block's score part as the K block (up to 16 stages: K and
+// V halves of D 1024 in 8 KB stages) and its product part as the V block (2, 4
+// or 8 positions): their traits assert 32 full barriers >= score + product +
+// ring stages, above the bound checked here.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -92,8 +92,8 @@ void check_ring(int v_stages, int k_stages, int n_blocks) {
 }
 
 TEST(Sm90Ring, ConsumersTakeEveryProducedPositionOnceInOrderAndClose) {
-  for (int v_stages : {4, 2}) {
-    for (int k_stages = 1; k_stages <= 8; ++k_stages) {
+  for (int v_stages : {8, 4, 2}) {
+    for (int k_stages = 1; k_stages <= 16; ++k_stages) {
       for (int n_blocks = 0; n_blocks <= 40; ++n_blocks) check_ring(v_stages, k_stages, n_blocks);
     }
   }
