@@ -12,6 +12,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <cuda_bf16.h>
@@ -79,12 +80,21 @@ struct Cta {
   std::vector<Fiber> fibers;
   std::vector<Rendezvous> warps;
   uint64_t progress = 0;  // events that let another thread run on
+  uint64_t schedule_seed = 0, random_state = 0;  // FFPA_EMULATION_SCHEDULE_SEED (0: the fixed order)
   ucontext_t scheduler;
   int current = -1;
   const std::function<void()>* body = nullptr;
 };
 
 Cta* g_cta = nullptr;
+
+// Schedule exploration (sm80_emulator.hpp): splitmix64 over the running cluster's state.
+uint64_t next_random() {
+  uint64_t z = (g_cta->random_state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
 
 [[noreturn]] void fail(const char* what) {
   std::fprintf(stderr, "emulator: %s\n", what);
@@ -277,10 +287,18 @@ void run_cluster(Index3 first_block, int ranks, int cta_threads, unsigned char* 
     fiber.context.uc_link = &cta.scheduler;
     makecontext(&fiber.context, reinterpret_cast<void (*)()>(fiber_main), 1, i);
   }
+  if (const char* seed = std::getenv("FFPA_EMULATION_SCHEDULE_SEED")) cta.schedule_seed = std::strtoull(seed, nullptr, 0);
+  cta.random_state = cta.schedule_seed ^ (0xD1B54A32D192ED03ull * (first_block.x + 1));  // per cluster
+  std::vector<int> order(static_cast<size_t>(threads));
+  for (int i = 0; i < threads; ++i) order[static_cast<size_t>(i)] = i;
   for (;;) {
     bool all_done = true, progress = false;
     const uint64_t events = cta.progress;
-    for (int i = 0; i < threads; ++i) {
+    if (cta.schedule_seed != 0) {  // a fresh order every round (Fisher-Yates)
+      for (int i = threads - 1; i > 0; --i)
+        std::swap(order[static_cast<size_t>(i)], order[next_random() % static_cast<uint64_t>(i + 1)]);
+    }
+    for (int i : order) {
       Fiber& fiber = cta.fibers[static_cast<size_t>(i)];
       if (fiber.done) continue;
       all_done = false;
@@ -317,6 +335,14 @@ void spin_yield() {
 }
 
 void note_progress() { ++g_cta->progress; }
+
+void preempt_point() {
+  if (g_cta == nullptr || g_cta->schedule_seed == 0 || g_cta->current < 0) return;
+  if (next_random() % 4 != 0) return;
+  Fiber& fiber = me();
+  fiber.spinning = false;  // switched out while running on: not a wait
+  swapcontext(&fiber.context, &g_cta->scheduler);
+}
 
 void named_barrier(int id, int count) {
   if (id < 0 || id >= 16 || count <= 0 || count % 32 != 0 || count > g_cta->cta_threads) {

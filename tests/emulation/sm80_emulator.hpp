@@ -66,6 +66,16 @@ int current_thread();
 void spin_yield();
 void note_progress();
 
+// Schedule exploration: with FFPA_EMULATION_SCHEDULE_SEED unset or 0 the
+// scheduler runs the threads round-robin in index order, each until it
+// waits; another seed visits them in a fresh pseudo-random order every round
+// and, at each preempt_point(), switches the running thread out with
+// probability 1/4, so that a test sees other interleavings of the same kernel
+// (a race between two consumers sharing a barrier showed only so: the
+// ninth session's sm90 backward). preempt_point: where an sm90 barrier, TMA or
+// st.async operation has finished (the emulator's state consistent).
+void preempt_point();
+
 // bar.sync id, count: `count` threads (whole warps) meet at hardware barrier id.
 void named_barrier(int id, int count);
 

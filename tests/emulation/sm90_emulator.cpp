@@ -375,12 +375,16 @@ void arrive(ClusterAddress bar) {
 }
 }  // namespace
 
-void mbarrier_arrive(uint32_t bar) { arrive(local(bar)); }
+void mbarrier_arrive(uint32_t bar) {
+  arrive(local(bar));
+  preempt_point();
+}
 
 void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   Barrier& b = barrier(local(bar));
   b.tx += bytes;
   arrive(local(bar));
+  preempt_point();
 }
 
 bool mbarrier_try_wait(uint32_t bar, uint32_t parity) {
@@ -390,6 +394,7 @@ bool mbarrier_try_wait(uint32_t bar, uint32_t parity) {
   if (done) {
     g_state->spinning.erase(current_thread());
     note_progress();
+    preempt_point();  // the phase may move on while the waiter is switched out
   } else {
     g_state->spinning[current_thread()] = {address, parity};
   }
@@ -409,7 +414,10 @@ void store_cluster_f32x4(uint32_t remote, float a, float b, float c, float d) {
   note_progress();
 }
 
-void mbarrier_arrive_cluster(uint32_t remote_bar) { arrive(from_remote(remote_bar)); }
+void mbarrier_arrive_cluster(uint32_t remote_bar) {
+  arrive(from_remote(remote_bar));
+  preempt_point();
+}
 
 void store_async_cluster_f32x4(uint32_t remote, float a, float b, float c, float d, uint32_t remote_bar) {
   const ClusterAddress address = from_remote(remote), bar = from_remote(remote_bar);
@@ -425,6 +433,7 @@ void store_async_cluster_f32x4(uint32_t remote, float a, float b, float c, float
   } else {
     g_state->async_stores[bar].push_back(store);
   }
+  preempt_point();
 }
 
 void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3) {
@@ -437,6 +446,7 @@ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int
     (void)barrier(address);
     g_state->loads[address].push_back(load);
   }
+  preempt_point();
 }
 
 void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
