@@ -26,25 +26,32 @@ def opcode(source: str) -> str:
     return word.split(".")[0]
 
 
+def read_source_page(path: str) -> list[dict[str, str]]:
+    """The rows of an ncu source page CSV (the lines from its "Address" header on), one per SASS instruction."""
+    with open(path, newline="") as f:
+        lines = f.read().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith('"Address"'))
+    return list(csv.DictReader(lines[start:]))
+
+
+def number(text: str) -> float:
+    """A counter of the page (thousands separators allowed; empty or not a number: 0)."""
+    try:
+        return float(text.replace(",", ""))
+    except ValueError:
+        return 0.0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("csv")
     parser.add_argument("--top", type=int, default=14)
     args = parser.parse_args()
-    with open(args.csv, newline="") as f:
-        lines = f.read().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith('"Address"'))
-    rows = list(csv.DictReader(lines[start:]))
+    rows = read_source_page(args.csv)
     stall_columns = [c for c in rows[0] if c.startswith("stall_") and "Not Issued" not in c]
     samples: dict[str, float] = defaultdict(float)
     instructions: dict[str, float] = defaultdict(float)
     stalls: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
-
-    def number(text: str) -> float:
-        try:
-            return float(text.replace(",", ""))
-        except ValueError:
-            return 0.0
 
     for row in rows:
         op = opcode(row["Source"])

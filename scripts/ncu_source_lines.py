@@ -19,10 +19,11 @@ offsets from the function's first instruction in both files.
 from __future__ import annotations
 
 import argparse
-import csv
 import re
 import sys
 from collections import defaultdict
+
+from ncu_opcode_table import number, read_source_page  # the same source page, read one way
 
 LOCATION = re.compile(r'\s*//## File "([^"]+)", line (\d+)')
 INSTRUCTION = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
@@ -55,13 +56,6 @@ def sass_lines(path: str, kernel: str) -> dict[int, tuple[list[tuple[str, int]],
     return result
 
 
-def source_rows(path: str) -> list[dict[str, str]]:
-    with open(path, newline="") as f:
-        lines = f.read().splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith('"Address"'))
-    return list(csv.DictReader(lines[start:]))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("csv")
@@ -75,13 +69,13 @@ def main() -> int:
     args = parser.parse_args()
     sass = sass_lines(args.sass, args.kernel)
     skip = set(args.skip.split(","))
-    rows = source_rows(args.csv)
+    rows = read_source_page(args.csv)
     base = int(rows[0]["Address"], 16)
     total = 0.0
     samples = []
     by_site: dict[str, float] = defaultdict(float)
     for row in rows:
-        count = float(row["Warp Stall Sampling (All Samples)"] or 0)
+        count = number(row["Warp Stall Sampling (All Samples)"])
         total += count
         chain, instruction = sass.get(int(row["Address"], 16) - base, ([], "?"))
         samples.append((count, int(row["Address"], 16) - base, instruction, chain))
