@@ -99,48 +99,56 @@ struct Consumer {
     sm90_wgmma::fence_operands(s);
     score_product(s, 0, first);
     sm90_wgmma::fence_operands(s);
+    send_partial(j, Partial::s, s);
     if constexpr (Traits::kWithDp) {
-      send_partial(j, 2 * j, s, true, false);
       sm90_wgmma::fence_operands(dp);
       score_product(dp, Traits::kChunks, first + Traits::kKStages);
       sm90_wgmma::fence_operands(dp);
-      add_peer_partial(j, 2 * j, s, true, false);
-      send_partial(j, 2 * j + 1, dp, false, true);
-    } else {
-      send_partial(j, j, s, true, true);
+      add_peer_partial(j, Partial::s, s);
+      send_partial(j, Partial::dp, dp);
     }
   }
   // The peer's partial of block j not yet added: dP_j (S_j for dv).
   __device__ __forceinline__ void add_last_partial(int j, float (&s)[32], float (&dp)[32]) const {
     if constexpr (Traits::kWithDp) {
-      add_peer_partial(j, 2 * j + 1, dp, false, true);
+      add_peer_partial(j, Partial::dp, dp);
     } else {
-      add_peer_partial(j, j, s, true, true);
+      add_peer_partial(j, Partial::s, s);
     }
   }
 
-  // kSplit = 2: exchange `phase` of block j (its first and / or last): this
-  // CTA's partial to the peer's owner of the block, and the peer's added. The
-  // reader of a phase announces the next one's bytes (cta.cuh's setup the
-  // first), so that x_full takes one arrival a phase whichever consumer reads next.
-  __device__ __forceinline__ void send_partial(int j, int phase, const float (&v)[32], bool first, bool last) const {
+  // kSplit = 2: the exchange of block j's partial S or dP (its phase, whether
+  // it is the block's first or last, all follow from which): this CTA's
+  // partial to the peer's owner of the block, and the peer's added. The reader
+  // of a phase announces the next one's bytes (cta.cuh's setup the first), so
+  // that x_full takes one arrival a phase whichever consumer reads next.
+  enum class Partial { s, dp };
+  static constexpr int kExchangePhases = Traits::kWithDp ? 2 : 1;  // S and dP, or S (dv)
+  __device__ __forceinline__ static int exchange_phase(int j, Partial which) {
+    return kExchangePhases * j + (which == Partial::dp ? 1 : 0);
+  }
+  __device__ __forceinline__ static bool first_of_block(Partial which) { return which == Partial::s; }
+  __device__ __forceinline__ static bool last_of_block(Partial which) {
+    return which == Partial::dp || !Traits::kWithDp;
+  }
+  __device__ __forceinline__ void send_partial(int j, Partial which, const float (&v)[32]) const {
     if constexpr (Traits::kSplit == 2) {
       const sm90_wgmma::PartialExchange x = cta.exchange(thread());
-      if (first && j >= 1) sm90_wgmma::mbarrier_wait(cta.x_sent(), (j - 1) & 1);
-      x.wait_slot_free(phase);
+      if (first_of_block(which) && j >= 1) sm90_wgmma::mbarrier_wait(cta.x_sent(), (j - 1) & 1);
+      x.wait_slot_free(exchange_phase(j, which));
       x.send(v, 0);
-      if (last) sm90_wgmma::mbarrier_arrive(cta.x_sent());
+      if (last_of_block(which)) sm90_wgmma::mbarrier_arrive(cta.x_sent());
     }
   }
-  __device__ __forceinline__ void add_peer_partial(int j, int phase, float (&v)[32], bool first, bool last) const {
+  __device__ __forceinline__ void add_peer_partial(int j, Partial which, float (&v)[32]) const {
     if constexpr (Traits::kSplit == 2) {
       const sm90_wgmma::PartialExchange x = cta.exchange(thread());
-      if (first && j >= 1) sm90_wgmma::mbarrier_wait(cta.x_read(), (j - 1) & 1);
-      x.wait_landed(phase);
+      if (first_of_block(which) && j >= 1) sm90_wgmma::mbarrier_wait(cta.x_read(), (j - 1) & 1);
+      x.wait_landed(exchange_phase(j, which));
       x.add(v, 0);
       x.release();
       if (thread() == 0) x.expect(Traits::kExchangeBytes);
-      if (last) sm90_wgmma::mbarrier_arrive(cta.x_read());
+      if (last_of_block(which)) sm90_wgmma::mbarrier_arrive(cta.x_read());
     }
   }
 
