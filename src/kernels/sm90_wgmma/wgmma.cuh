@@ -72,16 +72,18 @@ namespace ffpa::detail::sm90_wgmma {
   C(d[112]), C(d[113]), C(d[114]), C(d[115]), C(d[116]), C(d[117]), C(d[118]), C(d[119]), \
   C(d[120]), C(d[121]), C(d[122]), C(d[123]), C(d[124]), C(d[125]), C(d[126]), C(d[127])
 
-// One SS wgmma: SHAPE "m64nNk16", TYPE "bf16" or "f16", TRANSPOSE_B "0" or "1"
-// (TRANSPOSE "0, 0" .. "1, 1": A's then B's), REGS accumulators (a multiple of
-// 32 so that the operand numbers follow).
-#define FFPA_WGMMA_SS(SHAPE, TYPE, TRANSPOSE, REGS, A_INDEX, B_INDEX, ACC_INDEX)                   \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ACC_INDEX ", 0;\n"                            \
-               "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE "\n"                    \
-               "{" FFPA_WGMMA_REGS_##REGS "},\n%" A_INDEX ", %" B_INDEX ", p, 1, 1, " TRANSPOSE     \
-               ";\n}\n"                                                                        \
-               : FFPA_WGMMA_BIND_##REGS("+f", d)                                                  \
-               : "l"(desc_a), "l"(desc_b), "r"(accumulate))
+// One SS wgmma: SHAPE "m64nNk16", TYPE "bf16" or "f16", REGS accumulators (a
+// multiple of 32 so that the operand numbers follow); the transposes of A and
+// B are the immediates kTransposeA and kTransposeB ("n" operands after the
+// accumulate flag).
+#define FFPA_WGMMA_SS(SHAPE, TYPE, REGS, A_INDEX, B_INDEX, ACC_INDEX, TA_INDEX, TB_INDEX)              \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ACC_INDEX ", 0;\n"                               \
+               "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE "\n"                       \
+               "{" FFPA_WGMMA_REGS_##REGS "},\n%" A_INDEX ", %" B_INDEX ", p, 1, 1, %" TA_INDEX       \
+               ", %" TB_INDEX ";\n}\n"                                                            \
+               : FFPA_WGMMA_BIND_##REGS("+f", d)                                                     \
+               : "l"(desc_a), "l"(desc_b), "r"(accumulate), "n"(kTransposeA ? 1 : 0),               \
+                 "n"(kTransposeB ? 1 : 0))
 
 // accumulate == 0 overwrites D (the first k step of a product). kTransposeA:
 // A is M-major (stored [k][m], 64-row k groups as an N-major B's), as the
@@ -97,67 +99,29 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
   static_assert(kTransposeB ? (N == 64 || N == 128 || N == 192 || N == 256) : (N == 64 || N == 128),
                 "instantiated shapes: K-major B with N = 64, 128, N-major B with N = 64, 128, 192, 256");
   static_assert(!kTransposeA || kTransposeB, "an M-major A with an N-major B only (the backward's products)");
-  if constexpr (!kTransposeB && N == 64) {
+  if constexpr (N == 64) {
     if constexpr (kBf16) {
-      FFPA_WGMMA_SS("m64n64k16", "bf16", "0, 0", 32, "32", "33", "34");
+      FFPA_WGMMA_SS("m64n64k16", "bf16", 32, "32", "33", "34", "35", "36");
     } else {
-      FFPA_WGMMA_SS("m64n64k16", "f16", "0, 0", 32, "32", "33", "34");
-    }
-  } else if constexpr (!kTransposeB) {
-    if constexpr (kBf16) {
-      FFPA_WGMMA_SS("m64n128k16", "bf16", "0, 0", 64, "64", "65", "66");
-    } else {
-      FFPA_WGMMA_SS("m64n128k16", "f16", "0, 0", 64, "64", "65", "66");
-    }
-  } else if constexpr (kTransposeA) {
-    if constexpr (N == 64) {
-      if constexpr (kBf16) {
-        FFPA_WGMMA_SS("m64n64k16", "bf16", "1, 1", 32, "32", "33", "34");
-      } else {
-        FFPA_WGMMA_SS("m64n64k16", "f16", "1, 1", 32, "32", "33", "34");
-      }
-    } else if constexpr (N == 128) {
-      if constexpr (kBf16) {
-        FFPA_WGMMA_SS("m64n128k16", "bf16", "1, 1", 64, "64", "65", "66");
-      } else {
-        FFPA_WGMMA_SS("m64n128k16", "f16", "1, 1", 64, "64", "65", "66");
-      }
-    } else if constexpr (N == 192) {
-      if constexpr (kBf16) {
-        FFPA_WGMMA_SS("m64n192k16", "bf16", "1, 1", 96, "96", "97", "98");
-      } else {
-        FFPA_WGMMA_SS("m64n192k16", "f16", "1, 1", 96, "96", "97", "98");
-      }
-    } else {
-      if constexpr (kBf16) {
-        FFPA_WGMMA_SS("m64n256k16", "bf16", "1, 1", 128, "128", "129", "130");
-      } else {
-        FFPA_WGMMA_SS("m64n256k16", "f16", "1, 1", 128, "128", "129", "130");
-      }
-    }
-  } else if constexpr (N == 64) {
-    if constexpr (kBf16) {
-      FFPA_WGMMA_SS("m64n64k16", "bf16", "0, 1", 32, "32", "33", "34");
-    } else {
-      FFPA_WGMMA_SS("m64n64k16", "f16", "0, 1", 32, "32", "33", "34");
+      FFPA_WGMMA_SS("m64n64k16", "f16", 32, "32", "33", "34", "35", "36");
     }
   } else if constexpr (N == 128) {
     if constexpr (kBf16) {
-      FFPA_WGMMA_SS("m64n128k16", "bf16", "0, 1", 64, "64", "65", "66");
+      FFPA_WGMMA_SS("m64n128k16", "bf16", 64, "64", "65", "66", "67", "68");
     } else {
-      FFPA_WGMMA_SS("m64n128k16", "f16", "0, 1", 64, "64", "65", "66");
+      FFPA_WGMMA_SS("m64n128k16", "f16", 64, "64", "65", "66", "67", "68");
     }
   } else if constexpr (N == 192) {
     if constexpr (kBf16) {
-      FFPA_WGMMA_SS("m64n192k16", "bf16", "0, 1", 96, "96", "97", "98");
+      FFPA_WGMMA_SS("m64n192k16", "bf16", 96, "96", "97", "98", "99", "100");
     } else {
-      FFPA_WGMMA_SS("m64n192k16", "f16", "0, 1", 96, "96", "97", "98");
+      FFPA_WGMMA_SS("m64n192k16", "f16", 96, "96", "97", "98", "99", "100");
     }
   } else {
     if constexpr (kBf16) {
-      FFPA_WGMMA_SS("m64n256k16", "bf16", "0, 1", 128, "128", "129", "130");
+      FFPA_WGMMA_SS("m64n256k16", "bf16", 128, "128", "129", "130", "131", "132");
     } else {
-      FFPA_WGMMA_SS("m64n256k16", "f16", "0, 1", 128, "128", "129", "130");
+      FFPA_WGMMA_SS("m64n256k16", "f16", 128, "128", "129", "130", "131", "132");
     }
   }
 }
