@@ -49,6 +49,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                     const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
                     const __grid_constant__ CUtensorMap do_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // The next role's kernel (launch.cuh) may take the SMs this grid's last CTAs leave idle.
+  sm90_wgmma::launch_dependent_grid();
   const Cta<Traits> cta(args);
   cta.setup();
   const int warpgroup = static_cast<int>(threadIdx.x / 128);
@@ -59,6 +61,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
       Producer<Traits>{cta}.run(maps);
     }
     if constexpr (Traits::kSplit == 2) sm90_wgmma::cluster_sync();  // every thread of the cluster
+    // Complete after the role's kernel launched before this one: the three
+    // complete in stream order, so what follows them on the stream sees all
+    // three gradients (it waits for the last).
+    if (threadIdx.x == 0) sm90_wgmma::wait_prerequisite_grid();
     return;
   }
   sm90_wgmma::setmaxnreg_increase<Traits::kConsumerRegisters>();

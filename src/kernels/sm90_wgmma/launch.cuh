@@ -31,7 +31,8 @@ Status launch_tiles(const Args& args, const CUtensorMap (&maps)[4], int64_t tile
   static_assert(Traits::kBlockM == kTileRows && Traits::kBlockN == kTileKeys, "the tile the host plans with");
   static SharedMemoryOptIn opt_in;
   return launch_opted_in("sm90_wgmma", &opt_in, forward_kernel<Traits>, tile_count * Traits::kSplit, Traits::kThreads,
-                         Traits::kSmemBytes, Traits::kSplit, stream, args, maps[0], maps[1], maps[2], maps[3]);
+                         Traits::kSmemBytes, Traits::kSplit, /*programmatic=*/false, stream, args, maps[0], maps[1],
+                         maps[2], maps[3]);
 }
 
 template <class Traits>

@@ -83,6 +83,15 @@ __device__ __forceinline__ void cluster_sync() {
   cuda::ptx::barrier_cluster_wait(cuda::ptx::sem_acquire);
 }
 
+// Programmatic dependent launch (Hopper's PDL). launch_dependent_grid: the
+// grid launched after this one as its programmatic dependent may start once
+// every CTA of this one has called it (a scheduling hint; it orders no memory).
+// wait_prerequisite_grid: returns once the grid this one was launched after as
+// a programmatic dependent has completed and its writes are visible (at once
+// for a grid launched without the attribute).
+__device__ __forceinline__ void launch_dependent_grid() { cudaTriggerProgrammaticLaunchCompletion(); }
+__device__ __forceinline__ void wait_prerequisite_grid() { cudaGridDependencySynchronize(); }
+
 // The shared::cluster address of the same shared-memory offset in CTA `rank`.
 __device__ __forceinline__ uint32_t peer_address(uint32_t local, uint32_t rank) {
   uint32_t remote;

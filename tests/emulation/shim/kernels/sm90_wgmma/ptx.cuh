@@ -29,6 +29,9 @@ inline void mbarrier_wait(uint32_t bar, uint32_t parity) {
 inline uint32_t cluster_cta_rank() { return static_cast<uint32_t>(::ffpa::emulation::cluster_rank()); }
 inline void cluster_sync() { ::ffpa::emulation::cluster_sync(); }
 inline uint32_t peer_address(uint32_t local, uint32_t rank) { return emu::peer_address(local, rank); }
+// The emulator runs one grid at a time: every grid is complete before the next starts.
+inline void launch_dependent_grid() {}
+inline void wait_prerequisite_grid() {}
 inline void store_cluster_f32x4(uint32_t remote, float a, float b, float c, float d) {
   emu::store_cluster_f32x4(remote, a, b, c, d);
 }
