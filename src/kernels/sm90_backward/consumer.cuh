@@ -152,10 +152,15 @@ struct Consumer {
     }
   }
 
-  // W_j into buffer j % 2 once the other consumer has read W_{j-2} from it.
+  // W_j into buffer j % kWBuffers once what it held has been read: W_{j-2}
+  // (two buffers) by the other consumer, or W_{j-1} (one) by its owner, the
+  // other consumer; this consumer read either before, in program order. A
+  // phase of w_empty per use of a buffer, completed by that reader
+  // (accumulate), so the phase waited for is the one before this consumer's.
   __device__ __forceinline__ void publish_w(int j, float (&s)[32], const float (&dp)[32]) {
-    const int buffer = j & 1;
-    if (j >= 2) sm90_wgmma::mbarrier_wait(cta.w_empty(buffer), ((j >> 1) - 1) & 1);
+    constexpr int kWBuffers = Traits::kWBuffers;
+    const int buffer = j % kWBuffers;
+    if (j >= kWBuffers) sm90_wgmma::mbarrier_wait(cta.w_empty(buffer), (j / kWBuffers - 1) & 1);
     const TileCoordinates tile = cta.block_tile(j);
     const unsigned tid = static_cast<unsigned>(thread());
     if constexpr (Traits::kWithDp) {
@@ -177,8 +182,8 @@ struct Consumer {
   // each adding to its columns' slice of acc.
   __device__ __forceinline__ void accumulate(int j, bool own) {
     constexpr int kPartCols = kStageTiles * 64, kPartRegs = kPartCols / 2;
-    const int buffer = j & 1;
-    sm90_wgmma::mbarrier_wait(cta.w_full(buffer), (j >> 1) & 1);
+    const int buffer = j % Traits::kWBuffers;
+    sm90_wgmma::mbarrier_wait(cta.w_full(buffer), (j / Traits::kWBuffers) & 1);
     const int first =
         sm90_wgmma::ring_v_part_position(j, cta.plan()->blocks, kScoreStages, 0, w, kProductStages);
     sm90_wgmma::fence_operands(acc);
@@ -210,7 +215,10 @@ struct Consumer {
     sm90_wgmma::wgmma_wait<0>();
     sm90_wgmma::fence_operands(acc);
     release(first + 2 * (Traits::kProductParts - 1));
-    if (!own && sm90_wgmma::lane_id() == 0) sm90_wgmma::mbarrier_arrive(cta.w_empty(buffer));
+    // The reader the buffer's next writer does not follow in program order
+    // frees it: the other consumer (two buffers), the owner (one: the next
+    // writer is the other consumer, which read W_j before its W_{j+1}).
+    if (own == (Traits::kWBuffers == 1) && sm90_wgmma::lane_id() == 0) sm90_wgmma::mbarrier_arrive(cta.w_empty(buffer));
   }
 
   // The gradient's rows (query rows for dq, keys for dk and dv) and this

@@ -88,18 +88,28 @@ struct Traits {
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kLaunchRegisters,
                 "setmaxnreg redistributes the launch's registers");
 
-  // Shared memory: the stationary tiles, two W buffers, (kSplit = 2) the
+  // W_j's buffers ([64][64] each): two, so that the owner of block j may
+  // write W_j while the other consumer still reads W_{j-1}; one where its
+  // 8 KB is one more ring stage (the one-box stages of dq and dk at 1024:
+  // nine instead of eight). With one, the owner of j waits until the owner
+  // of j - 1 has read W_{j-1}, which that one began a whole compute_scores
+  // earlier (consumer.cuh: publish_w).
+  static constexpr int kWBuffers = kOneBoxStages ? 1 : 2;
+
+  // Shared memory: the stationary tiles, the W buffers, (kSplit = 2) the
   // peer's partial S or dP (one at a time), the ring, the plan, barriers.
   static constexpr int kStationaryOffset = 0;
-  static constexpr int kWOffset = kStationaryOffset + kStationaryTiles * kTileBytes;  // 2 x [64][64]
-  static constexpr int kExchangeOffset = kWOffset + 2 * kTileBytes;
+  static constexpr int kWOffset = kStationaryOffset + kStationaryTiles * kTileBytes;
+  static constexpr int kExchangeOffset = kWOffset + kWBuffers * kTileBytes;
   // One partial (S or dP: 32 floats a thread) a phase (consumer.cuh's compute_scores).
   static constexpr int kExchangeBytes = kSplit == 2 ? 32 * 4 * 128 : 0;
   static constexpr int kRingOffset = kExchangeOffset + kExchangeBytes;
   static constexpr int kSmemLimit = 232448;
   static constexpr int kFixedTail = 1024;  // the block plan and the barriers
   static constexpr int kFreeStages = (kSmemLimit - kRingOffset - kFixedTail) / kStageBytes;
-  static constexpr int kFullBarriers = 32;  // a power of two: cheap p % 32
+  // A power of two (cheap p % kFullBarriers): 32, or 64 where the free stages
+  // need more (the one-box stages at 1024: 16 + 8 + 9 > 32).
+  static constexpr int kFullBarriers = kScoreStages + kProductStages + kFreeStages <= 32 ? 32 : 64;
   // As many as fit, within what the full barriers allow (below).
   static constexpr int kStages = kFreeStages < kFullBarriers - kScoreStages - kProductStages
                                      ? kFreeStages
@@ -107,7 +117,7 @@ struct Traits {
   static constexpr int kPlanOffset = kRingOffset + kStages * kStageBytes;
   static constexpr int kBarrierOffset = kPlanOffset + 64;
   // q_full (the stationary tiles), full[kFullBarriers], empty[kStages],
-  // w_full[2], w_empty[2] (kSplit = 2: x_full, x_empty, x_sent, x_read). As in the forward (sm90_wgmma/kernel.cuh, "Why
+  // w_full[2], w_empty[2] (the first kWBuffers used) (kSplit = 2: x_full, x_empty, x_sent, x_read). As in the forward (sm90_wgmma/kernel.cuh, "Why
   // more full barriers than stages"): a consumer waits for position p only
   // after its previous position q was issued, and p - q <= kScoreStages +
   // kProductStages (from its part of block j - 1's product to block j's), so
