@@ -51,6 +51,7 @@ struct Fiber {
   const uint64_t* wait_generation = nullptr;  // blocked until *wait_generation >= wait_until
   uint64_t wait_until = 0;
   bool spinning = false;  // yielded in a spin-wait
+  int stalled_rounds = 0;  // schedule exploration: rounds it sits out (preempt_point)
   LaneOutput out{};
 };
 
@@ -302,6 +303,11 @@ void run_cluster(Index3 first_block, int ranks, int cta_threads, unsigned char* 
       Fiber& fiber = cta.fibers[static_cast<size_t>(i)];
       if (fiber.done) continue;
       all_done = false;
+      if (fiber.stalled_rounds > 0) {  // not a wait: it runs on once the stall is over
+        --fiber.stalled_rounds;
+        progress = true;
+        continue;
+      }
       if (fiber.wait_generation != nullptr && *fiber.wait_generation < fiber.wait_until) continue;
       fiber.wait_generation = nullptr;
       if (!fiber.spinning) progress = true;  // released from a collective, or running on
@@ -341,6 +347,9 @@ void preempt_point() {
   if (next_random() % 4 != 0) return;
   Fiber& fiber = me();
   fiber.spinning = false;  // switched out while running on: not a wait
+  // Now and then a long stall (its warp, then its warpgroup, wait for it at
+  // their next collective), so that the other roles run far ahead of it.
+  if (next_random() % 512 == 0) fiber.stalled_rounds = 1 + static_cast<int>(next_random() % 256);
   swapcontext(&fiber.context, &g_cta->scheduler);
 }
 

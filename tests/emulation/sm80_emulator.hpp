@@ -70,9 +70,13 @@ void note_progress();
 // scheduler runs the threads round-robin in index order, each until it
 // waits; another seed visits them in a fresh pseudo-random order every round
 // and, at each preempt_point(), switches the running thread out with
-// probability 1/4, so that a test sees other interleavings of the same kernel
+// probability 1/4, one time in 512 of those for 1-256 whole rounds (its
+// warpgroup then stalls at its next collective while the others run far
+// ahead), so that a test sees other interleavings of the same kernel
 // (a race between two consumers sharing a barrier showed only so: the
-// ninth session's sm90 backward). preempt_point: where an sm90 barrier, TMA or
+// ninth session's sm90 backward; a W buffer freed by the wrong reader, a
+// wgmma's operand overwritten before its wait, only with the long stalls:
+// the tenth's, under seeds 1 and 4 of 1-6). preempt_point: where an sm90 barrier, TMA or
 // st.async operation has finished (the emulator's state consistent).
 void preempt_point();
 
