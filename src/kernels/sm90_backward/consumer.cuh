@@ -218,7 +218,8 @@ struct Consumer {
     // The reader the buffer's next writer does not follow in program order
     // frees it: the other consumer (two buffers), the owner (one: the next
     // writer is the other consumer, which read W_j before its W_{j+1}).
-    if (own == (Traits::kWBuffers == 1) && sm90_wgmma::lane_id() == 0) sm90_wgmma::mbarrier_arrive(cta.w_empty(buffer));
+    const bool frees = own == (Traits::kWBuffers == 1);
+    if (frees && sm90_wgmma::lane_id() == 0) sm90_wgmma::mbarrier_arrive(cta.w_empty(buffer));
   }
 
   // The gradient's rows (query rows for dq, keys for dk and dv) and this

@@ -117,7 +117,8 @@ struct Traits {
   static constexpr int kPlanOffset = kRingOffset + kStages * kStageBytes;
   static constexpr int kBarrierOffset = kPlanOffset + 64;
   // q_full (the stationary tiles), full[kFullBarriers], empty[kStages],
-  // w_full[2], w_empty[2] (the first kWBuffers used) (kSplit = 2: x_full, x_empty, x_sent, x_read). As in the forward (sm90_wgmma/kernel.cuh, "Why
+  // w_full[2], w_empty[2] (the first kWBuffers used), kSplit = 2: x_full,
+  // x_empty, x_sent, x_read. As in the forward (sm90_wgmma/kernel.cuh, "Why
   // more full barriers than stages"): a consumer waits for position p only
   // after its previous position q was issued, and p - q <= kScoreStages +
   // kProductStages (from its part of block j - 1's product to block j's), so

@@ -61,7 +61,9 @@ Status launch_opted_in(const char* impl, SharedMemoryOptIn* opt_in, void (*kerne
     (void)cudaGetLastError();
     forget_shared_memory_opt_in(device, opt_in);
     error = opt_in_shared_memory(symbol, shared_bytes, device, opt_in);
-    if (error == cudaSuccess) error = launch_in_clusters(kernel, blocks, threads, shared_bytes, cluster, programmatic, stream, args...);
+    if (error == cudaSuccess) {
+      error = launch_in_clusters(kernel, blocks, threads, shared_bytes, cluster, programmatic, stream, args...);
+    }
   }
   if (error != cudaSuccess) {
     (void)cudaGetLastError();
