@@ -18,6 +18,9 @@ struct Producer {
   static constexpr int kStages = Traits::kStages, kStageTiles = Traits::kStageTiles;
   const Cta<Traits>& cta;
   int position = 0;  // the next ring position
+  // Read once (run): the plan lives in shared memory, which every asm
+  // volatile of a load would otherwise make the producer read again.
+  int batch = 0, col0 = 0;
 
   // Waits until the stage of the next position is free, and announces its bytes.
   __device__ __forceinline__ int acquire(uint32_t bytes) {
@@ -37,8 +40,7 @@ struct Producer {
       const int stage = acquire(count * Traits::kTileBytes);
       for (int b = 0; b < count; ++b)
         sm90_wgmma::tma_load_4d(cta.ring() + stage * Traits::kStageBytes + b * Traits::kTileBytes, map,
-                                cta.full(position - 1), cta.col0() + (first_box + done + b) * 64, row, head,
-                                cta.plan()->tile.batch);
+                                cta.full(position - 1), col0 + (first_box + done + b) * 64, row, head, batch);
     }
   }
 
@@ -70,6 +72,8 @@ struct Producer {
   __device__ __forceinline__ void run(const CUtensorMap* const (&maps)[4]) {
     for (const CUtensorMap* map : maps) sm90_wgmma::prefetch_tensor_map(map);
     const BlockPlan* plan = cta.plan();
+    batch = plan->tile.batch;
+    col0 = cta.col0();
     // Q and dO at the tile's rows (dq), K and V at the stationary keys (dk), K (dv).
     const int row = Traits::kQueryStationary ? plan->tile.q0 : plan->key0;
     const int head = Traits::kQueryStationary ? plan->tile.head : plan->tile.kv_head;
