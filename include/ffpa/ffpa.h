@@ -3,7 +3,8 @@
  * A plain-struct mirror of <ffpa/ffpa.hpp>: same semantics, same status codes.
  * A zero-initialised ffpa_forward_params means: no mask, no lse, default scale,
  * no causal mask, no dropout, fp32 accumulation, automatic implementation,
- * the inputs' precision (FP8's knobs at their defaults), default stream, no
+ * the inputs' precision (FP8's knobs at their defaults), no window, no
+ * softcap, no sinks, a dense call (no sequence batch), default stream, no
  * workspace. Functions never throw and never abort; a
  * failing call returns its status and writes a NUL-terminated message into
  * `message` (truncated to `message_size` bytes) when `message` is not NULL. */
@@ -28,7 +29,9 @@ typedef enum ffpa_dtype {
   FFPA_DTYPE_F32 = 2,
   FFPA_DTYPE_BOOL = 3,
   FFPA_DTYPE_F64 = 4, /* f32 and f64 q, k, v: the CPU reference only (host tensors) */
-  FFPA_DTYPE_U8 = 5   /* 8-bit codes (e4m3 or int8 as the FP8 options say): an ffpa_fp8_kv_cache's codes only */
+  FFPA_DTYPE_U8 = 5,  /* 8-bit codes (e4m3 or int8 as the FP8 options say): an ffpa_fp8_kv_cache's codes only */
+  FFPA_DTYPE_E4M3 = 6, /* k and v of an FP8 KV cache in the serving engines' format (k_descale, v_descale) */
+  FFPA_DTYPE_I32 = 7   /* an ffpa_sequence_batch's lengths and block table */
 } ffpa_dtype;
 
 typedef enum ffpa_causal {
@@ -99,7 +102,10 @@ typedef enum ffpa_status FFPA_STATUS_UNDERLYING {
   FFPA_WORKSPACE_TOO_SMALL = 18,
   FFPA_WRONG_MEMORY_SPACE = 19,
   FFPA_CUDA_ERROR = 20,
-  FFPA_OUT_OF_MEMORY = 21
+  FFPA_OUT_OF_MEMORY = 21,
+  FFPA_INVALID_SEQUENCE_LENGTHS = 22, /* an ffpa_sequence_batch's lengths do not hold */
+  FFPA_INVALID_BLOCK_TABLE = 23,      /* a block id a sequence reads outside [0, num_blocks) */
+  FFPA_INVALID_WINDOW = 24            /* a window bound below -1 */
 } ffpa_status;
 
 typedef struct ffpa_tensor {
@@ -133,7 +139,25 @@ typedef struct ffpa_options {
   int32_t impl;         /* ffpa_impl */
   int32_t precision;    /* ffpa_precision */
   ffpa_fp8_options fp8; /* FFPA_PRECISION_FP8 only */
+  /* has_window nonzero: a sliding window, row i (key position p_i = i + Nkv -
+   * Nq) attends keys in [p_i - window_left, p_i + window_right], -1 leaving a
+   * side unbounded; 0: no window (both -1). */
+  int32_t has_window;
+  int64_t window_left, window_right;
+  float softcap; /* > 0: scores become softcap * tanh(score / softcap); 0 = none */
 } ffpa_options;
+
+/* A batch of sequences of different lengths (ffpa::SequenceBatch, docs/serving.md):
+ * int32 tensors in q's memory space; a tensor with data NULL is absent.
+ *   cu_seqlens_q [B + 1]: q packed [1, Hq, total_q, D] (else q [B, Hq, Nq, D])
+ *   cu_seqlens_k [B + 1]: k, v packed [1, Hkv, total_k, D]
+ *   block_table [B, max_blocks]: k, v paged [num_blocks, Hkv, page_size, D]
+ *   seqused_k [B]: the keys each sequence uses
+ * max_seqlen_q / max_seqlen_k: bounds on the lengths; 0 derives them. */
+typedef struct ffpa_sequence_batch {
+  ffpa_tensor cu_seqlens_q, cu_seqlens_k, block_table, seqused_k;
+  int64_t max_seqlen_q, max_seqlen_k;
+} ffpa_sequence_batch;
 
 /* An FP8 KV cache (ffpa::Fp8KvCache, docs/spec.md "FP8 KV cache"): K and V
  * already quantized in the library's FP8 format, dense tensors in device
@@ -160,6 +184,9 @@ typedef struct ffpa_forward_params {
   /* NULL: none. With FFPA_PRECISION_FP8 only: K and V from this cache (k and v
    * still give the shapes; their data may be NULL without hybrid rows). */
   const ffpa_fp8_kv_cache* fp8_kv_cache;
+  ffpa_tensor sinks;                  /* f32 [Hq]: per-head sink logits; data NULL: none */
+  ffpa_tensor k_descale, v_descale;   /* f32 [B, Hkv] with e4m3 k, v; data NULL: 1 */
+  const ffpa_sequence_batch* sequences; /* NULL: a dense call */
 } ffpa_forward_params;
 
 FFPA_API ffpa_status ffpa_forward(const ffpa_forward_params* params, char* message, size_t message_size);

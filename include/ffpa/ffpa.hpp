@@ -31,8 +31,10 @@ namespace ffpa {
 // (host tensors; e.g. gradient checks in double). Masks: boolean, f16, bf16,
 // f32 (and f64 on the CPU reference). u8: 8-bit codes, e4m3 or int8 as the
 // FP8 options say, the codes of an Fp8KvCache only (q, k, v, o, mask and lse
-// refuse it: unsupported_dtype).
-enum class DType : int32_t { f16 = 0, bf16 = 1, f32 = 2, boolean = 3, f64 = 4, u8 = 5 };
+// refuse it: unsupported_dtype). e4m3: k and v of an FP8 KV cache in the
+// serving engines' format (ForwardParams::k_descale). i32: a SequenceBatch's
+// lengths and block table.
+enum class DType : int32_t { f16 = 0, bf16 = 1, f32 = 2, boolean = 3, f64 = 4, u8 = 5, e4m3 = 6, i32 = 7 };
 
 enum class Causal : int32_t {
   none = 0,
@@ -77,6 +79,12 @@ enum class StatusCode : int32_t {
   wrong_memory_space = 19,      // host/device pointers do not fit the implementation
   cuda_error = 20,
   out_of_memory = 21,           // host memory for the CPU reference could not be allocated
+  // A SequenceBatch whose lengths do not hold: cu_seqlens decreasing or past
+  // its tensor, a sequence longer than max_seqlen, seqused_k beyond the keys
+  // the sequence has (its cu_seqlens_k length, Nkv or its block table row).
+  invalid_sequence_lengths = 22,
+  invalid_block_table = 23,     // a block id a sequence reads outside [0, num_blocks)
+  invalid_window = 24,          // a window bound below -1 (it would exclude every key)
 };
 
 struct Status {
@@ -146,6 +154,52 @@ struct Options {
   Impl impl = Impl::automatic;
   Precision precision = Precision::input;
   Fp8Options fp8;  // Precision::fp8 only
+  // Sliding window (FlashAttention's window_size): query row i, at key
+  // position p_i = i + Nkv - Nq (bottom-right, per sequence), attends keys j
+  // with p_i - window_left <= j <= p_i + window_right, intersected with the
+  // causal limit; -1 leaves that side unbounded.
+  int64_t window_left = -1, window_right = -1;
+  // Logit softcap c > 0: a score s (after scaling) becomes c * tanh(s / c)
+  // before the mask is added; 0 = none.
+  float softcap = 0.0f;
+};
+
+// A batch of B sequences of different lengths in one call, the form serving
+// engines and packed training use (docs/serving.md). Each tensor is int32 in
+// the memory space of q (device for the GPU implementations). Sequence b's
+// queries are its last Nq_b tokens: causal alignments and the window apply
+// per sequence (bottom-right: FlashAttention's convention). A sequence with
+// Nq_b = 0 is skipped; one with Nkv_b = 0 gives rows with no attended key.
+//
+// Queries: with cu_seqlens_q ([B + 1]) q is packed, [1, Hq, total_q, D] (a
+// [total_q, Hq, D] buffer viewed through strides), o [1, Hq, total_q, Dv] and
+// lse [1, Hq, total_q], and sequence b owns rows [cu_seqlens_q[b],
+// cu_seqlens_q[b + 1]). Without it q is [B, Hq, Nq, D], every sequence Nq rows.
+//
+// Keys, one of three forms:
+//   - packed: cu_seqlens_k ([B + 1]), k [1, Hkv, total_k, D], v [1, Hkv,
+//     total_k, Dv]; sequence b owns rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]);
+//   - paged: block_table ([B, max_blocks]), k [num_blocks, Hkv, page_size, D]
+//     and v [num_blocks, Hkv, page_size, Dv] with any strides on the first
+//     three dims (a [num_blocks, page_size, Hkv, D] cache, or one half of a
+//     [2, num_blocks, ...] one, viewed through strides; v may lie inside k's
+//     rows, as MLA's latent cache); key j of sequence b is row j % page_size
+//     of page block_table[b][j / page_size];
+//   - batched: k [B, Hkv, Nkv, D], v [B, Hkv, Nkv, Dv] (a KV cache per sequence).
+// seqused_k ([B], optional): the keys sequence b uses, at most what it has
+// (its cu_seqlens_k length, its block table row's pages or Nkv); without it
+// a sequence uses all of them. With a block table, cu_seqlens_k (when given)
+// only supplies the lengths.
+// max_seqlen_q / max_seqlen_k: bounds on every Nq_b / Nkv_b (the launch is
+// sized by them); 0 derives the loosest (total_q or Nq; total_k, the table's
+// width in keys, or Nkv). A longer sequence is invalid_sequence_lengths.
+struct SequenceBatch {
+  Tensor cu_seqlens_q;
+  Tensor cu_seqlens_k;
+  Tensor block_table;
+  Tensor seqused_k;
+  int64_t max_seqlen_q = 0;
+  int64_t max_seqlen_k = 0;
 };
 
 // An FP8 KV cache (docs/spec.md, "FP8 KV cache"): K and V already quantized,
@@ -188,6 +242,17 @@ struct ForwardParams {
   // reads K and V from the cache. Results are bit-identical to the same call
   // without the cache when the cache is fp8_quantize_kv(k, v) with the same knobs.
   const Fp8KvCache* fp8_kv_cache = nullptr;
+  // Optional: attention sinks, f32 [Hq]: one logit per query head that joins
+  // every row's softmax denominator and contributes no value (gpt-oss); the
+  // lse includes it.
+  Tensor sinks;
+  // With k and v in e4m3 (an FP8 KV cache in the serving engines' format):
+  // K = k_descale * k and V = v_descale * v, f32 [B, Hkv] (any strides; 0
+  // strides broadcast, e.g. one descale for the tensor). data null: 1.
+  Tensor k_descale, v_descale;
+  // Optional: a batch of sequences of different lengths (serving, packed
+  // training); null: q, k, v are [B, H, N, D] with one length for all.
+  const SequenceBatch* sequences = nullptr;
 };
 
 // Computes o (and lse) for the parameters. Validates everything first.

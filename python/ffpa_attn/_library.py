@@ -36,6 +36,8 @@ class DType(enum.IntEnum):
     BOOL = 3  # 1 byte, nonzero = attend
     F64 = 4
     U8 = 5  # 8-bit codes (e4m3 or int8 as the FP8 options say): an FP8 KV cache's codes only
+    E4M3 = 6  # k and v of an FP8 KV cache in the serving engines' format (k_descale, v_descale)
+    I32 = 7  # a sequence batch's lengths and block table
 
 
 class Causal(enum.IntEnum):
@@ -117,6 +119,23 @@ class FfpaOptions(ctypes.Structure):
         ("impl", ctypes.c_int32),
         ("precision", ctypes.c_int32),  # Precision
         ("fp8", FfpaFp8Options),
+        ("has_window", ctypes.c_int32),  # 0: no sliding window (both bounds -1)
+        ("window_left", ctypes.c_int64),  # -1: unbounded
+        ("window_right", ctypes.c_int64),
+        ("softcap", ctypes.c_float),  # 0: none
+    ]
+
+
+class FfpaSequenceBatch(ctypes.Structure):
+    """ffpa_sequence_batch: a batch of sequences of different lengths (int32 tensors; data NULL: absent)."""
+
+    _fields_ = [
+        ("cu_seqlens_q", FfpaTensor),  # [B + 1]: packed q
+        ("cu_seqlens_k", FfpaTensor),  # [B + 1]: packed k, v
+        ("block_table", FfpaTensor),  # [B, max_blocks]: paged k, v
+        ("seqused_k", FfpaTensor),  # [B]
+        ("max_seqlen_q", ctypes.c_int64),  # 0: derived
+        ("max_seqlen_k", ctypes.c_int64),
     ]
 
 
@@ -147,6 +166,10 @@ class FfpaForwardParams(ctypes.Structure):
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("fp8_kv_cache", ctypes.POINTER(FfpaFp8KvCache)),  # NULL: none (precision FP8 only)
+        ("sinks", FfpaTensor),  # f32 [Hq]; data NULL: none
+        ("k_descale", FfpaTensor),  # f32 [B, Hkv] with e4m3 k, v; data NULL: 1
+        ("v_descale", FfpaTensor),
+        ("sequences", ctypes.POINTER(FfpaSequenceBatch)),  # NULL: a dense call
     ]
 
 
@@ -223,9 +246,10 @@ class FfpaLibraryInfo(ctypes.Structure):
 assert ctypes.sizeof(FfpaTensor) == 80
 assert ctypes.sizeof(FfpaFp8Options) == 32
 assert FfpaFp8Options.v_scales.offset == 24 and FfpaFp8Options.smooth_v.offset == 28
-assert ctypes.sizeof(FfpaOptions) == 80
+assert ctypes.sizeof(FfpaOptions) == 112 and FfpaOptions.softcap.offset == 104
 assert FfpaOptions.precision.offset == 40 and FfpaOptions.fp8.offset == 48
-assert ctypes.sizeof(FfpaForwardParams) == 592 and FfpaForwardParams.fp8_kv_cache.offset == 584
+assert ctypes.sizeof(FfpaForwardParams) == 872 and FfpaForwardParams.fp8_kv_cache.offset == 616
+assert FfpaForwardParams.sequences.offset == 864 and ctypes.sizeof(FfpaSequenceBatch) == 336
 assert ctypes.sizeof(FfpaFp8KvCache) == 480
 assert ctypes.sizeof(FfpaFp8QuantizeKvParams) == 696 and FfpaFp8QuantizeKvParams.fp8.offset == 640
 assert FfpaLibraryInfo.sm90_backward_head_dim_count.offset == 288 and ctypes.sizeof(FfpaLibraryInfo) == 360

@@ -7,6 +7,7 @@
 #include "host/cuda_status.hpp"
 #include "host/fp8_forward.hpp"
 #include "host/memory_space.hpp"
+#include "host/validate_sequences.hpp"
 #include "host/workspace.hpp"
 #include "kernels/sm80_backward/family.hpp"
 #include "kernels/sm90_backward/family.hpp"
@@ -61,6 +62,21 @@ Status call_memory_space(const AttentionProblem& problem, const Fp8KvCache* kv_c
                                   {"fp8_kv_cache.v_scales", kv_cache->v_scales.data},
                                   {"fp8_kv_cache.v_mean", kv_cache->v_mean.data}};
   return common_memory_space(tensors, 12, space);
+}
+
+// What the GPU kernels do not serve yet, whichever family: the serving
+// semantics of docs/serving.md (a sequence batch, a window, a softcap, sinks,
+// an e4m3 KV cache), which the CPU reference computes.
+Status gpu_serves_variant(const AttentionProblem& problem, Impl impl) {
+  const char* what = problem.sequences.active ? "a sequence batch"
+                     : problem.has_window()   ? "a sliding window"
+                     : problem.softcap > 0.0f ? "a logit softcap"
+                     : problem.sinks          ? "attention sinks"
+                     : problem.kv_e4m3         ? "an e4m3 KV cache"
+                                              : nullptr;
+  if (what == nullptr) return {};
+  return {StatusCode::impl_unavailable,
+          std::string("impl ") + impl_name(impl) + " does not serve " + what + " yet (impl cpu_reference does)"};
 }
 
 Status plan_cpu_reference(MemorySpace space, KernelChoice* choice) {
@@ -149,6 +165,7 @@ Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
   DeviceInfo info;
   if (Status status = current_device(Impl::sm80_split_d, space, &info); !status.ok()) return status;
   if (Status status = sm80_capability(info); !status.ok()) return status;
+  if (Status status = gpu_serves_variant(problem, Impl::sm80_split_d); !status.ok()) return status;
   if (problem.seq_q > kMaxSequenceLength || problem.seq_kv > kMaxSequenceLength) {
     return {StatusCode::impl_unavailable,
             "impl sm80_split_d serves sequence lengths up to " + std::to_string(kMaxSequenceLength)};
@@ -181,6 +198,7 @@ Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, Kerne
   DeviceInfo info;
   if (Status status = current_device(Impl::sm90_wgmma, space, &info); !status.ok()) return status;
   if (Status status = sm90_capability(info); !status.ok()) return status;
+  if (Status status = gpu_serves_variant(problem, Impl::sm90_wgmma); !status.ok()) return status;
   std::string reason;
   const sm90_wgmma::Instance* instance = sm90_wgmma::route(problem, &reason);
   if (instance == nullptr) {
@@ -211,6 +229,7 @@ Status plan_fp8(const AttentionProblem& problem, Impl requested, MemorySpace spa
   DeviceInfo info;
   Status status = current_device(Impl::sm90_wgmma, space, &info);
   if (status.ok()) status = sm90_capability(info);
+  if (status.ok()) status = gpu_serves_variant(problem, Impl::sm90_wgmma);
   if (status.ok()) status = check_fp8(problem, problem.quantization);
   if (!status.ok()) {
     status.message = "precision fp8: " + status.message;
@@ -451,6 +470,7 @@ Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, 
                    size_t workspace_size, cudaStream_t stream, const Fp8KvCache* kv_cache) {
   switch (choice.impl) {
     case Impl::cpu_reference:
+      if (Status status = check_sequence_data(problem); !status.ok()) return status;
       try {
         cpu_attention_forward(problem);
       } catch (const std::bad_alloc&) {
