@@ -27,6 +27,10 @@ struct SequenceLayout {
   int64_t queries_per_sequence = 0;        // q [B, Hq, Nq, D] without cu_seqlens_q: Nq
   int64_t keys_per_sequence = 0;           // k [B, Hkv, Nkv, D] batched: Nkv
   int64_t packed_rows_q = 0, packed_rows_k = 0;  // total_q, total_k: the rows of packed q / k
+  // The call's plan (kernels/serving/plan.hpp: the data checks' verdict and
+  // each sequence's first tile), written before the kernels run; the GPU
+  // families read their tiles from it.
+  const void* plan = nullptr;
 
   FFPA_HOST_DEVICE bool paged() const { return block_table != nullptr; }
   FFPA_HOST_DEVICE bool packed_q() const { return cu_seqlens_q != nullptr; }
@@ -84,6 +88,66 @@ FFPA_HOST_DEVICE int64_t key_row_offset(const SequenceLayout& s, const int64_t (
 // strides) or, with a zero dim-3 stride, lse.
 FFPA_HOST_DEVICE int64_t query_row_offset(const int64_t (&stride)[3], const Sequence& seq, int64_t h, int64_t i) {
   return seq.q_batch * stride[0] + h * stride[1] + (seq.q_begin + i) * stride[2];
+}
+
+// What can be wrong with a sequence's lengths and pages (the plan's data
+// checks, on the device, and check_sequence_data on host memory).
+enum class SequenceFault : int32_t {
+  none = 0,
+  cu_seqlens_q = 1,    // offsets decreasing or negative (value: the end, index: b + 1)
+  q_rows = 2,          // past q's packed rows (value: the end offset)
+  cu_seqlens_k = 3,    // offsets decreasing or negative
+  k_rows = 4,          // past k's packed rows
+  table_capacity = 5,  // cu_seqlens_k's length beyond the block table row's pages
+  max_seqlen_q = 6,    // a sequence longer than the bound (value: its length)
+  seqused_k = 7,       // outside [0, the keys the sequence has] (value: seqused_k[b])
+  max_seqlen_k = 8,
+  block_table = 9,     // a page id outside [0, num_blocks) (value: the id, index: the page)
+};
+
+struct SequenceCheck {
+  SequenceFault fault = SequenceFault::none;
+  int64_t value = 0, index = 0;
+};
+
+// Sequence b's lengths against its tensors and the bounds max_seq_q /
+// max_seq_kv (the problem's seq_q / seq_kv), in a fixed order; its pages are
+// checked apart (check_pages), so that a device plan can spread them.
+FFPA_HOST_DEVICE SequenceCheck check_sequence(const SequenceLayout& s, int64_t b, int64_t max_seq_q,
+                                              int64_t max_seq_kv) {
+  if (s.cu_seqlens_q) {
+    const int64_t first = s.cu_seqlens_q[b * s.cu_seqlens_q_stride];
+    const int64_t end = s.cu_seqlens_q[(b + 1) * s.cu_seqlens_q_stride];
+    if (first < 0 || end < first) return {SequenceFault::cu_seqlens_q, end, b + 1};
+    if (end > s.packed_rows_q) return {SequenceFault::q_rows, end, b + 1};
+  }
+  if (s.cu_seqlens_k) {
+    const int64_t first = s.cu_seqlens_k[b * s.cu_seqlens_k_stride];
+    const int64_t end = s.cu_seqlens_k[(b + 1) * s.cu_seqlens_k_stride];
+    if (first < 0 || end < first) return {SequenceFault::cu_seqlens_k, end, b + 1};
+    if (s.packed_k() && end > s.packed_rows_k) return {SequenceFault::k_rows, end, b + 1};
+    if (s.paged() && end - first > s.max_blocks * s.page_size) return {SequenceFault::table_capacity, end - first, b};
+  }
+  const Sequence seq = sequence_at(s, b);
+  if (seq.seq_q > max_seq_q) return {SequenceFault::max_seqlen_q, seq.seq_q, b};
+  if (seq.seq_kv < 0 || seq.seq_kv > seq.seq_kv_capacity) return {SequenceFault::seqused_k, seq.seq_kv, b};
+  if (seq.seq_kv > max_seq_kv) return {SequenceFault::max_seqlen_k, seq.seq_kv, b};
+  return {};
+}
+
+// The pages [page_first, page_end) of sequence b's table row: each id in
+// [0, num_blocks). Pages past the ones its keys need are never read.
+FFPA_HOST_DEVICE SequenceCheck check_pages(const SequenceLayout& s, int64_t b, int64_t page_first, int64_t page_end) {
+  for (int64_t page = page_first; page < page_end; ++page) {
+    const int64_t id = s.block_table[b * s.block_table_stride[0] + page * s.block_table_stride[1]];
+    if (id < 0 || id >= s.num_blocks) return {SequenceFault::block_table, id, page};
+  }
+  return {};
+}
+
+// The pages sequence b reads for its keys (valid lengths: check_sequence).
+FFPA_HOST_DEVICE int64_t pages_read(const SequenceLayout& s, int64_t b) {
+  return (sequence_at(s, b).seq_kv + s.page_size - 1) / s.page_size;
 }
 
 }  // namespace ffpa::detail

@@ -18,23 +18,12 @@ namespace ffpa::detail {
 // The plan's verdict and totals, at the start of its buffer; the sequences'
 // first tiles follow, int32 [B + 1].
 struct SequenceScheduleHeader {
-  int32_t status = 0;        // StatusCode: ok, invalid_sequence_lengths or invalid_block_table
-  int32_t bad_sequence = 0;  // the sequence the status names
-  int64_t bad_value = 0;     // the offending length or block id
-  int64_t bad_index = 0;     // which offset (cu_seqlens) or page (block table)
-  int32_t bad_what = 0;      // SequenceFault: which check failed
-  int32_t tiles = 0;         // tiles of the whole batch
-};
-
-enum class SequenceFault : int32_t {
-  none = 0,
-  cu_seqlens_q = 1,     // an offset decreasing or past the packed rows
-  cu_seqlens_k = 2,
-  max_seqlen_q = 3,     // a sequence longer than the bound
-  max_seqlen_k = 4,
-  seqused_k = 5,        // beyond the keys the sequence has
-  block_table = 6,      // a page id outside [0, num_blocks)
-  table_capacity = 7,   // cu_seqlens_k's length beyond the table row's pages
+  int32_t fault = 0;     // SequenceFault of the first sequence found wrong (none: the schedule holds)
+  int32_t sequence = 0;  // which sequence
+  int64_t value = 0;     // SequenceCheck's value and index
+  int64_t index = 0;
+  int32_t tiles = 0;     // tiles of the whole batch
+  int32_t reserved = 0;
 };
 
 // How the kernels cut each sequence into tiles: the family's tile shape and

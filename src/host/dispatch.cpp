@@ -12,6 +12,7 @@
 #include "kernels/sm80_backward/family.hpp"
 #include "kernels/sm90_backward/family.hpp"
 #include "kernels/sm80_split_d/family.hpp"
+#include "kernels/serving/plan.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
 #include "kernels/split_kv/combine.hpp"
 #include "reference/cpu_attention.hpp"
@@ -64,16 +65,18 @@ Status call_memory_space(const AttentionProblem& problem, const Fp8KvCache* kv_c
   return common_memory_space(tensors, 12, space);
 }
 
-// What the GPU kernels do not serve yet, whichever family: the serving
-// semantics of docs/serving.md (a sequence batch, a window, a softcap, sinks,
-// an e4m3 KV cache), which the CPU reference computes.
+// What a GPU family does not serve yet of the serving semantics
+// (docs/serving.md), which the CPU reference computes: sm90_wgmma none of
+// them, sm80_split_d all but an e4m3 KV cache.
 Status gpu_serves_variant(const AttentionProblem& problem, Impl impl) {
-  const char* what = problem.sequences.active ? "a sequence batch"
-                     : problem.has_window()   ? "a sliding window"
-                     : problem.softcap > 0.0f ? "a logit softcap"
-                     : problem.sinks          ? "attention sinks"
-                     : problem.kv_e4m3         ? "an e4m3 KV cache"
-                                              : nullptr;
+  const bool sm80 = impl == Impl::sm80_split_d;
+  const char* what = problem.kv_e4m3                          ? "an e4m3 KV cache"
+                     : sm80                                   ? nullptr
+                     : problem.sequences.active               ? "a sequence batch"
+                     : problem.has_window()                   ? "a sliding window"
+                     : problem.softcap > 0.0f                 ? "a logit softcap"
+                     : problem.sinks                          ? "attention sinks"
+                                                              : nullptr;
   if (what == nullptr) return {};
   return {StatusCode::impl_unavailable,
           std::string("impl ") + impl_name(impl) + " does not serve " + what + " yet (impl cpu_reference does)"};
@@ -181,8 +184,8 @@ Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
   choice->impl = Impl::sm80_split_d;
   choice->padded_head_dim = route.out_cols;
   choice->value_splits = route.value_splits;
-  // Split-KV where the tiles leave SMs idle (decode): split_blocks in the instance's KV blocks.
-  const KvSplits splits = sm80_split_d::plan_kv_splits(problem, route, sm_count);
+  // Split-KV where the tiles leave SMs idle (decode; not yet for a sequence batch).
+  const KvSplits splits = problem.sequences.active ? KvSplits{} : sm80_split_d::plan_kv_splits(problem, route, sm_count);
   choice->kv_splits = splits.count;
   choice->split_blocks = static_cast<int32_t>(splits.keys_per_split / sm80_split_d::tile_shape(route.out_cols).block_n);
   return {};
@@ -392,11 +395,24 @@ Status with_kv_splits(const AttentionProblem& problem, int wanted, KernelChoice*
   return {};
 }
 
+namespace {
+
+// A serving call's plan on a GPU family (kernels/serving/plan.hpp) comes
+// first in its workspace, on a 256-byte boundary; the family's own
+// temporary memory follows.
+int64_t serving_plan_bytes(const AttentionProblem& problem, const KernelChoice& choice) {
+  if (!problem.sequences.active || choice.impl == Impl::cpu_reference) return 0;
+  return (serving::plan_bytes(problem) + 255) / 256 * 256;
+}
+
+}  // namespace
+
 int64_t workspace_bytes(const AttentionProblem& problem, const KernelChoice& choice, const Fp8KvCache* kv_cache) {
   if (choice.precision == Precision::fp8) {
     return static_cast<int64_t>(fp8_workspace_bytes(problem, problem.quantization, kv_cache));
   }
-  return choice.kv_splits > 1 ? split_kv::partial_layout(problem, choice.kv_splits).bytes : 0;
+  return serving_plan_bytes(problem, choice) +
+         (choice.kv_splits > 1 ? split_kv::partial_layout(problem, choice.kv_splits).bytes : 0);
 }
 
 namespace {
@@ -466,7 +482,52 @@ Status run_sm90_split_kv(const AttentionProblem& problem, const KernelChoice& ch
 
 }  // namespace
 
+namespace {
+
+Status run_planned(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
+                   size_t workspace_size, cudaStream_t stream, const Fp8KvCache* kv_cache);
+
+// The sequence tiling the routed kernel uses (the plan must cut as it does).
+SequenceTiling serving_tiling(const AttentionProblem& problem, const KernelChoice& choice) {
+  return sm80_split_d::sequence_tiling(
+      problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits});
+}
+
+// A serving call on a GPU family: its plan into the workspace's first bytes
+// (no host synchronization: the kernels read the verdict and the tiles from
+// it), then the family's run with the rest of the workspace.
+Status run_serving(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
+                   size_t workspace_size, cudaStream_t stream) {
+  const int64_t plan_bytes = serving_plan_bytes(problem, choice);
+  Workspace memory(workspace, workspace_size, stream);
+  void* plan = nullptr;
+  if (Status status = memory.acquire(static_cast<size_t>(plan_bytes), "the serving plan", &plan); !status.ok()) {
+    return status;
+  }
+  Status status = serving::launch_plan(problem, serving_tiling(problem, choice), plan, stream);
+  if (status.ok()) {
+    AttentionProblem planned = problem;
+    planned.sequences.plan = plan;
+    const bool given = workspace != nullptr;
+    status = run_planned(planned, choice, given ? static_cast<unsigned char*>(workspace) + plan_bytes : nullptr,
+                         given ? workspace_size - static_cast<size_t>(plan_bytes) : 0, stream, nullptr);
+  }
+  return memory.release(status);
+}
+
+}  // namespace
+
 Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
+                   size_t workspace_size, cudaStream_t stream, const Fp8KvCache* kv_cache) {
+  if (problem.sequences.active && choice.impl != Impl::cpu_reference) {
+    return run_serving(problem, choice, workspace, workspace_size, stream);
+  }
+  return run_planned(problem, choice, workspace, workspace_size, stream, kv_cache);
+}
+
+namespace {
+
+Status run_planned(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
                    size_t workspace_size, cudaStream_t stream, const Fp8KvCache* kv_cache) {
   switch (choice.impl) {
     case Impl::cpu_reference:
@@ -493,6 +554,8 @@ Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, 
   return {StatusCode::impl_unavailable,
           std::string("no runner for impl ") + impl_name(choice.impl)};
 }
+
+}  // namespace
 
 // --- the backward ------------------------------------------------------------------
 

@@ -152,54 +152,55 @@ void set_sequence_layout(const ForwardParams& p, AttentionProblem* problem) {
   if (!s.cu_seqlens_q) problem->seq_q = q_bound;  // every sequence has exactly Nq queries
 }
 
+Status sequence_fault_status(const AttentionProblem& p, int64_t b, const SequenceCheck& check) {
+  const SequenceLayout& s = p.sequences;
+  const Sequence seq = sequence_at(s, b);
+  const int64_t value = check.value, index = check.index;
+  switch (check.fault) {
+    case SequenceFault::none: return {};
+    case SequenceFault::cu_seqlens_q:
+    case SequenceFault::cu_seqlens_k: {
+      const char* name = check.fault == SequenceFault::cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k";
+      const int32_t* cu = check.fault == SequenceFault::cu_seqlens_q ? s.cu_seqlens_q : s.cu_seqlens_k;
+      const int64_t stride = check.fault == SequenceFault::cu_seqlens_q ? s.cu_seqlens_q_stride : s.cu_seqlens_k_stride;
+      return fail(StatusCode::invalid_sequence_lengths, "sequences.", name, "[", index - 1, "] = ",
+                  cu[(index - 1) * stride], ", ", name, "[", index, "] = ", value,
+                  ": the offsets must be non-negative and non-decreasing");
+    }
+    case SequenceFault::q_rows:
+      return fail(StatusCode::invalid_sequence_lengths, "sequences.cu_seqlens_q[", index, "] = ", value,
+                  " is past q's ", s.packed_rows_q, " packed rows");
+    case SequenceFault::k_rows:
+      return fail(StatusCode::invalid_sequence_lengths, "sequences.cu_seqlens_k[", index, "] = ", value,
+                  " is past k's ", s.packed_rows_k, " packed rows");
+    case SequenceFault::table_capacity:
+      return fail(StatusCode::invalid_sequence_lengths, "sequence ", b, " has ", value,
+                  " keys by cu_seqlens_k, more than its block table row holds (", s.max_blocks, " pages of ",
+                  s.page_size, ")");
+    case SequenceFault::max_seqlen_q:
+      return fail(StatusCode::invalid_sequence_lengths, "sequence ", b, " has ", value,
+                  " queries, more than max_seqlen_q = ", p.seq_q);
+    case SequenceFault::seqused_k:
+      return fail(StatusCode::invalid_sequence_lengths, "sequences.seqused_k[", b, "] = ", value,
+                  " is outside [0, ", seq.seq_kv_capacity, "], the keys sequence ", b, " has");
+    case SequenceFault::max_seqlen_k:
+      return fail(StatusCode::invalid_sequence_lengths, "sequence ", b, " uses ", value,
+                  " keys, more than max_seqlen_k = ", p.seq_kv);
+    case SequenceFault::block_table:
+      return fail(StatusCode::invalid_block_table, "sequences.block_table[", b, "][", index, "] = ", value,
+                  " is outside [0, ", s.num_blocks, "), the cache's pages (sequence ", b, " reads ",
+                  pages_read(s, b), " pages for its ", seq.seq_kv, " keys)");
+  }
+  return fail(StatusCode::invalid_sequence_lengths, "sequence ", b, ": unknown fault ", static_cast<int>(check.fault));
+}
+
 Status check_sequence_data(const AttentionProblem& p) {
   const SequenceLayout& s = p.sequences;
   if (!s.active) return {};
   for (int64_t b = 0; b < p.batch; ++b) {
-    if (s.cu_seqlens_q) {
-      const int64_t first = s.cu_seqlens_q[b * s.cu_seqlens_q_stride];
-      const int64_t end = s.cu_seqlens_q[(b + 1) * s.cu_seqlens_q_stride];
-      if (first < 0 || end < first)
-        return fail(StatusCode::invalid_sequence_lengths, "sequences.cu_seqlens_q[", b, "] = ", first,
-                    ", cu_seqlens_q[", b + 1, "] = ", end, ": the offsets must be non-negative and non-decreasing");
-    }
-    if (s.cu_seqlens_k) {
-      const int64_t first = s.cu_seqlens_k[b * s.cu_seqlens_k_stride];
-      const int64_t end = s.cu_seqlens_k[(b + 1) * s.cu_seqlens_k_stride];
-      if (first < 0 || end < first)
-        return fail(StatusCode::invalid_sequence_lengths, "sequences.cu_seqlens_k[", b, "] = ", first,
-                    ", cu_seqlens_k[", b + 1, "] = ", end, ": the offsets must be non-negative and non-decreasing");
-    }
-    const Sequence seq = sequence_at(s, b);
-    if (s.cu_seqlens_q && seq.q_begin + seq.seq_q > s.packed_rows_q)
-      return fail(StatusCode::invalid_sequence_lengths, "sequences.cu_seqlens_q[", b + 1, "] = ",
-                  seq.q_begin + seq.seq_q, " is past q's ", s.packed_rows_q, " packed rows");
-    if (seq.seq_q > p.seq_q)
-      return fail(StatusCode::invalid_sequence_lengths, "sequence ", b, " has ", seq.seq_q,
-                  " queries, more than max_seqlen_q = ", p.seq_q);
-    if (s.packed_k() && seq.kv_begin + seq.seq_kv_capacity > s.packed_rows_k)
-      return fail(StatusCode::invalid_sequence_lengths, "sequences.cu_seqlens_k[", b + 1, "] = ",
-                  seq.kv_begin + seq.seq_kv_capacity, " is past k's ", s.packed_rows_k, " packed rows");
-    if (s.paged() && s.cu_seqlens_k && seq.seq_kv_capacity > s.max_blocks * s.page_size)
-      return fail(StatusCode::invalid_sequence_lengths, "sequence ", b, " has ", seq.seq_kv_capacity,
-                  " keys by cu_seqlens_k, more than its block table row holds (", s.max_blocks, " pages of ",
-                  s.page_size, ")");
-    if (seq.seq_kv < 0 || seq.seq_kv > seq.seq_kv_capacity)
-      return fail(StatusCode::invalid_sequence_lengths, "sequences.seqused_k[", b, "] = ", seq.seq_kv,
-                  " is outside [0, ", seq.seq_kv_capacity, "], the keys sequence ", b, " has");
-    if (seq.seq_kv > p.seq_kv)
-      return fail(StatusCode::invalid_sequence_lengths, "sequence ", b, " uses ", seq.seq_kv,
-                  " keys, more than max_seqlen_k = ", p.seq_kv);
-    if (s.paged()) {
-      const int64_t pages = (seq.seq_kv + s.page_size - 1) / s.page_size;
-      for (int64_t page = 0; page < pages; ++page) {
-        const int64_t id = s.block_table[b * s.block_table_stride[0] + page * s.block_table_stride[1]];
-        if (id < 0 || id >= s.num_blocks)
-          return fail(StatusCode::invalid_block_table, "sequences.block_table[", b, "][", page, "] = ", id,
-                      " is outside [0, ", s.num_blocks, "), the cache's pages (sequence ", b, " reads ", pages,
-                      " pages for its ", seq.seq_kv, " keys)");
-      }
-    }
+    SequenceCheck check = check_sequence(s, b, p.seq_q, p.seq_kv);
+    if (check.fault == SequenceFault::none && s.paged()) check = check_pages(s, b, 0, pages_read(s, b));
+    FFPA_RETURN_IF_ERROR(sequence_fault_status(p, b, check));
   }
   return {};
 }

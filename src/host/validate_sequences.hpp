@@ -37,4 +37,8 @@ void set_sequence_layout(const ForwardParams& p, AttentionProblem* problem);
 // invalid_block_table naming the sequence and the value.
 Status check_sequence_data(const AttentionProblem& p);
 
+// The status of a fault the checks found in sequence b (check_sequence and
+// check_pages of common/sequence_batch.hpp, here or in a device plan).
+Status sequence_fault_status(const AttentionProblem& p, int64_t b, const SequenceCheck& check);
+
 }  // namespace ffpa::detail

@@ -7,8 +7,10 @@
 
 #include <cmath>
 
+#include "common/attention_problem.hpp"
 #include "kernels/common/accumulator_layout.cuh"
 #include "kernels/common/fast_math.cuh"
+#include "kernels/common/math_constants.hpp"
 #include "kernels/common/softmax_state.hpp"
 
 namespace ffpa::detail {
@@ -75,6 +77,24 @@ __device__ __forceinline__ void exponentiate_row(float (&s)[Layout::kElements], 
       x = fast_exp2(fmaf(x, factor, -base));
       sum += x;
     }
+}
+
+// The logit softcap (AttentionProblem::softcap > 0) on raw scores q.k:
+// softcap * tanh(scale * s / softcap), in the log2 domain, so the capped
+// scores take no further scale factor. Applied before the mask.
+struct Softcap {
+  float inner;  // scale / softcap
+  float outer;  // softcap * log2(e)
+};
+
+__device__ __forceinline__ Softcap softcap_factors(const AttentionProblem& p) {
+  return {p.scale / p.softcap, p.softcap * kLog2e};
+}
+
+template <class Layout>
+__device__ __forceinline__ void apply_softcap(float (&s)[Layout::kElements], Softcap cap) {
+#pragma unroll
+  for (int i = 0; i < Layout::kElements; ++i) s[i] = cap.outer * fast_tanh(s[i] * cap.inner);
 }
 
 // Whether any row of the warp moves its maximum (a factor other than 1):

@@ -52,8 +52,11 @@ struct Cta {
 
   int split;  // which slice of Dv (value split)
   TileCoordinates tile;
+  TileSequence seq;  // the tile's sequence: its lengths, where its rows lie
+  bool idle;         // a serving call's CTA past the plan's tiles: nothing to do
   // Sequence positions fit in 32 bits (routing checks); addresses use 64.
-  const int seq_q, seq_kv, head_dim;
+  int seq_q, seq_kv;
+  const int head_dim;
   int dv0;             // first column of the O slice (of Dv, V's and O's head dim)
   int n_qk;            // 64-column chunks of D, Q's and K's head dim
   int out_cols;        // valid columns of the O slice
@@ -72,15 +75,29 @@ struct Cta {
         warp_n(static_cast<int>(tid / 32) % Traits::kWarpsN),
         g(static_cast<int>(tid % 32) / 4),
         t(static_cast<int>(tid % 32) % 4),
-        seq_q(static_cast<int>(args.p.seq_q)),
-        seq_kv(static_cast<int>(args.p.seq_kv)),
         head_dim(static_cast<int>(args.p.head_dim)) {
-    // Which CTA: value split fastest, then the tile (row block, head, batch).
+    // Which CTA: value split fastest, then the tile (row block, head, batch;
+    // a serving call's from its plan, common/sequence_schedule.hpp).
     int64_t block = args.block_offset + blockIdx.x;
     split = static_cast<int>(block % args.value_splits);
     block /= args.value_splits;
-    tile = tile_coordinates<int64_t>(p, block, args.row_blocks, Traits::kBlockM, Traits::kBlockN, args.kv_splits,
-                                     args.split_blocks, args.heads_per_tile);
+    idle = false;
+    if (p.sequences.active) {
+      const auto* header = static_cast<const SequenceScheduleHeader*>(p.sequences.plan);
+      idle = block >= header->tiles;
+      const SequenceTiling tiling{Traits::kBlockM, Traits::kBlockN, args.heads_per_tile,
+                                  args.kv_splits > 1 ? args.split_blocks : 0};
+      if (!idle) {
+        tile = sequence_tile_coordinates(p, reinterpret_cast<const int32_t*>(header + 1), static_cast<int>(block),
+                                         tiling, &seq);
+      }
+    } else {
+      tile = tile_coordinates<int64_t>(p, block, args.row_blocks, Traits::kBlockM, Traits::kBlockN, args.kv_splits,
+                                       args.split_blocks, args.heads_per_tile);
+      seq = tile_sequence(p, tile.batch);
+    }
+    seq_q = seq.seq_q;
+    seq_kv = seq.seq_kv;
     dv0 = split * Traits::kOutCols;
     n_qk = (head_dim + Traits::kChunk - 1) / Traits::kChunk;
     out_cols = min(Traits::kOutCols, static_cast<int>(p.dv()) - dv0);
@@ -99,6 +116,7 @@ struct Cta {
   };
 
   // producer.cuh
+  __device__ __forceinline__ const Element* key_row(const void* base, const int64_t (&stride)[3], int key) const;
   __device__ __forceinline__ void issue_next_step(int into_slot);
   __device__ __forceinline__ void prime_ring();
   __device__ __forceinline__ void advance_ring();

@@ -30,14 +30,12 @@ __device__ __forceinline__ void Cta<Traits>::store_output(const OAccumulator& o_
   const float keep_scale = dropout_keep_scale(p);
   float out_scale[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) out_scale[r] = output_row_scale(row_sum[r], keep_scale);
-
-  if (p.lse != nullptr && split == 0 && warp_n == 0 && t == 0) {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int i = tile.query_row(local_row(r));
-      if (i < seq_q) store_lse(p, tile.batch, tile.row_head(local_row(r)), i, row_log_sum_exp(row_max[r], row_sum[r]));
-    }
+  for (int r = 0; r < kRows; ++r) {
+    const RowEnd end = finish_row(p, tile.row_head(local_row(r)), row_max[r], row_sum[r], keep_scale);
+    out_scale[r] = end.out_scale;
+    const int i = tile.query_row(local_row(r));
+    if (p.lse != nullptr && split == 0 && warp_n == 0 && t == 0 && i < seq_q)
+      store_lse(p, seq.q_batch, tile.row_head(local_row(r)), seq.q_begin + i, end.lse);
   }
 
 #pragma unroll
@@ -59,7 +57,8 @@ __device__ __forceinline__ void Cta<Traits>::store_output(const OAccumulator& o_
           pack2<Element>(v[2] * out_scale[2 * mt + 1], v[3] * out_scale[2 * mt + 1]);
     }
   __syncthreads();
-  Element* const o_batch = static_cast<Element*>(p.o) + tile.batch * p.o_stride[0];
+  Element* const o_batch =
+      static_cast<Element*>(p.o) + seq.q_batch * p.o_stride[0] + static_cast<int64_t>(seq.q_begin) * p.o_stride[2];
   for (int s = tid; s < kBlockM * Traits::kOutCols / 8; s += Traits::kThreads) {
     const int subtile = s / (kBlockM * 8), row = (s / 8) % kBlockM, segment = s % 8;
     const int col = subtile * 64 + segment * 8;

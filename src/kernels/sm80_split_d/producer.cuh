@@ -12,6 +12,24 @@
 
 namespace ffpa::detail::sm80_split_d {
 
+// Key `key`'s row of k or v (kv head tile.kv_head, column 0): of the
+// sequence's rows, or of its page (paged caches; a key past the sequence's
+// Nkv reads no table entry and is never copied).
+template <class Traits>
+__device__ __forceinline__ const typename Traits::Element* Cta<Traits>::key_row(const void* base,
+                                                                              const int64_t (&stride)[3],
+                                                                              int key) const {
+  const Element* const head = static_cast<const Element*>(base) + tile.kv_head * stride[1];
+  const SequenceLayout& s = p.sequences;
+  if (s.paged()) {
+    if (key >= seq_kv) return head;
+    const int page_size = static_cast<int>(s.page_size);
+    const int64_t page = s.block_table[tile.batch * s.block_table_stride[0] + (key / page_size) * s.block_table_stride[1]];
+    return head + page * stride[0] + (key % page_size) * stride[2];
+  }
+  return head + seq.kv_batch * stride[0] + static_cast<int64_t>(seq.kv_begin + key) * stride[2];
+}
+
 // A stage is a stack of 128-byte rows. Thread tid copies 16-byte segment
 // tid % 8 of stacked rows tid / 8 + k * kRowsPerPass, for a fixed number of k:
 // row offsets are compile-time multiples of the row stride, and the swizzled
@@ -25,12 +43,13 @@ __device__ __forceinline__ void Cta<Traits>::issue_next_step(int into_slot) {
     const int seg = thread % 8, first_row = thread / 8;
     const uint32_t seg_offset = swizzle128<Traits::kElementBytes>(first_row, seg * 8);
     const int64_t k_stride = p.k_stride[2], v_stride = p.v_stride[2];
-    const Element* const q_batch = static_cast<const Element*>(p.q) + tile.batch * p.q_stride[0] + seg * 8;
+    const Element* const q_batch =
+        static_cast<const Element*>(p.q) + seq.q_batch * p.q_stride[0] + seq.q_begin * p.q_stride[2] + seg * 8;
+    const bool paged = p.sequences.paged();
     const int kv0 = (tile.kv_first + load_tile) * kBlockN;  // tiles of a KV split start at its first block
     const uint32_t stage = smem_address(ring() + into_slot * Traits::kStageBytes) + seg_offset;
     if (load_r < n_qk) {  // kBlockM rows of Q, then kBlockN rows of K, one 64-column chunk
-      const Element* const k_src = static_cast<const Element*>(p.k) + tile.batch * p.k_stride[0] +
-                                   tile.kv_head * p.k_stride[1] + (kv0 + first_row) * k_stride + seg * 8;
+      const Element* const k_src = key_row(p.k, p.k_stride, kv0 + first_row) + seg * 8;
       const int col = load_r * Traits::kChunk;
       const bool valid_col = col + seg * 8 < head_dim;
       constexpr int kQPasses = kBlockM / kRowsPerPass;
@@ -44,21 +63,23 @@ __device__ __forceinline__ void Cta<Traits>::issue_next_step(int into_slot) {
         } else {
           const int row = (k - kQPasses) * kRowsPerPass;
           const bool valid = valid_col && kv0 + first_row + row < seq_kv;
-          cp_async_16(stage + k * kRowsPerPass * 128, k_src + row * k_stride + col, valid);
+          const Element* const src =
+              paged ? key_row(p.k, p.k_stride, kv0 + first_row + row) + seg * 8 : k_src + row * k_stride;
+          cp_async_16(stage + k * kRowsPerPass * 128, src + col, valid);
         }
       }
     } else {  // kPVKeys keys of V, every 64-column subtile of the O slice
       // This thread's first row and subtile in the stack of subtiles.
       const int v_row0 = first_row % kPVKeys, v_sub0 = first_row / kPVKeys;
       const int key0 = kv0 + (load_r - n_qk) * kPVKeys + v_row0;
-      const Element* const v_src = static_cast<const Element*>(p.v) + tile.batch * p.v_stride[0] +
-                                   tile.kv_head * p.v_stride[1] + key0 * v_stride + dv0 + v_sub0 * 64 +
-                                   seg * 8;
+      const Element* const v_src = key_row(p.v, p.v_stride, key0) + dv0 + v_sub0 * 64 + seg * 8;
 #pragma unroll
       for (int k = 0; k < Traits::kVStageBytes / 128 / kRowsPerPass; ++k) {
         const int row = (k * kRowsPerPass) % kPVKeys, sub = (k * kRowsPerPass) / kPVKeys;
         const bool valid = (v_sub0 + sub) * 64 + seg * 8 < out_cols && key0 + row < seq_kv;
-        cp_async_16(stage + k * kRowsPerPass * 128, v_src + row * v_stride + sub * 64, valid);
+        const Element* const src =
+            paged ? key_row(p.v, p.v_stride, key0 + row) + dv0 + v_sub0 * 64 + seg * 8 : v_src + row * v_stride;
+        cp_async_16(stage + k * kRowsPerPass * 128, src + sub * 64, valid);
       }
     }
     if (++load_r == steps_per_tile) load_r = 0, ++load_tile;
