@@ -56,7 +56,7 @@ def fallback_reason(spec: CallSpec, limits: Limits | None) -> str | None:
 
     limits: the loaded library's (_library.limits()). None when no library loads:
     the head dim is then not judged; a call that passes the other checks goes to
-    SDPA under impl="auto" (functional._decision says why) and is refused otherwise.
+    SDPA under impl="auto" (decide.py says why) and is refused otherwise.
     """
     # In this order, each only once the ones before pass (the mask check reads a 4-D q_shape).
     return _tensor_kind_reason(spec) or _shape_reason(spec, limits) or _mask_reason(spec) or _option_reason(spec)

@@ -3,9 +3,10 @@
 The drop-in promises a model that is never slower and never different. So a
 call goes to SDPA where SDPA's own kernels are measured faster (the table
 below), unless the call asks for something only ffpa gives, or SDPA is known
-to compute it wrongly (then it stays on ffpa). Calls that go to SDPA for any
-reason (also those the library cannot serve, decisions.py) get the SDPA
-backends that compute them correctly (sdpa_backends).
+to compute it wrongly (then it stays on ffpa). Calls that
+go to SDPA for any reason (also those the library cannot serve, decisions.py)
+get the SDPA backends that compute them correctly (sdpa_backends). decide.py
+puts these rules together with the library's answers.
 
 Torch-free and cheap (no timing at run time): a decision reads the call's
 metadata and the constant tables here. The D <= 256 split holds on every GPU
@@ -155,9 +156,9 @@ def route(
     """The path of a call the library can serve (decisions.fallback_reason(spec) is None).
 
     hopper_family: the library runs its Hopper family (sm90_wgmma) at exactly the call's
-    head dim on the call's device (asked of the library by the caller).
-    hopper_backward: the library runs its Hopper backward (sm90_backward) for the call's
-    head dims on the call's device (asked of the library by the caller).
+    head dim on the call's device (asked of the library by the caller: decide.py).
+    hopper_backward: the library's backward for the call's head dims on the call's device is
+    its Hopper one (sm90_backward; asked of the library by the caller: decide.py).
     """
     if (
         spec.needs_grad
@@ -197,7 +198,7 @@ def training_sdpa_reason(spec: CallSpec, hopper_backward: bool = False) -> str |
 
     hopper_backward: the library runs its Hopper backward for the call (route's); else the portable
     backward's measurements apply. (Calls whose options have no backward, FP8 and fp16 accumulation, never
-    get here: functional.py's _no_gradient_reason sends them to SDPA first.)"""
+    get here: decide.py's _no_gradient_reason sends them to SDPA first.)"""
     head_dim = widest_head_dim(spec)
     if head_dim <= SDPA_FASTER_MAX_HEAD_DIM:
         return f"training at D = {head_dim} <= {SDPA_FASTER_MAX_HEAD_DIM}: SDPA's backward is faster (measured)"

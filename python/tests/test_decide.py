@@ -1,0 +1,158 @@
+"""decide.py, the package's one place that decides: a call asks it once (counted: the decision, and
+within it each rule and library question), an eager call looks its decision up by metadata, a failed
+launch's fallback asks nothing again.
+
+CPU tensors stand for CUDA ones here: the call's spec says "cuda", the library's device answers say its
+kernels run there, and the library's op computes on its CPU reference (forward and backward)."""
+
+import dataclasses
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from attention_inputs import random_qkv  # noqa: E402
+from attention_reference import ORIGINAL_SDPA  # noqa: E402
+from dispatch_probe import (  # noqa: E402
+    assert_same_outcome,
+    capture_fallback_reasons,
+    fallback_reasons,
+    run_and_check_served,
+)
+from ffpa_attn import _library, decide, explain, ffpa_attn_func  # noqa: E402
+from ffpa_attn._library import FFPAError, Impl  # noqa: E402
+from ffpa_attn.decisions import Limits  # noqa: E402
+
+
+class Counts:
+    """How often each of decide's steps ran: the decision, its rules, the library's answers."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.calls: dict[str, int] = {}
+        self.questions: dict[str, list] = {}  # the library's: their arguments
+        for name in ("decide", "call_spec", "fallback_reason", "route", "sdpa_backends", "library_unusable"):
+            self._count(monkeypatch, decide, name)
+        for name in ("device_support", "backward_route"):
+            self._count(monkeypatch, _library, name)
+
+    def _count(self, monkeypatch, module, name: str) -> None:
+        function = getattr(module, name)
+
+        def counted(*args, **kwargs):
+            self.calls[name] = self.calls.get(name, 0) + 1
+            self.questions.setdefault(name, []).append(args)
+            return function(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+
+    def take(self) -> dict[str, int]:
+        taken, self.calls = self.calls, {}
+        return taken
+
+
+@pytest.fixture
+def simulated_gpu(monkeypatch):
+    """CPU calls decided as CUDA calls on a GPU the library runs its kernels on, whose backward is the
+    portable one; the op then runs the library's CPU reference. Returns the double's forward failure
+    setter: None, or the FFPAError ffpa_forward raises."""
+    real_call_spec = decide.call_spec
+    as_cuda = lambda *args: dataclasses.replace(real_call_spec(*args), device_type="cuda")  # noqa: E731
+    monkeypatch.setattr(decide, "call_spec", as_cuda)
+    monkeypatch.setattr(decide, "_LIBRARY_LIMITS", Limits(8, 1024, 8))
+    monkeypatch.setattr(decide, "_LIBRARY_MISSING", None)
+    monkeypatch.setattr(decide, "_DECISIONS", {})  # decisions cached by other tests' answers
+    monkeypatch.setattr(_library, "device_support", lambda device, impl=Impl.AUTO: None)
+    monkeypatch.setattr(_library, "backward_route", lambda device, dtype, d, dv, impl=Impl.AUTO: Impl.SM80_SPLIT_D)
+    failure = {"error": None}
+    real_forward_prepared, real_forward = _library.forward_prepared, _library.forward
+
+    def forward_prepared(params_ref, message):
+        if failure["error"] is not None:
+            raise failure["error"]
+        real_forward_prepared(params_ref, message)
+
+    def forward(params):
+        if failure["error"] is not None:
+            raise failure["error"]
+        real_forward(params)
+
+    monkeypatch.setattr(_library, "forward_prepared", forward_prepared)
+    monkeypatch.setattr(_library, "forward", forward)
+    return lambda error: failure.update(error=error)
+
+
+def d512_call():
+    return random_qkv(1, 2, 2, 9, 21, 512, torch.bfloat16, "cpu")
+
+
+def test_an_eager_call_asks_once_and_a_repeated_one_not_at_all(simulated_gpu, monkeypatch):
+    _library.load_library()
+    counts = Counts(monkeypatch)
+    q, k, v = d512_call()
+    ffpa_attn_func(q, k, v)
+    asked = counts.take()
+    assert asked["decide"] == 1, asked
+    # Within the decision each rule runs once; the device is asked about the library's Hopper family (its
+    # D 512 instance's rows) and about the impl: each question once.
+    for step in ("call_spec", "fallback_reason", "route", "sdpa_backends", "library_unusable"):
+        assert asked[step] == 1, (step, asked)
+    assert sorted(counts.questions["device_support"]) == sorted({*counts.questions["device_support"]})
+    assert "backward_route" not in asked, "a call without grad asks nothing of the backward"
+    for _ in range(3):
+        ffpa_attn_func(q, k, v)
+    assert counts.take() == {}, "a repeated eager call is looked up by its metadata"
+    ffpa_attn_func(q, k[:, :, :20], v[:, :, :20])
+    assert counts.take()["decide"] == 1
+
+
+def test_a_training_call_asks_its_backward_within_the_one_decision(simulated_gpu, monkeypatch):
+    _library.load_library()
+    counts = Counts(monkeypatch)
+    q, k, v = (t.requires_grad_() for t in random_qkv(1, 2, 2, 9, 64, 512, torch.bfloat16, "cpu"))
+    explain(q, k, v)
+    asked = counts.take()
+    assert asked["decide"] == 1 and asked["route"] == 1, asked
+    # Whether a backward runs and whether it is the Hopper one: the binding keeps the library's answer.
+    assert asked["backward_route"] == 2, asked
+
+
+def test_a_failed_launch_falls_back_without_deciding_again(simulated_gpu, monkeypatch, caplog):
+    _library.load_library()
+    simulated_gpu(FFPAError("impl_unavailable", "cudaErrorLaunchOutOfResources: more registers than the device has"))
+    capture_fallback_reasons(caplog)
+    q, k, v = d512_call()
+    counts = Counts(monkeypatch)
+    out = ffpa_attn_func(q, k, v)
+    assert torch.equal(out, ORIGINAL_SDPA(q, k, v))
+    asked = counts.take()
+    assert asked["decide"] == 1 and asked["sdpa_backends"] == 1, asked
+    assert any("cudaErrorLaunchOutOfResources" in reason for reason in fallback_reasons(caplog))
+
+
+def test_explain_and_a_call_on_tensor_subclasses_ask_once_each(simulated_gpu, monkeypatch):
+    _library.load_library()
+    counts = Counts(monkeypatch)
+    q, k, v = d512_call()
+    assert explain(q, k, v).startswith("ffpa (impl auto)")
+    assert counts.take()["decide"] == 1
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = [mode.from_tensor(t) for t in (q, k, v)]
+        for _ in range(2):  # not plain tensors: decided per call (as while tracing), not looked up
+            assert ffpa_attn_func(*fake).shape == q.shape
+            assert counts.take()["decide"] == 1
+
+
+def test_a_traced_training_call_takes_the_library_s_backward_answer_as_a_constant(simulated_gpu, monkeypatch):
+    # While torch.compile traces, the backward's answer is asked (assume_constant_result): no graph break.
+    _library.load_library()
+    asked = []
+    monkeypatch.setattr(_library, "backward_route", lambda *args: asked.append(args) or Impl.SM90_WGMMA)
+    q, k, v = (t.requires_grad_() for t in random_qkv(1, 2, 2, 9, 600, 512, torch.bfloat16, "cpu"))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q, k, v: ffpa_attn_func(q, k, v), fullgraph=True, backend="eager")
+    out = compiled(q, k, v)
+    torch.autograd.grad(out.float().sum(), (q, k, v))
+    assert asked and {args[2:4] for args in asked} == {(512, 512)}
+    torch._dynamo.reset()
