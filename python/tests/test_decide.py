@@ -1,6 +1,8 @@
 """decide.py, the package's one place that decides: a call asks it once (counted: the decision, and
 within it each rule and library question), an eager call looks its decision up by metadata, a failed
-launch's fallback asks nothing again.
+launch's fallback asks nothing again; and issue 31's finding 4c: a training call SDPA raises for (bf16,
+D 1024, an fp32 additive mask) goes to ffpa and trains through ffpa's backward, while a call SDPA raises
+for because it is invalid still gets SDPA's error.
 
 CPU tensors stand for CUDA ones here: the call's spec says "cuda", the library's device answers say its
 kernels run there, and the library's op computes on its CPU reference (forward and backward)."""
@@ -156,3 +158,65 @@ def test_a_traced_training_call_takes_the_library_s_backward_answer_as_a_constan
     torch.autograd.grad(out.float().sum(), (q, k, v))
     assert asked and {args[2:4] for args in asked} == {(512, 512)}
     torch._dynamo.reset()
+
+
+# --- issue 31, finding 4c ------------------------------------------------------------------------------
+
+
+def finding_4c_call(requires_grad=True):
+    """bf16 q [2,1,1,1024], k/v [2,1,5,1024] (views of [B, N, H, D] memory), an fp32 additive mask."""
+    q, k, v = random_qkv(2, 1, 1, 1, 5, 1024, torch.bfloat16, "cpu", "bnhd")
+    mask = torch.randn(2, 1, 1, 5, dtype=torch.float32)
+    mask[1, 0, 0, 3] = float("-inf")
+    return [t.requires_grad_(requires_grad) for t in (q, k, v)], mask
+
+
+def test_the_4c_training_call_goes_to_ffpa_and_trains_through_its_backward(simulated_gpu, monkeypatch):
+    _library.load_library()
+    (q, k, v), mask = finding_4c_call()
+    said = explain(q, k, v, attn_mask=mask)
+    assert said.startswith("ffpa (impl auto)") and "invalid dtype for bias" in said, said
+    grad_out = torch.randn(2, 1, 1, 1024, dtype=torch.float64)
+    backward_ran = []
+    real_backward = _library.backward
+    monkeypatch.setattr(_library, "backward", lambda params: backward_ran.append(1) or real_backward(params))
+    out, served = run_and_check_served(lambda: ffpa_attn_func(q, k, v, attn_mask=mask))
+    assert served, "the library's op ran the forward"
+    grads = torch.autograd.grad((out.double() * grad_out).sum(), (q, k, v))
+    assert backward_ran == [1], "ffpa_backward computed the gradients"
+
+    reference = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    want_out = ORIGINAL_SDPA(*reference, attn_mask=mask.double())
+    want = torch.autograd.grad((want_out * grad_out).sum(), reference)
+    assert ((out.double() - want_out).norm() / want_out.norm()).item() < 1e-2
+    for name, got, expected in zip("qkv", grads, want):
+        assert torch.isfinite(got).all(), name
+        assert ((got.double() - expected).norm() / expected.norm()).item() < 2e-2, f"d{name}"
+
+
+def test_the_same_call_without_the_refusal_stays_where_the_tables_put_it(simulated_gpu):
+    _library.load_library()
+    (q, k, v), mask = finding_4c_call()
+    # A mask of the query's dtype is one SDPA's memory-efficient kernel takes: few keys train on SDPA.
+    said = explain(q, k, v, attn_mask=mask.bfloat16())
+    assert said.startswith("PyTorch SDPA") and "training with B x Hkv x Nkv = 10" in said, said
+    (q, k, v), mask = finding_4c_call(requires_grad=False)
+    assert "invalid dtype for bias" in explain(q, k, v, attn_mask=mask)
+
+
+# Calls SDPA rejects as invalid, built on the 4c call: they stay SDPA's, errors and all.
+INVALID_CALLS = {
+    "key-dtype-differs": lambda q, k, v: dict(key=k.half()),
+    "mask-not-broadcastable": lambda q, k, v: dict(attn_mask=torch.zeros(2, 1, 1, 6)),
+    "causal-with-mask": lambda q, k, v: dict(is_causal=True),
+    "gqa-without-enable-gqa": lambda q, k, v: dict(query=torch.cat([q, q], 1)),
+}
+
+
+@pytest.mark.parametrize("invalid", INVALID_CALLS)
+def test_an_invalid_call_with_that_mask_still_gets_sdpa_s_error(simulated_gpu, invalid):
+    _library.load_library()
+    (q, k, v), mask = finding_4c_call()
+    arguments = dict(query=q, key=k, value=v, attn_mask=mask) | INVALID_CALLS[invalid](q, k, v)
+    assert explain(**arguments).startswith("PyTorch SDPA"), explain(**arguments)
+    assert_same_outcome(lambda: ffpa_attn_func(**arguments), lambda: ORIGINAL_SDPA(**arguments))
