@@ -3,8 +3,8 @@
 Every entry point asks here, once per call: the SDPA drop-in (functional.ffpa_attn_func and explain;
 monkey_patch and a transformers AttentionInterface call the drop-in) asks decide (decide_cached on plain
 tensors in eager mode); an entry point that runs on ffpa or raises, with no SDPA to fall back on (the
-FlashAttention-style functions), asks the library's answers below (library_unusable, backward_refusal)
-for its device, dtype and head dims. A decision reads the call's metadata only (fake tensors while
+FlashAttention-style functions), asks library_refusal for its device, dtype and head dims (the
+library's answers below). A decision reads the call's metadata only (fake tensors while
 torch.compile traces) and puts together:
   - whether the library serves such a call at all: decisions.py's torch-free rules, with the library's
     own limits (ffpa_library_info);
@@ -26,7 +26,7 @@ import torch
 from . import _library, ops
 from ._library import Accumulation, Causal, DType, Fp8QkFormat, Fp8QkScales, Fp8VScales, Impl, Precision
 from .config import CUDABackend
-from .decisions import CallSpec, Limits, fallback_reason, precision_fallback_reason
+from .decisions import SERVED_DTYPES, CallSpec, Limits, fallback_reason, head_dims_reason, precision_fallback_reason
 from .routing import route, sdpa_backends
 
 DEFAULT_BACKEND = CUDABackend()
@@ -121,6 +121,24 @@ def library_unusable(device_index: int, impl: str, precision: str = "input", hea
     if head_dim > max(_SM90_FP8_HEAD_DIMS):
         return f"head dim {head_dim} is above {max(_SM90_FP8_HEAD_DIMS)}, the largest FP8 instance of the ffpa library"
     return None
+
+
+def library_refusal(
+    device_index: int, dtype: str, head_dim: int, value_dim: int, impl: str = "auto", needs_grad: bool = False
+) -> str | None:
+    """Why the library cannot run a call of `dtype` (torch's name) with head dims `head_dim` (q, k) and
+    `value_dim` (v) on CUDA device `device_index` under backend.impl `impl`, nor its backward with
+    `needs_grad`, or None: what an entry point that runs on ffpa or raises (no SDPA to fall back on, e.g.
+    FlashAttention-style functions) asks before it runs, its own arguments' checks aside."""
+    if _LIBRARY_MISSING is not None:
+        return f"no ffpa library loads: {_LIBRARY_MISSING}"
+    if dtype not in SERVED_DTYPES:
+        return f"dtype {dtype} is not served ({', '.join(SERVED_DTYPES)})"
+    if (reason := head_dims_reason(head_dim, value_dim, _LIBRARY_LIMITS)) is not None:
+        return reason
+    if (reason := library_unusable(device_index, impl)) is not None or not needs_grad:
+        return reason
+    return backward_refusal(device_index, dtype, head_dim, value_dim)
 
 
 # --- the decision ---------------------------------------------------------------------------------------

@@ -220,3 +220,26 @@ def test_an_invalid_call_with_that_mask_still_gets_sdpa_s_error(simulated_gpu, i
     arguments = dict(query=q, key=k, value=v, attn_mask=mask) | INVALID_CALLS[invalid](q, k, v)
     assert explain(**arguments).startswith("PyTorch SDPA"), explain(**arguments)
     assert_same_outcome(lambda: ffpa_attn_func(**arguments), lambda: ORIGINAL_SDPA(**arguments))
+
+
+# --- what an entry point that runs on ffpa or raises asks --------------------------------------------------
+
+
+def test_library_refusal_says_why_the_library_cannot_run_such_a_call(monkeypatch):
+    monkeypatch.setattr(decide, "_LIBRARY_LIMITS", Limits(8, 1024, 8))
+    monkeypatch.setattr(decide, "_LIBRARY_MISSING", None)
+    device_answer = {"error": None}
+    monkeypatch.setattr(_library, "device_support", lambda device, impl=Impl.AUTO: device_answer["error"])
+    backward_answer = {"value": Impl.SM80_SPLIT_D}
+    monkeypatch.setattr(_library, "backward_route", lambda *args: backward_answer["value"])
+    assert decide.library_refusal(0, "bfloat16", 576, 512) is None
+    assert decide.library_refusal(0, "bfloat16", 576, 512, needs_grad=True) is None
+    assert "float32 is not served" in decide.library_refusal(0, "float32", 64, 64)
+    assert "value head dim 1032" in decide.library_refusal(0, "float16", 64, 1032)
+    backward_answer["value"] = FFPAError("impl_unavailable", "sm80_backward: no kernel image for this device")
+    assert decide.library_refusal(0, "bfloat16", 512, 512) is None, "a forward alone asks no backward"
+    assert "runs no backward" in decide.library_refusal(0, "bfloat16", 512, 512, needs_grad=True)
+    device_answer["error"] = FFPAError("impl_unavailable", "impl sm90_wgmma needs compute capability 9.0")
+    assert "compute capability 9.0" in decide.library_refusal(0, "bfloat16", 512, 512, impl="sm90_wgmma")
+    monkeypatch.setattr(decide, "_LIBRARY_MISSING", "ffpa_attn: cannot find the ffpa C library")
+    assert "no ffpa library loads" in decide.library_refusal(0, "bfloat16", 512, 512)
