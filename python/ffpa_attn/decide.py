@@ -193,7 +193,7 @@ class Decision:
             self.fp8_smooth_v,
         )
 
-    def fallback_reason(self, failure: str, backend: CUDABackend) -> str:
+    def launch_failure_reason(self, failure: str, backend: CUDABackend) -> str:
         """Why SDPA serves an ffpa call whose launch failed with impl_unavailable (`failure`: the library's
         message), with the SDPA backends' restriction."""
         reason = precision_fallback_reason(f"the ffpa library could not run the call: {failure}", backend.precision)

@@ -156,7 +156,7 @@ def ffpa_attn_func(
         # Eager only: under torch.compile the path is fixed while tracing (where a device the library
         # runs no kernel on already went to SDPA), and such a failure inside a compiled graph raises.
         # A dropout seed drawn for the failed call stays drawn.
-        logger.debug("ffpa_attn: SDPA serves this call: %s", decision.fallback_reason(error.message, backend))
+        logger.debug("ffpa_attn: SDPA serves this call: %s", decision.launch_failure_reason(error.message, backend))
         return _sdpa_fallback(
             query,
             key,
