@@ -255,6 +255,28 @@ FFPA_API ffpa_status ffpa_backward_workspace_size(const ffpa_backward_params* pa
 FFPA_API ffpa_status ffpa_device_support(int32_t device, int32_t impl, char* message,
                                          size_t message_size);
 
+/* Which implementation ffpa_backward runs for a call on device tensors of
+ * `dtype` (ffpa_dtype) with head dims D = head_dim (q, k) and Dv = value_dim
+ * (v, o) on CUDA device `device` under `requested_impl` (FFPA_IMPL_AUTO,
+ * FFPA_IMPL_SM80_SPLIT_D or FFPA_IMPL_SM90_WGMMA): *impl =
+ * FFPA_IMPL_SM90_WGMMA (the Hopper backward kernels) or FFPA_IMPL_SM80_SPLIT_D
+ * (the portable ones), ffpa_backward's own plan for a representative call (one
+ * query row and one key, dense, 16-byte aligned): the backward's analogue of
+ * ffpa_device_support. Beyond dtype, D, Dv and the device the plan reads only
+ * a call's alignment (TMA: 16-byte bases and strides, else the portable
+ * kernels) and sizes past the kernels' limits (then declined); never its mask,
+ * causal alignment, dropout, scale or GQA ratio: fixed for the process per
+ * arguments, ask once. FFPA_INVALID_OPTION for another impl or an ordinal out
+ * of range; FFPA_UNSUPPORTED_HEAD_DIM / FFPA_UNSUPPORTED_DTYPE for what
+ * ffpa_backward does not take on device tensors; FFPA_IMPL_UNAVAILABLE with
+ * the reason where no requested kernel runs (no driver or device,
+ * FFPA_IMPL_SM90_WGMMA not serving the call); FFPA_NULL_POINTER for a NULL
+ * impl. *impl is written on FFPA_OK only. Makes `device` current for the
+ * query and restores the current device. */
+FFPA_API ffpa_status ffpa_backward_route(int32_t device, int32_t dtype, int64_t head_dim, int64_t value_dim,
+                                         int32_t requested_impl, int32_t* impl, char* message,
+                                         size_t message_size);
+
 /* The status's name ("ok", "null_pointer", ...); "unknown_status" for any
  * other integer. */
 FFPA_API const char* ffpa_status_name(ffpa_status status);

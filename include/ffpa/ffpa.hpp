@@ -347,6 +347,30 @@ FFPA_API Status select_kernel(const ForwardParams& params, KernelChoice* choice)
 // calling thread's current device.
 FFPA_API Status device_support(int device, Impl impl);
 
+// Which implementation backward() runs for a call on device tensors of
+// `dtype` with head dims D = `head_dim` (q, k) and Dv = `value_dim` (v, o) on
+// CUDA device `device` under `requested` (automatic, sm80_split_d or
+// sm90_wgmma): *impl = sm90_wgmma (the Hopper backward kernels) or
+// sm80_split_d (the portable ones); backward()'s own plan answers, for a
+// representative call (one query row and one key, dense, 16-byte aligned), the
+// backward's analogue of device_support. The plan reads of a call: dtype, D
+// and Dv (the sm90 instance serves max(D, Dv)), the device (compute
+// capability, whether the kernels' images run there) and, beyond those, only
+// its tensors' alignment (TMA: 16-byte bases and strides, as the bindings pass
+// them; else the portable kernels) and sizes past the kernels' limits
+// (max_sequence_length, 2^30 blocks of 64 rows: then declined); never the
+// mask, causal alignment, dropout, scale or GQA ratio. So a binding asks once
+// per (device, dtype, D, Dv, requested) and keeps the answer. Statuses:
+// invalid_option for another impl or a device ordinal out of range,
+// validation's for D, Dv or dtype out of what backward() takes
+// (unsupported_head_dim, unsupported_dtype: f32 and f64 run on the CPU
+// reference only), impl_unavailable with the reason where no requested
+// kernel runs (no driver or device, sm90_wgmma not serving it). *impl is
+// written on success only (null_pointer when impl is null). Makes `device`
+// current for the query and restores the calling thread's current device.
+FFPA_API Status backward_route(int device, DType dtype, int64_t head_dim, int64_t value_dim, Impl requested,
+                               Impl* impl);
+
 // Head dims that have their own kernel instantiation in this build.
 FFPA_API std::string compiled_head_dims();
 

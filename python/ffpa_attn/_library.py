@@ -389,6 +389,18 @@ class Library:
         self._dll.ffpa_device_support.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_char_p, ctypes.c_size_t]
         self._dll.ffpa_device_support.restype = ctypes.c_int
         self._device_support: dict[tuple[int, int], FFPAError | None] = {}
+        self._dll.ffpa_backward_route.argtypes = [
+            ctypes.c_int32,
+            ctypes.c_int32,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int32,
+            ctypes.POINTER(ctypes.c_int32),
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+        ]
+        self._dll.ffpa_backward_route.restype = ctypes.c_int
+        self._backward_routes: dict[tuple[int, int, int, int, int], Impl | FFPAError] = {}
         # Constant for the library's lifetime: asked once, here.
         self.info = LibraryInfo.from_c(self.query_library_info())
         self.limits = self.info.limits
@@ -422,6 +434,27 @@ class Library:
                 None if status == 0 else self.error(status, message)
             )
         return self._device_support[key]
+
+    def backward_route(
+        self, device: int, dtype: DType, head_dim: int, value_dim: int, impl: Impl = Impl.AUTO
+    ) -> Impl | FFPAError:
+        """ffpa_backward_route: the Impl ffpa_backward runs (SM90_WGMMA: the Hopper kernels; SM80_SPLIT_D:
+        the portable ones) for a call on CUDA device `device` of `dtype` with head dims `head_dim` (q, k)
+        and `value_dim` (v) under `impl`, or the FFPAError that says why none (returned, not raised;
+        status impl_unavailable for a device without the kernels or none at all).
+
+        The library's own plan answers (for a dense, aligned call, as the bindings pass them: the plan
+        reads nothing else of a call that could change it), fixed for the process: asked once per arguments.
+        """
+        key = (device, int(dtype), head_dim, value_dim, int(impl))
+        if key not in self._backward_routes:  # two threads may both ask: same answer
+            message = ctypes.create_string_buffer(MESSAGE_BYTES)
+            chosen = ctypes.c_int32(-1)
+            status = self._dll.ffpa_backward_route(
+                device, int(dtype), head_dim, value_dim, int(impl), ctypes.byref(chosen), message, MESSAGE_BYTES
+            )
+            self._backward_routes[key] = Impl(chosen.value) if status == 0 else self.error(status, message)
+        return self._backward_routes[key]
 
     def version(self) -> str:
         return self._dll.ffpa_version().decode()
@@ -549,6 +582,14 @@ def device_support(device: int, impl: Impl = Impl.AUTO) -> FFPAError | None:
     """Why the loaded library cannot run impl's kernels on CUDA device `device` (an
     FFPAError, not raised), or None when it can (Library.device_support)."""
     return load_library().device_support(device, impl)
+
+
+def backward_route(
+    device: int, dtype: DType, head_dim: int, value_dim: int, impl: Impl = Impl.AUTO
+) -> Impl | FFPAError:
+    """The Impl the loaded library's backward runs for such a call on CUDA device `device`, or the
+    FFPAError that says why none does (Library.backward_route)."""
+    return load_library().backward_route(device, dtype, head_dim, value_dim, impl)
 
 
 def _open_library() -> Library:

@@ -366,6 +366,23 @@ ffpa_status ffpa_device_support(int32_t device, int32_t impl, char* message, siz
   });
 }
 
+ffpa_status ffpa_backward_route(int32_t device, int32_t dtype, int64_t head_dim, int64_t value_dim,
+                                int32_t requested_impl, int32_t* impl, char* message, size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (!impl) {
+      write_message(message, message_size, "", "impl is null");
+      return FFPA_NULL_POINTER;
+    }
+    ffpa::Impl chosen = ffpa::Impl::automatic;
+    const ffpa_status status =
+        to_c(ffpa::backward_route(device, static_cast<ffpa::DType>(dtype), head_dim, value_dim,
+                                  static_cast<ffpa::Impl>(requested_impl), &chosen),
+             message, message_size);
+    if (status == FFPA_OK) *impl = static_cast<int32_t>(chosen);
+    return status;
+  });
+}
+
 const char* ffpa_status_name(ffpa_status status) {
   return ffpa::status_name(static_cast<StatusCode>(status));
 }

@@ -329,10 +329,13 @@ Status device_check(Impl impl, DeviceInfo info) {
   return sm80_split_d::runnable(smallest, route, info.device);
 }
 
-}  // namespace
+bool is_gpu_impl(Impl impl) {
+  return impl == Impl::automatic || impl == Impl::sm80_split_d || impl == Impl::sm90_wgmma;
+}
 
-Status device_support(int device, Impl impl) {
-  if (impl != Impl::automatic && impl != Impl::sm80_split_d && impl != Impl::sm90_wgmma) {
+// The arguments device_support and backward_route share: a GPU impl, a device ordinal.
+Status check_gpu_query(int device, Impl impl) {
+  if (!is_gpu_impl(impl)) {
     return {StatusCode::invalid_option,
             "impl = " + std::to_string(static_cast<int>(impl)) +
                 " is not a GPU implementation (automatic, sm80_split_d or sm90_wgmma)"};
@@ -341,6 +344,16 @@ Status device_support(int device, Impl impl) {
     return {StatusCode::invalid_option,
             "device = " + std::to_string(device) + " is not a device ordinal"};
   }
+  return {};
+}
+
+// Runs `query(info)` with CUDA device `device` current (info.device = device),
+// then restores the calling thread's current device: the frame of the queries
+// a binding asks once per device (device_support, backward_route).
+// impl_unavailable naming `impl` without a device, invalid_option for an
+// ordinal past the visible devices.
+template <class Query>
+Status on_device(int device, Impl impl, Query&& query) {
   int count = 0;
   if (const cudaError_t error = cudaGetDeviceCount(&count); error != cudaSuccess) {
     return no_device(impl, error, "cudaGetDeviceCount");
@@ -360,18 +373,28 @@ Status device_support(int device, Impl impl) {
   }
   DeviceInfo info;
   info.device = device;
-  Status status = device_check(impl, info);
+  Status status = query(info);
   if (previous != device) {
     if (const cudaError_t error = cudaSetDevice(previous); error != cudaSuccess) {
       (void)cudaGetLastError();
       if (status.ok()) status = cuda_status(error, "cudaSetDevice (restoring the current device)");
     }
   }
-  if (!status.ok() && impl == Impl::automatic && status.code == StatusCode::impl_unavailable) {
-    status.message = "impl auto: no GPU kernel of this build runs on device " +
-                     std::to_string(device) + ": " + status.message;
-  }
   return status;
+}
+
+}  // namespace
+
+Status device_support(int device, Impl impl) {
+  if (Status status = check_gpu_query(device, impl); !status.ok()) return status;
+  return on_device(device, impl, [impl](const DeviceInfo& info) {
+    Status status = device_check(impl, info);
+    if (!status.ok() && impl == Impl::automatic && status.code == StatusCode::impl_unavailable) {
+      status.message = "impl auto: no GPU kernel of this build runs on device " + std::to_string(info.device) +
+                       ": " + status.message;
+    }
+    return status;
+  });
 }
 
 Status with_kv_splits(const AttentionProblem& problem, int wanted, KernelChoice* choice) {
@@ -572,36 +595,20 @@ Status backward_memory_space(const BackwardProblem& b, MemorySpace* space) {
 
 }  // namespace
 
-Status plan_backward(const BackwardProblem& problem, Impl requested, BackwardChoice* choice) {
-  *choice = BackwardChoice{};
-  MemorySpace space = MemorySpace::host;
-  if (Status status = backward_memory_space(problem, &space); !status.ok()) return status;
-  if (Status status = reference_only_dtypes(problem.forward, requested, space); !status.ok()) return status;
-  switch (requested) {
-    case Impl::cpu_reference: {
-      KernelChoice forward_choice;
-      if (Status status = plan_cpu_reference(space, &forward_choice); !status.ok()) return status;
-      choice->impl = Impl::cpu_reference;
-      return {};
-    }
-    case Impl::sm90_wgmma: break;  // its kernels after the portable preprocess (below)
-    case Impl::automatic:
-      if (space == MemorySpace::host) {
-        choice->impl = Impl::cpu_reference;
-        return {};
-      }
-      break;
-    case Impl::sm80_split_d: break;
-  }
-  DeviceInfo info;
-  if (Status status = current_device(Impl::sm80_split_d, space, &info); !status.ok()) return status;
+namespace {
+
+// plan_backward's choice for a call on device tensors, on the current device
+// `info` (its compute capability read): the portable kernels where they run,
+// and in their place the sm90 kernels where those serve the call (impl
+// sm90_wgmma asks for them, auto takes them when they can run). backward_route
+// asks this same plan for its representative call.
+Status plan_backward_on_device(const BackwardProblem& problem, Impl requested, const DeviceInfo& info,
+                               BackwardChoice* choice) {
   if (Status status = sm80_capability(info); !status.ok()) return status;
   if (Status status = sm80_backward::check(problem); !status.ok()) return status;
   if (Status status = sm80_backward::runnable(problem.forward.dtype, info.device); !status.ok()) return status;
   choice->impl = Impl::sm80_split_d;
   if (requested == Impl::sm80_split_d) return {};
-  // The sm90 kernels where they serve the call; impl sm90_wgmma asks for
-  // them, auto takes them when they can run.
   Status sm90 = sm90_capability(info);
   std::string reason;
   const sm90_backward::Instance* instance = sm90.ok() ? sm90_backward::route(problem, &reason) : nullptr;
@@ -619,6 +626,49 @@ Status plan_backward(const BackwardProblem& problem, Impl requested, BackwardCho
   }
   if (requested == Impl::sm90_wgmma) return sm90;
   return {};
+}
+
+}  // namespace
+
+Status plan_backward(const BackwardProblem& problem, Impl requested, BackwardChoice* choice) {
+  *choice = BackwardChoice{};
+  MemorySpace space = MemorySpace::host;
+  if (Status status = backward_memory_space(problem, &space); !status.ok()) return status;
+  if (Status status = reference_only_dtypes(problem.forward, requested, space); !status.ok()) return status;
+  switch (requested) {
+    case Impl::cpu_reference: {
+      KernelChoice forward_choice;
+      if (Status status = plan_cpu_reference(space, &forward_choice); !status.ok()) return status;
+      choice->impl = Impl::cpu_reference;
+      return {};
+    }
+    case Impl::sm90_wgmma: break;  // its kernels after the portable preprocess (plan_backward_on_device)
+    case Impl::automatic:
+      if (space == MemorySpace::host) {
+        choice->impl = Impl::cpu_reference;
+        return {};
+      }
+      break;
+    case Impl::sm80_split_d: break;
+  }
+  DeviceInfo info;
+  if (Status status = current_device(Impl::sm80_split_d, space, &info); !status.ok()) return status;
+  return plan_backward_on_device(problem, requested, info, choice);
+}
+
+Status backward_route(const BackwardProblem& problem, int device, Impl requested, Impl* impl) {
+  if (Status status = check_gpu_query(device, requested); !status.ok()) return status;
+  // f32 / f64 inputs: the CPU reference only, as plan_backward says of device tensors.
+  if (Status status = reference_only_dtypes(problem.forward, requested, MemorySpace::device); !status.ok()) {
+    return status;
+  }
+  BackwardChoice choice;
+  const Status status = on_device(device, requested, [&](DeviceInfo info) {
+    if (Status capability = compute_capability(Impl::sm80_split_d, &info); !capability.ok()) return capability;
+    return plan_backward_on_device(problem, requested, info, &choice);
+  });
+  if (status.ok()) *impl = choice.impl;
+  return status;
 }
 
 size_t backward_workspace_bytes(const BackwardProblem& problem, const BackwardChoice& choice) {

@@ -57,6 +57,13 @@ struct BackwardChoice {
 };
 Status plan_backward(const BackwardProblem& problem, Impl requested, BackwardChoice* choice);
 
+// The implementation plan_backward picks for `problem` (validated, taken as a
+// call on device tensors) on CUDA device `device` under `requested`
+// (automatic, sm80_split_d or sm90_wgmma): *impl is sm80_split_d or
+// sm90_wgmma, written on success only (ffpa::backward_route). Makes `device`
+// current for the query and restores the calling thread's current device.
+Status backward_route(const BackwardProblem& problem, int device, Impl requested, Impl* impl);
+
 // The workspace bytes of a planned backward (the GPU kernels' delta).
 size_t backward_workspace_bytes(const BackwardProblem& problem, const BackwardChoice& choice);
 
