@@ -18,12 +18,14 @@ torch.compile traces) and puts together:
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 
-from . import _library, ops
+from . import _library, ops, serving_ops
 from ._library import Accumulation, Causal, DType, Fp8QkFormat, Fp8QkScales, Fp8VScales, Impl, Precision
 from .config import CUDABackend
 from .decisions import SERVED_DTYPES, CallSpec, Limits, fallback_reason, head_dims_reason, precision_fallback_reason
@@ -139,6 +141,37 @@ def library_refusal(
     if (reason := library_unusable(device_index, impl)) is not None or not needs_grad:
         return reason
     return backward_refusal(device_index, dtype, head_dim, value_dim)
+
+
+@torch.compiler.assume_constant_result
+@functools.cache
+def packed_backward_refusal(window: bool, softcap: bool) -> str | None:
+    """Why the library gives no gradients of a packed sequence batch (flash_attn_varlen_func) with a
+    sliding window (`window`) or a logit softcap (`softcap`), or None when it does: this binding's
+    ffpa_backward_params must have the sequence batch, and the library's own validation answers for
+    the options (ffpa_backward_workspace_size of a one-row packed call on host memory). Fixed for the
+    process: asked once per arguments, a constant while tracing."""
+    if _LIBRARY_MISSING is not None:
+        return f"no ffpa library loads: {_LIBRARY_MISSING}"
+    if not serving_ops.BACKWARD_TAKES_SEQUENCES:
+        return "the ffpa library's backward takes no sequence batch (ffpa_backward_params has no `sequences`)"
+    head_dim = _LIBRARY_LIMITS.min_head_dim
+    row = torch.zeros((1, 1, 1, head_dim), dtype=torch.float32)
+    lse = torch.zeros((1, 1, 1), dtype=torch.float32)
+    cu_seqlens = torch.tensor([0, 1], dtype=torch.int32)
+    batch = serving_ops.sequence_batch(cu_seqlens, cu_seqlens, None, None, 1, 1)
+    tensors = {name: serving_ops.describe(name, t) for name, t in (("lse", lse), ("q", row))}
+    params = _library.FfpaBackwardParams(
+        **{name: tensors["q"] for name in ("q", "k", "v", "o", "d_o", "d_q", "d_k", "d_v")},
+        lse=tensors["lse"],
+        options=serving_ops.options(1.0, Causal.BOTTOM_RIGHT, 0 if window else -1, -1, 1.0 if softcap else 0.0, 0),
+    )
+    params.sequences = ctypes.pointer(batch)
+    try:
+        _library.backward_workspace_size(params)
+    except _library.FFPAError as error:
+        return f"the ffpa library's backward refuses such a call: {error}"
+    return None
 
 
 # --- the decision ---------------------------------------------------------------------------------------
