@@ -65,30 +65,32 @@ def ffpa_attention_forward(
     if packed:
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
         refusal = decide.packed_backward_refusal(window != (-1, -1), softcap > 0) if needs_grad else None
+        if cu_seq_lens_q is None or cu_seq_lens_k is None:
+            (cu_seq_lens_q, cu_seq_lens_k), (max_length_q, max_length_k) = prepare_fa_kwargs_from_position_ids(
+                position_ids
+            )
         if refusal is None and dropout == 0.0:
-            if cu_seq_lens_q is None or cu_seq_lens_k is None:
-                (cu_seq_lens_q, cu_seq_lens_k), (max_length_q, max_length_k) = prepare_fa_kwargs_from_position_ids(
-                    position_ids
-                )
             out = flash_attn_varlen_func(
                 _tokens(query), _tokens(key), _tokens(value), cu_seq_lens_q, cu_seq_lens_k,
                 _bound(max_length_q), _bound(max_length_k), softmax_scale=scaling, causal=is_causal,
                 window_size=window, softcap=softcap, s_aux=s_aux,
             )  # fmt: skip
             return out.view(query.shape[0], query.shape[2], *out.shape[1:]), None
-        if attention_mask is None:
-            raise NotImplementedError(
-                f"ffpa: a padding-free batch {'with dropout' if refusal is None else 'that needs gradients'} needs "
-                f"transformers' block-diagonal mask, and none was built{'' if refusal is None else ': ' + refusal}"
-            )
-        # The block-diagonal mask transformers built from position_ids carries the packing: the drop-in
-        # trains on it.
+        # The drop-in trains on the block-diagonal mask of the packing (transformers builds one only
+        # without a cache object, so it is made here from the sequences' offsets).
+        if key.shape[2] != query.shape[2] or cu_seq_lens_k is not cu_seq_lens_q and not torch.equal(
+            cu_seq_lens_k, cu_seq_lens_q
+        ):
+            raise NotImplementedError(f"ffpa: packed keys other than the queries' tokens: {refusal}")
+        attention_mask = _block_diagonal_mask(cu_seq_lens_q, query.shape[2], is_causal, window)
+        is_causal = False
     if softcap or s_aux is not None:
         raise NotImplementedError(
-            "ffpa: a padded batch with " + ("softcap" if softcap else "sinks (s_aux)") + " is not served (the "
-            "SDPA drop-in takes neither); padding-free batches and continuous batching serve them"
+            "ffpa: " + ("softcap" if softcap else "sinks (s_aux)") + " on a call the SDPA drop-in serves (a padded "
+            "batch, or a padding-free one that trains where the library's backward takes no such batch) is not "
+            "served: the drop-in takes neither"
         )
-    # SDPA's causal flag is top-left: transformers' "sdpa" rules for it, verbatim.
+    # SDPA's causal flag is top-left: transformers' "sdpa" rules for it.
     q_length, kv_length = query.shape[2], key.shape[2]
     is_causal = q_length > 1 and attention_mask is None and is_causal
     if is_causal and kv_length > q_length:
@@ -182,6 +184,23 @@ def _restarts(position_ids: torch.Tensor) -> bool:
     path decides it (a host read, as there)."""
     positions = position_ids.reshape(-1)
     return bool((positions - positions.min() != torch.arange(positions.numel(), device=positions.device)).any())
+
+
+def _block_diagonal_mask(cu_seqlens: torch.Tensor, total: int, causal: bool, window: tuple[int, int]) -> torch.Tensor:
+    """bool [1, 1, total, total], True = attend: packed tokens attend their own sequence's, within the
+    causal limit and the window (the serving semantics of a packed self-attention call, as a mask)."""
+    tokens = torch.arange(total, device=cu_seqlens.device)
+    sequence = torch.searchsorted(cu_seqlens[1:].to(torch.int64), tokens, right=True)
+    offset = tokens - cu_seqlens.to(torch.int64)[sequence]  # the token's position in its sequence
+    behind = offset[:, None] - offset[None, :]  # how far key j is behind query i
+    allowed = sequence[:, None] == sequence[None, :]
+    if causal:
+        allowed &= behind >= 0
+    if window[0] >= 0:
+        allowed &= behind <= window[0]
+    if window[1] >= 0:
+        allowed &= -behind <= window[1]
+    return allowed[None, None]
 
 
 def _window(sliding_window: int | None) -> tuple[int, int]:
