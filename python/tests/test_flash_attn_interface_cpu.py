@@ -283,3 +283,22 @@ def test_varlen_gradients(rng, causal):
         return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=causal)
 
     torch.autograd.gradcheck(attention, (q, k, v))
+
+
+def test_opcheck(rng):
+    lengths = random_lengths(rng, 3, 1, 9)
+    cu = cumulative(lengths)
+    q = torch.randn(int(cu[-1]), 4, 16).unsqueeze(0).transpose(1, 2)
+    k, v = (torch.randn(int(cu[-1]), 2, 16).unsqueeze(0).transpose(1, 2) for _ in range(2))
+    arguments = (cu, cu, None, None, torch.randn(4), None, None, max(lengths), max(lengths), 0.25, 2, 3, 0, 2.0, 0, True)
+    torch.library.opcheck(
+        torch.ops.ffpa_attn.serving_forward.default,
+        (q, k, v, *arguments),
+        test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"),
+    )
+    out = torch.empty(int(cu[-1]), 4, 16).unsqueeze(0).transpose(1, 2)
+    torch.library.opcheck(
+        torch.ops.ffpa_attn.serving_forward_out.default,
+        (q, k, v, out, *arguments),
+        test_utils=("test_schema", "test_faketensor"),
+    )

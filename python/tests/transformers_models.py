@@ -70,6 +70,7 @@ def continuous_batching_tokens(model, implementation, prompts, new_tokens, block
     outputs = model.generate_batch(prompts, generation_config=generation, continuous_batching_config=batching,
                                    warmup=False)  # fmt: skip
     by_id = {int(name.removeprefix("req_")): output.generated_tokens for name, output in outputs.items()}
+    assert sorted(by_id) == list(range(len(prompts))), f"{implementation}: requests failed (transformers' log says why)"
     return [by_id[i] for i in range(len(prompts))]
 
 
