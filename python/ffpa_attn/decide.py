@@ -156,14 +156,14 @@ def packed_backward_refusal(window: bool, softcap: bool) -> str | None:
     if not serving_ops.BACKWARD_TAKES_SEQUENCES:
         return "the ffpa library's backward takes no sequence batch (ffpa_backward_params has no `sequences`)"
     head_dim = _LIBRARY_LIMITS.min_head_dim
-    row = torch.zeros((1, 1, 1, head_dim), dtype=torch.float32)
-    lse = torch.zeros((1, 1, 1), dtype=torch.float32)
     cu_seqlens = torch.tensor([0, 1], dtype=torch.int32)
     batch = serving_ops.sequence_batch(cu_seqlens, cu_seqlens, None, None, 1, 1)
-    tensors = {name: serving_ops.describe(name, t) for name, t in (("lse", lse), ("q", row))}
+    # One packed row per tensor, each its own buffer (the library refuses outputs that overlap inputs).
+    rows = {name: torch.zeros((1, 1, 1, head_dim)) for name in ("q", "k", "v", "o", "d_o", "d_q", "d_k", "d_v")}
+    lse = torch.zeros((1, 1, 1))
     params = _library.FfpaBackwardParams(
-        **{name: tensors["q"] for name in ("q", "k", "v", "o", "d_o", "d_q", "d_k", "d_v")},
-        lse=tensors["lse"],
+        **{name: serving_ops.describe(name, t) for name, t in rows.items()},
+        lse=serving_ops.describe("lse", lse),
         options=serving_ops.options(1.0, Causal.BOTTOM_RIGHT, 0 if window else -1, -1, 1.0 if softcap else 0.0, 0),
     )
     params.sequences = ctypes.pointer(batch)

@@ -302,3 +302,21 @@ def test_opcheck(rng):
         (q, k, v, out, *arguments),
         test_utils=("test_schema", "test_faketensor"),
     )
+
+
+def test_packed_backward_refusal_asks_the_library(monkeypatch):
+    from ffpa_attn import decide
+
+    decide.packed_backward_refusal.cache_clear()
+    if not serving_ops.BACKWARD_TAKES_SEQUENCES:
+        assert "takes no sequence batch" in decide.packed_backward_refusal(False, False)
+        # A binding whose backward had the batch: the library's validation answers for the options.
+        monkeypatch.setattr(serving_ops, "BACKWARD_TAKES_SEQUENCES", True)
+    decide.packed_backward_refusal.cache_clear()
+    try:
+        for window, softcap in ((True, False), (False, True)):
+            reason = decide.packed_backward_refusal(window, softcap)
+            assert reason is None or "invalid_option" in reason, reason
+        assert decide.packed_backward_refusal(False, False) is None
+    finally:
+        decide.packed_backward_refusal.cache_clear()
