@@ -24,7 +24,7 @@ import math
 import torch
 
 from . import decide, serving_ops  # noqa: F401  (serving_ops registers torch.ops.ffpa_attn.serving_*)
-from ._library import Causal
+from ._library import Causal, FFPAError
 
 
 def flash_attn_varlen_func(
@@ -93,13 +93,16 @@ def flash_attn_varlen_func(
         decide.LIBRARY_IMPLS[impl] if impl in decide.LIBRARY_IMPLS else _bad_impl(impl),
     )  # fmt: skip
     return_lse = return_attn_probs or return_softmax_lse
-    if out is not None:
-        lse = torch.ops.ffpa_attn.serving_forward_out(q_view, k_view, v_view, _packed(out), *arguments, return_lse)
-        result = out
-    else:
-        # The backward reads the forward's lse: asked for whenever autograd records the call.
-        o, lse = torch.ops.ffpa_attn.serving_forward(q_view, k_view, v_view, *arguments, return_lse or needs_grad)
-        result = o[0].transpose(0, 1)
+    try:
+        if out is not None:
+            lse = torch.ops.ffpa_attn.serving_forward_out(q_view, k_view, v_view, _packed(out), *arguments, return_lse)
+            result = out
+        else:
+            # The backward reads the forward's lse: asked for whenever autograd records the call.
+            o, lse = torch.ops.ffpa_attn.serving_forward(q_view, k_view, v_view, *arguments, return_lse or needs_grad)
+            result = o[0].transpose(0, 1)
+    except FFPAError as error:
+        raise _unserved("flash_attn_varlen_func", error) from error
     if return_attn_probs:
         return result, lse[0], None
     if return_softmax_lse:
@@ -174,12 +177,15 @@ def flash_attn_with_kvcache(
                 raise ValueError("flash_attn_with_kvcache: appending k and v needs cache_seqlens")
             _append(k_cache, v_cache, k, v, cache_seqlens, table)
             seqused_k = (cache_seqlens + k.shape[1]).to(torch.int32)
-        o, lse = torch.ops.ffpa_attn.serving_forward(
-            q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
-            None, None, table, seqused_k, _sinks(s_aux), k_descale, v_descale, 0, 0, _scale(softmax_scale, q),
-            Causal.BOTTOM_RIGHT if causal else Causal.NONE, *_window(window_size), float(softcap),
-            decide.LIBRARY_IMPLS[impl] if impl in decide.LIBRARY_IMPLS else _bad_impl(impl), return_softmax_lse,
-        )  # fmt: skip
+        try:
+            o, lse = torch.ops.ffpa_attn.serving_forward(
+                q.transpose(1, 2), k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+                None, None, table, seqused_k, _sinks(s_aux), k_descale, v_descale, 0, 0, _scale(softmax_scale, q),
+                Causal.BOTTOM_RIGHT if causal else Causal.NONE, *_window(window_size), float(softcap),
+                decide.LIBRARY_IMPLS[impl] if impl in decide.LIBRARY_IMPLS else _bad_impl(impl), return_softmax_lse,
+            )  # fmt: skip
+        except FFPAError as error:
+            raise _unserved("flash_attn_with_kvcache", error) from error
     out = o.transpose(1, 2)
     return (out, lse) if return_softmax_lse else out
 
@@ -197,6 +203,15 @@ def _append(k_cache, v_cache, k, v, cache_seqlens, table) -> None:
     pages = table.to(torch.int64).gather(1, positions // page_size)
     k_cache[pages, positions % page_size] = k
     v_cache[pages, positions % page_size] = v
+
+
+def _unserved(function: str, error: FFPAError) -> Exception:
+    """A call no implementation serves (impl_unavailable: e.g. an explicit impl without a serving variant,
+    an e4m3 cache on the GPU) as NotImplementedError with the library's reason, as the SDPA drop-in's
+    explicit impls; other statuses (bad input) stay FFPAError."""
+    if error.status_name != "impl_unavailable":
+        return error
+    return NotImplementedError(f"{function}: {error.message}")
 
 
 def _packed(t: torch.Tensor) -> torch.Tensor:

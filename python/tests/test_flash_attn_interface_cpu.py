@@ -320,3 +320,9 @@ def test_packed_backward_refusal_asks_the_library(monkeypatch):
         assert decide.packed_backward_refusal(False, False) is None
     finally:
         decide.packed_backward_refusal.cache_clear()
+
+
+def test_an_impl_that_serves_no_such_call_raises_not_implemented():
+    q, cu = torch.randn(5, 2, 16, dtype=torch.bfloat16), cumulative([2, 3])
+    with pytest.raises(NotImplementedError, match="flash_attn_varlen_func: .*sm80_split_d"):
+        flash_attn_varlen_func(q, q, q, cu, cu, 3, 3, impl="sm80_split_d")  # host tensors: the CPU reference's
