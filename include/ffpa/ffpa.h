@@ -187,12 +187,21 @@ typedef struct ffpa_forward_params {
   ffpa_tensor sinks;                  /* f32 [Hq]: per-head sink logits; data NULL: none */
   ffpa_tensor k_descale, v_descale;   /* f32 [B, Hkv] with e4m3 k, v; data NULL: 1 */
   const ffpa_sequence_batch* sequences; /* NULL: a dense call */
+  const void* sequence_plan;            /* NULL: the call plans its sequences itself */
 } ffpa_forward_params;
 
 FFPA_API ffpa_status ffpa_forward(const ffpa_forward_params* params, char* message, size_t message_size);
 
 FFPA_API ffpa_status ffpa_workspace_size(const ffpa_forward_params* params, size_t* bytes,
                                          char* message, size_t message_size);
+
+/* A serving call's plan (ffpa::sequence_plan_size, plan_sequences,
+ * check_sequences; docs/serving.md). */
+FFPA_API ffpa_status ffpa_sequence_plan_size(const ffpa_forward_params* params, size_t* bytes, char* message,
+                                             size_t message_size);
+FFPA_API ffpa_status ffpa_plan_sequences(const ffpa_forward_params* params, void* plan, size_t plan_bytes,
+                                         char* message, size_t message_size);
+FFPA_API ffpa_status ffpa_check_sequences(const ffpa_forward_params* params, char* message, size_t message_size);
 
 /* The dense shapes of the FP8 KV cache of K [B, Hkv, Nkv, D] under the FP8
  * knobs `fp8` (NULL: every default; early_rows is not read), data NULL. */

@@ -253,6 +253,11 @@ struct ForwardParams {
   // Optional: a batch of sequences of different lengths (serving, packed
   // training); null: q, k, v are [B, H, N, D] with one length for all.
   const SequenceBatch* sequences = nullptr;
+  // Optional, with `sequences`: the plan plan_sequences() wrote for them, so
+  // that this call plans nothing (one plan serves every call with the same
+  // sequences and kernel tiling: the layers of one kind in a serving step).
+  // null: the call plans into its workspace (a kernel; no host synchronization).
+  const void* sequence_plan = nullptr;
 };
 
 // Computes o (and lse) for the parameters. Validates everything first.
@@ -319,6 +324,26 @@ FFPA_API Status backward(const BackwardParams& params);
 // Bytes of workspace the backward would use (0 when it needs none).
 FFPA_API Status backward_workspace_size(const BackwardParams& params, size_t* bytes);
 
+// The plan of a serving call (docs/serving.md, "Plan"): the device-side
+// checks of its lengths and block ids and the schedule of its tiles, written
+// into a caller's buffer. sequence_plan_size() says how many bytes (0 for
+// the CPU reference, which needs none); plan_sequences() writes it (device
+// tensors: a kernel on params.stream, asynchronous, so it runs inside a CUDA
+// graph with whatever lengths the buffers hold at replay; host tensors: on
+// the calling thread). Hand it to forward() as ForwardParams::sequence_plan.
+// A kernel given a plan made for another call's tiling (another head dim,
+// family or GQA packing) writes nothing.
+FFPA_API Status sequence_plan_size(const ForwardParams& params, size_t* bytes);
+FFPA_API Status plan_sequences(const ForwardParams& params, void* plan, size_t plan_bytes);
+
+// The verdict of a serving call's data checks, as forward() on the CPU
+// reference would report it: invalid_sequence_lengths or
+// invalid_block_table naming the sequence and the value, or ok. forward()
+// on a GPU never synchronizes, so it cannot return these: its kernels write
+// nothing when the lengths or block ids do not hold, and this query says
+// why. Synchronizes params.stream (device tensors).
+FFPA_API Status check_sequences(const ForwardParams& params);
+
 // What forward() would run for these parameters, without running it.
 struct KernelChoice {
   Impl impl = Impl::automatic;
@@ -326,7 +351,10 @@ struct KernelChoice {
   int64_t padded_head_dim = 0;  // head dim of the instantiation that serves D
   int32_t value_splits = 1;     // CTAs sharing one row block, each a slice of Dv
   int32_t heads_per_tile = 1;   // GQA packing: query heads of one KV head in a tile (decode)
-  int32_t kv_splits = 1;        // split-KV: CTAs sharing one row block, each a range of the keys
+  // split-KV: CTAs sharing one row block, each a range of the keys; 0: a
+  // sequence batch whose plan chooses its splits on the device from the
+  // lengths (split_blocks then holds the CTA slots it splits for).
+  int32_t kv_splits = 1;
   int32_t split_blocks = 0;     // split-KV: KV blocks per split
   Precision precision = Precision::input;
 };

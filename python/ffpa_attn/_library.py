@@ -170,6 +170,7 @@ class FfpaForwardParams(ctypes.Structure):
         ("k_descale", FfpaTensor),  # f32 [B, Hkv] with e4m3 k, v; data NULL: 1
         ("v_descale", FfpaTensor),
         ("sequences", ctypes.POINTER(FfpaSequenceBatch)),  # NULL: a dense call
+        ("sequence_plan", ctypes.c_void_p),  # NULL: the call plans its sequences itself
     ]
 
 
@@ -248,8 +249,9 @@ assert ctypes.sizeof(FfpaFp8Options) == 32
 assert FfpaFp8Options.v_scales.offset == 24 and FfpaFp8Options.smooth_v.offset == 28
 assert ctypes.sizeof(FfpaOptions) == 112 and FfpaOptions.softcap.offset == 104
 assert FfpaOptions.precision.offset == 40 and FfpaOptions.fp8.offset == 48
-assert ctypes.sizeof(FfpaForwardParams) == 872 and FfpaForwardParams.fp8_kv_cache.offset == 616
-assert FfpaForwardParams.sequences.offset == 864 and ctypes.sizeof(FfpaSequenceBatch) == 336
+assert ctypes.sizeof(FfpaForwardParams) == 880 and FfpaForwardParams.fp8_kv_cache.offset == 616
+assert FfpaForwardParams.sequences.offset == 864 and FfpaForwardParams.sequence_plan.offset == 872
+assert ctypes.sizeof(FfpaSequenceBatch) == 336
 assert ctypes.sizeof(FfpaFp8KvCache) == 480
 assert ctypes.sizeof(FfpaFp8QuantizeKvParams) == 696 and FfpaFp8QuantizeKvParams.fp8.offset == 640
 assert FfpaLibraryInfo.sm90_backward_head_dim_count.offset == 288 and ctypes.sizeof(FfpaLibraryInfo) == 360

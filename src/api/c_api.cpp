@@ -205,6 +205,7 @@ ffpa::ForwardParams to_cpp(const ffpa_forward_params& c, ForwardReferents* refer
     referents->sequences = to_cpp(*c.sequences);
     p.sequences = &referents->sequences;
   }
+  p.sequence_plan = c.sequence_plan;
   return p;
 }
 
@@ -291,6 +292,41 @@ ffpa_status ffpa_workspace_size(const ffpa_forward_params* params, size_t* bytes
     }
     ForwardReferents referents;
     return to_c(ffpa::workspace_size(to_cpp(*params, &referents), bytes), message, message_size);
+  });
+}
+
+ffpa_status ffpa_sequence_plan_size(const ffpa_forward_params* params, size_t* bytes, char* message,
+                                    size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (!params || !bytes) {
+      write_message(message, message_size, "", params ? "bytes is null" : "params is null");
+      return FFPA_NULL_POINTER;
+    }
+    ForwardReferents referents;
+    return to_c(ffpa::sequence_plan_size(to_cpp(*params, &referents), bytes), message, message_size);
+  });
+}
+
+ffpa_status ffpa_plan_sequences(const ffpa_forward_params* params, void* plan, size_t plan_bytes, char* message,
+                                size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (!params) {
+      write_message(message, message_size, "", "params is null");
+      return FFPA_NULL_POINTER;
+    }
+    ForwardReferents referents;
+    return to_c(ffpa::plan_sequences(to_cpp(*params, &referents), plan, plan_bytes), message, message_size);
+  });
+}
+
+ffpa_status ffpa_check_sequences(const ffpa_forward_params* params, char* message, size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (!params) {
+      write_message(message, message_size, "", "params is null");
+      return FFPA_NULL_POINTER;
+    }
+    ForwardReferents referents;
+    return to_c(ffpa::check_sequences(to_cpp(*params, &referents)), message, message_size);
   });
 }
 

@@ -91,17 +91,18 @@ FFPA_HOST_DEVICE int64_t query_row_offset(const int64_t (&stride)[3], const Sequ
 }
 
 // What can be wrong with a sequence's lengths and pages (the plan's data
-// checks, on the device, and check_sequence_data on host memory).
+// checks, on the device, and check_sequence_data on host memory), with the
+// two numbers its message needs (SequenceCheck::value, index).
 enum class SequenceFault : int32_t {
   none = 0,
-  cu_seqlens_q = 1,    // offsets decreasing or negative (value: the end, index: b + 1)
-  q_rows = 2,          // past q's packed rows (value: the end offset)
-  cu_seqlens_k = 3,    // offsets decreasing or negative
-  k_rows = 4,          // past k's packed rows
-  table_capacity = 5,  // cu_seqlens_k's length beyond the block table row's pages
+  cu_seqlens_q = 1,    // an offset below the one before it, or negative (value: it, index: b + 1)
+  q_rows = 2,          // an offset past q's packed rows (value: it, index: b + 1)
+  cu_seqlens_k = 3,    // as cu_seqlens_q
+  k_rows = 4,          // as q_rows
+  table_capacity = 5,  // cu_seqlens_k's length beyond the table row's keys (value: the length)
   max_seqlen_q = 6,    // a sequence longer than the bound (value: its length)
-  seqused_k = 7,       // outside [0, the keys the sequence has] (value: seqused_k[b])
-  max_seqlen_k = 8,
+  seqused_k = 7,       // outside [0, the keys the sequence has] (value: seqused_k[b], index: those keys)
+  max_seqlen_k = 8,    // (value: the keys it uses)
   block_table = 9,     // a page id outside [0, num_blocks) (value: the id, index: the page)
 };
 
@@ -118,19 +119,21 @@ FFPA_HOST_DEVICE SequenceCheck check_sequence(const SequenceLayout& s, int64_t b
   if (s.cu_seqlens_q) {
     const int64_t first = s.cu_seqlens_q[b * s.cu_seqlens_q_stride];
     const int64_t end = s.cu_seqlens_q[(b + 1) * s.cu_seqlens_q_stride];
-    if (first < 0 || end < first) return {SequenceFault::cu_seqlens_q, end, b + 1};
+    if (first < 0 || end < first) return {SequenceFault::cu_seqlens_q, first < 0 ? first : end, first < 0 ? b : b + 1};
     if (end > s.packed_rows_q) return {SequenceFault::q_rows, end, b + 1};
   }
   if (s.cu_seqlens_k) {
     const int64_t first = s.cu_seqlens_k[b * s.cu_seqlens_k_stride];
     const int64_t end = s.cu_seqlens_k[(b + 1) * s.cu_seqlens_k_stride];
-    if (first < 0 || end < first) return {SequenceFault::cu_seqlens_k, end, b + 1};
+    if (first < 0 || end < first) return {SequenceFault::cu_seqlens_k, first < 0 ? first : end, first < 0 ? b : b + 1};
     if (s.packed_k() && end > s.packed_rows_k) return {SequenceFault::k_rows, end, b + 1};
     if (s.paged() && end - first > s.max_blocks * s.page_size) return {SequenceFault::table_capacity, end - first, b};
   }
   const Sequence seq = sequence_at(s, b);
   if (seq.seq_q > max_seq_q) return {SequenceFault::max_seqlen_q, seq.seq_q, b};
-  if (seq.seq_kv < 0 || seq.seq_kv > seq.seq_kv_capacity) return {SequenceFault::seqused_k, seq.seq_kv, b};
+  if (seq.seq_kv < 0 || seq.seq_kv > seq.seq_kv_capacity) {
+    return {SequenceFault::seqused_k, seq.seq_kv, seq.seq_kv_capacity};
+  }
   if (seq.seq_kv > max_seq_kv) return {SequenceFault::max_seqlen_k, seq.seq_kv, b};
   return {};
 }

@@ -65,18 +65,10 @@ Status call_memory_space(const AttentionProblem& problem, const Fp8KvCache* kv_c
   return common_memory_space(tensors, 12, space);
 }
 
-// What a GPU family does not serve yet of the serving semantics
-// (docs/serving.md), which the CPU reference computes: sm90_wgmma none of
-// them, sm80_split_d all but an e4m3 KV cache.
+// What the GPU families do not serve yet of the serving semantics
+// (docs/serving.md), which the CPU reference computes: an e4m3 KV cache.
 Status gpu_serves_variant(const AttentionProblem& problem, Impl impl) {
-  const bool sm80 = impl == Impl::sm80_split_d;
-  const char* what = problem.kv_e4m3                          ? "an e4m3 KV cache"
-                     : sm80                                   ? nullptr
-                     : problem.sequences.active               ? "a sequence batch"
-                     : problem.has_window()                   ? "a sliding window"
-                     : problem.softcap > 0.0f                 ? "a logit softcap"
-                     : problem.sinks                          ? "attention sinks"
-                                                              : nullptr;
+  const char* what = problem.kv_e4m3 ? "an e4m3 KV cache" : nullptr;
   if (what == nullptr) return {};
   return {StatusCode::impl_unavailable,
           std::string("impl ") + impl_name(impl) + " does not serve " + what + " yet (impl cpu_reference does)"};
@@ -219,6 +211,11 @@ Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, Kerne
   const sm90_wgmma::TilePlan tiles = sm90_wgmma::plan_tiles(problem, instance->head_dim, sm_count);
   choice->heads_per_tile = tiles.heads_per_tile;
   set_kv_splits(tiles.splits, choice);
+  if (tiles.split_slots > 0) {
+    // A sequence batch whose plan chooses its KV splits on the device.
+    choice->kv_splits = 0;
+    choice->split_blocks = tiles.split_slots;
+  }
   return {};
 }
 
@@ -424,8 +421,18 @@ namespace {
 // first in its workspace, on a 256-byte boundary; the family's own
 // temporary memory follows.
 int64_t serving_plan_bytes(const AttentionProblem& problem, const KernelChoice& choice) {
-  if (!problem.sequences.active || choice.impl == Impl::cpu_reference) return 0;
+  if (!problem.sequences.active || problem.sequences.plan != nullptr || choice.impl == Impl::cpu_reference) return 0;
   return (serving::plan_bytes(problem) + 255) / 256 * 256;
+}
+
+// Split-KV's partial rows: a dense call's splits x B x Hq x Nq rows; a
+// sequence batch's (kv_splits 0) the most its plan can place.
+split_kv::PartialLayout call_partial_layout(const AttentionProblem& problem, const KernelChoice& choice) {
+  if (choice.kv_splits == 0) {
+    return split_kv::partial_layout_of_rows(problem,
+                                            serving::max_partial_rows(problem, serving_tiling(problem, choice)));
+  }
+  return split_kv::partial_layout(problem, choice.kv_splits);
 }
 
 }  // namespace
@@ -434,8 +441,7 @@ int64_t workspace_bytes(const AttentionProblem& problem, const KernelChoice& cho
   if (choice.precision == Precision::fp8) {
     return static_cast<int64_t>(fp8_workspace_bytes(problem, problem.quantization, kv_cache));
   }
-  return serving_plan_bytes(problem, choice) +
-         (choice.kv_splits > 1 ? split_kv::partial_layout(problem, choice.kv_splits).bytes : 0);
+  return serving_plan_bytes(problem, choice) + (choice.kv_splits != 1 ? call_partial_layout(problem, choice).bytes : 0);
 }
 
 namespace {
@@ -455,9 +461,10 @@ Status run_fp8(const AttentionProblem& problem, const Fp8KvCache* kv_cache, void
 // launches the family's kernel on them, then the combine merges them
 // (`programmatic`: as the kernel's programmatic dependent, Hopper's PDL).
 template <class RunSplits>
-Status run_split_kv(const AttentionProblem& problem, int kv_splits, bool programmatic, void* workspace,
+Status run_split_kv(const AttentionProblem& problem, const KernelChoice& choice, bool programmatic, void* workspace,
                     size_t workspace_size, cudaStream_t stream, RunSplits&& run_splits) {
-  const split_kv::PartialLayout layout = split_kv::partial_layout(problem, kv_splits);
+  const split_kv::PartialLayout layout = call_partial_layout(problem, choice);
+  const int kv_splits = choice.kv_splits;  // 0: a sequence batch, each sequence its plan's
   Workspace memory(workspace, workspace_size, stream);
   void* partials = nullptr;
   if (Status status = memory.acquire(static_cast<size_t>(layout.bytes), "split-KV's partial rows", &partials);
@@ -477,7 +484,7 @@ Status run_split_kv(const AttentionProblem& problem, int kv_splits, bool program
 Status run_sm80_split_kv(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
                          size_t workspace_size, cudaStream_t stream) {
   const sm80_split_d::Route route{static_cast<int>(choice.padded_head_dim), choice.value_splits};
-  return run_split_kv(problem, choice.kv_splits, /*programmatic=*/false, workspace, workspace_size, stream,
+  return run_split_kv(problem, choice, /*programmatic=*/false, workspace, workspace_size, stream,
                       [&](float* partial_o, RowSoftmaxState* partial_states) {
                         sm80_split_d::SplitLaunch split;
                         split.kv_splits = choice.kv_splits;
@@ -491,12 +498,16 @@ Status run_sm80_split_kv(const AttentionProblem& problem, const KernelChoice& ch
 
 Status run_sm90_split_kv(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
                          size_t workspace_size, cudaStream_t stream) {
-  return run_split_kv(problem, choice.kv_splits, /*programmatic=*/true, workspace, workspace_size, stream,
+  return run_split_kv(problem, choice, /*programmatic=*/true, workspace, workspace_size, stream,
                       [&](float* partial_o, RowSoftmaxState* partial_states) {
                         sm90_wgmma::TileLaunch tiles;
                         tiles.heads_per_tile = choice.heads_per_tile;
-                        tiles.splits = choice.kv_splits;
-                        tiles.split_blocks = choice.split_blocks;
+                        if (choice.kv_splits == 0) {  // a sequence batch: its plan splits
+                          tiles.split_slots = choice.split_blocks;
+                        } else {
+                          tiles.splits = choice.kv_splits;
+                          tiles.split_blocks = choice.split_blocks;
+                        }
                         tiles.partial_o = partial_o;
                         tiles.partial_states = partial_states;
                         return sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim), tiles, stream);
@@ -510,11 +521,20 @@ namespace {
 Status run_planned(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
                    size_t workspace_size, cudaStream_t stream, const Fp8KvCache* kv_cache);
 
-// The sequence tiling the routed kernel uses (the plan must cut as it does).
+}  // namespace
+
 SequenceTiling serving_tiling(const AttentionProblem& problem, const KernelChoice& choice) {
+  if (choice.impl == Impl::sm90_wgmma) {
+    sm90_wgmma::TileLaunch tiles;
+    tiles.heads_per_tile = choice.heads_per_tile;
+    tiles.split_slots = choice.kv_splits == 0 ? choice.split_blocks : 0;
+    return sm90_wgmma::sequence_tiling(tiles);
+  }
   return sm80_split_d::sequence_tiling(
       problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits});
 }
+
+namespace {
 
 // A serving call on a GPU family: its plan into the workspace's first bytes
 // (no host synchronization: the kernels read the verdict and the tiles from
@@ -542,7 +562,7 @@ Status run_serving(const AttentionProblem& problem, const KernelChoice& choice, 
 
 Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
                    size_t workspace_size, cudaStream_t stream, const Fp8KvCache* kv_cache) {
-  if (problem.sequences.active && choice.impl != Impl::cpu_reference) {
+  if (problem.sequences.active && problem.sequences.plan == nullptr && choice.impl != Impl::cpu_reference) {
     return run_serving(problem, choice, workspace, workspace_size, stream);
   }
   return run_planned(problem, choice, workspace, workspace_size, stream, kv_cache);
@@ -569,7 +589,7 @@ Status run_planned(const AttentionProblem& problem, const KernelChoice& choice, 
           stream);
     case Impl::sm90_wgmma:
       if (choice.precision == Precision::fp8) return run_fp8(problem, kv_cache, workspace, workspace_size, stream);
-      if (choice.kv_splits > 1) return run_sm90_split_kv(problem, choice, workspace, workspace_size, stream);
+      if (choice.kv_splits != 1) return run_sm90_split_kv(problem, choice, workspace, workspace_size, stream);
       return sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim),
                              sm90_wgmma::TileLaunch{choice.heads_per_tile}, stream);
     case Impl::automatic: break;

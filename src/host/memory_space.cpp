@@ -97,7 +97,8 @@ Status common_memory_space(const AttentionProblem& problem, MemorySpace* space) 
                                   {"sequences.cu_seqlens_q", s.cu_seqlens_q},
                                   {"sequences.cu_seqlens_k", s.cu_seqlens_k},
                                   {"sequences.seqused_k", s.seqused_k},
-                                  {"sequences.block_table", s.block_table}};
+                                  {"sequences.block_table", s.block_table},
+                                  {"sequence_plan", s.plan}};
   return common_memory_space(tensors, static_cast<int>(sizeof tensors / sizeof tensors[0]), space);
 }
 

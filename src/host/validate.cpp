@@ -99,6 +99,8 @@ Status check_score_term_shapes(const ForwardParams& p) {
 
 Status check_shapes(const ForwardParams& p) {
   const Arg q{p.q, "q"}, k{p.k, "k"}, v{p.v, "v"}, o{p.o, "o"};
+  if (p.sequence_plan && !p.sequences)
+    return fail(StatusCode::invalid_option, "sequence_plan is given without sequences; a plan is a sequence batch's");
   FFPA_RETURN_IF_ERROR(p.sequences ? check_sequence_batch(p) : check_dense_shapes(p));
   FFPA_RETURN_IF_ERROR(check_same_size(o, 1, q, 1, "Hq"));
   FFPA_RETURN_IF_ERROR(check_same_size(v, 1, k, 1, "Hkv"));

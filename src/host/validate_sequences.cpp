@@ -97,6 +97,8 @@ Status check_sequence_batch(const ForwardParams& p) {
   if (batch.cu_seqlens_k.data) FFPA_RETURN_IF_ERROR(check_size(cu_k, 0, count + 1, "B + 1"));
   if (batch.seqused_k.data) FFPA_RETURN_IF_ERROR(check_size(used, 0, count, b_text.c_str()));
 
+  if (p.sequence_plan && (reinterpret_cast<uintptr_t>(p.sequence_plan) % 8 != 0))
+    return fail(StatusCode::misaligned, "sequence_plan = ", p.sequence_plan, " is not 8-byte aligned");
   // What a batch of sequences does not serve.
   if (p.mask.data)
     return fail(StatusCode::invalid_mask_layout,
@@ -143,6 +145,7 @@ void set_sequence_layout(const ForwardParams& p, AttentionProblem* problem) {
   s.keys_per_sequence = s.block_table || s.cu_seqlens_k ? 0 : p.k.shape[2];
   s.packed_rows_q = s.cu_seqlens_q ? p.q.shape[2] : 0;
   s.packed_rows_k = s.packed_k() ? p.k.shape[2] : 0;
+  s.plan = p.sequence_plan;
   problem->batch = sequence_count(batch, p);
   // The loosest bounds the tensors give, unless the caller gives tighter ones.
   const int64_t q_bound = p.q.shape[2];  // total_q, or Nq
@@ -154,17 +157,14 @@ void set_sequence_layout(const ForwardParams& p, AttentionProblem* problem) {
 
 Status sequence_fault_status(const AttentionProblem& p, int64_t b, const SequenceCheck& check) {
   const SequenceLayout& s = p.sequences;
-  const Sequence seq = sequence_at(s, b);
   const int64_t value = check.value, index = check.index;
   switch (check.fault) {
     case SequenceFault::none: return {};
     case SequenceFault::cu_seqlens_q:
     case SequenceFault::cu_seqlens_k: {
       const char* name = check.fault == SequenceFault::cu_seqlens_q ? "cu_seqlens_q" : "cu_seqlens_k";
-      const int32_t* cu = check.fault == SequenceFault::cu_seqlens_q ? s.cu_seqlens_q : s.cu_seqlens_k;
-      const int64_t stride = check.fault == SequenceFault::cu_seqlens_q ? s.cu_seqlens_q_stride : s.cu_seqlens_k_stride;
-      return fail(StatusCode::invalid_sequence_lengths, "sequences.", name, "[", index - 1, "] = ",
-                  cu[(index - 1) * stride], ", ", name, "[", index, "] = ", value,
+      return fail(StatusCode::invalid_sequence_lengths, "sequences.", name, "[", index, "] = ", value,
+                  value < 0 ? " is negative" : " is below the offset before it",
                   ": the offsets must be non-negative and non-decreasing");
     }
     case SequenceFault::q_rows:
@@ -182,14 +182,14 @@ Status sequence_fault_status(const AttentionProblem& p, int64_t b, const Sequenc
                   " queries, more than max_seqlen_q = ", p.seq_q);
     case SequenceFault::seqused_k:
       return fail(StatusCode::invalid_sequence_lengths, "sequences.seqused_k[", b, "] = ", value,
-                  " is outside [0, ", seq.seq_kv_capacity, "], the keys sequence ", b, " has");
+                  " is outside [0, ", index, "], the keys sequence ", b, " has");
     case SequenceFault::max_seqlen_k:
       return fail(StatusCode::invalid_sequence_lengths, "sequence ", b, " uses ", value,
                   " keys, more than max_seqlen_k = ", p.seq_kv);
     case SequenceFault::block_table:
       return fail(StatusCode::invalid_block_table, "sequences.block_table[", b, "][", index, "] = ", value,
-                  " is outside [0, ", s.num_blocks, "), the cache's pages (sequence ", b, " reads ",
-                  pages_read(s, b), " pages for its ", seq.seq_kv, " keys)");
+                  " is outside [0, ", s.num_blocks, "), the cache's pages (a page sequence ", b,
+                  " reads for its keys)");
   }
   return fail(StatusCode::invalid_sequence_lengths, "sequence ", b, ": unknown fault ", static_cast<int>(check.fault));
 }

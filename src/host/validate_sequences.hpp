@@ -38,7 +38,9 @@ void set_sequence_layout(const ForwardParams& p, AttentionProblem* problem);
 Status check_sequence_data(const AttentionProblem& p);
 
 // The status of a fault the checks found in sequence b (check_sequence and
-// check_pages of common/sequence_batch.hpp, here or in a device plan).
+// check_pages of common/sequence_batch.hpp, here or in a device plan): its
+// message from the check's numbers and the problem's shapes alone (it reads
+// no tensor).
 Status sequence_fault_status(const AttentionProblem& p, int64_t b, const SequenceCheck& check);
 
 }  // namespace ffpa::detail

@@ -89,7 +89,8 @@ static_assert(offsetof(ffpa_options, has_window) == 80 && offsetof(ffpa_options,
 static_assert(offsetof(ffpa_forward_params, options) == 480 && offsetof(ffpa_forward_params, stream) == 592,
               "ffpa_forward_params: FfpaForwardParams' offsets");
 static_assert(offsetof(ffpa_forward_params, fp8_kv_cache) == 616 && offsetof(ffpa_forward_params, sinks) == 624 &&
-                  offsetof(ffpa_forward_params, sequences) == 864 && sizeof(ffpa_forward_params) == 872,
+                  offsetof(ffpa_forward_params, sequences) == 864 &&
+                  offsetof(ffpa_forward_params, sequence_plan) == 872 && sizeof(ffpa_forward_params) == 880,
               "ffpa_forward_params: FfpaForwardParams' trailing fields and size");
 static_assert(offsetof(ffpa_sequence_batch, max_seqlen_q) == 320 && sizeof(ffpa_sequence_batch) == 336,
               "ffpa_sequence_batch: FfpaSequenceBatch's layout");

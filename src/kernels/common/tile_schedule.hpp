@@ -17,7 +17,7 @@
 #include "common/attention_problem.hpp"
 #include "common/host_device.hpp"
 #include "common/sequence_batch.hpp"
-#include "common/sequence_schedule.hpp"
+#include "kernels/common/sequence_schedule.hpp"
 
 namespace ffpa::detail {
 
@@ -162,23 +162,37 @@ FFPA_HOST_DEVICE TileCoordinates tile_coordinates(const AttentionProblem& p, Ind
                                  kv_splits, split_blocks, heads_per_tile, first_row_block);
 }
 
-// A serving call's tile `tile` (below the plan's count): its sequence found
-// in the plan's first tiles (common/sequence_schedule.hpp), then tile_in_sequence
-// with the sequence's own row blocks and splits. *seq receives the sequence.
-FFPA_HOST_DEVICE TileCoordinates sequence_tile_coordinates(const AttentionProblem& p, const int32_t* first_tile,
-                                                           int tile, const SequenceTiling& tiling,
-                                                           TileSequence* seq) {
-  const int b = sequence_of_tile(first_tile, static_cast<int>(p.batch), tile);
+// A serving call's tile `tile` (below the plan's count) of the plan at
+// `plan` (kernels/common/sequence_schedule.hpp): its sequence found in the plan's
+// first tiles, then tile_in_sequence with the sequence's own row blocks and
+// the plan's KV splits. *seq receives the sequence.
+FFPA_HOST_DEVICE TileCoordinates sequence_tile_coordinates(const AttentionProblem& p, const void* plan, int tile,
+                                                           const SequenceTiling& tiling, TileSequence* seq) {
+  const auto* header = static_cast<const SequenceScheduleHeader*>(plan);
+  const PlanArrays arrays = plan_arrays(plan, p.batch);
+  const int b = sequence_holding(arrays.first_tile, static_cast<int>(p.batch), tile);
   *seq = tile_sequence(p, b);
   const int rows = rows_per_head(tiling.block_m, tiling.heads_per_tile);
   const int row_blocks = (seq->seq_q + rows - 1) / rows;
-  int splits = 1;
-  if (tiling.split_blocks > 0) {
-    const int kv_blocks = (seq->seq_kv + tiling.block_n - 1) / tiling.block_n;
-    splits = kv_blocks > 0 ? (kv_blocks + tiling.split_blocks - 1) / tiling.split_blocks : 1;
+  const int split_blocks = header->split_blocks;
+  Sequence lengths;
+  lengths.seq_kv = seq->seq_kv;
+  const int splits = static_cast<int>(sequence_splits(lengths, tiling.block_n, split_blocks));
+  return tile_in_sequence<int>(p, *seq, b, tile - arrays.first_tile[b], row_blocks, tiling.block_m, tiling.block_n,
+                               splits, split_blocks, tiling.heads_per_tile, 0);
+}
+
+// A split-KV partial row's index: dense calls (split_kv/combine.hpp) row
+// (b x Hq + h) x Nq + i of split s at s x B x Hq x Nq + row; a serving call's
+// sequence b at the plan's first partial row of b, then (s x Hq + h) x Nq_b + i.
+FFPA_HOST_DEVICE int64_t partial_row_index(const AttentionProblem& p, const TileCoordinates& tile,
+                                           const TileSequence& seq, int head, int i) {
+  if (p.sequences.active) {
+    const PlanArrays arrays = plan_arrays(p.sequences.plan, p.batch);
+    return arrays.first_partial[tile.batch] + (static_cast<int64_t>(tile.kv_split) * p.heads_q + head) * seq.seq_q + i;
   }
-  return tile_in_sequence<int>(p, *seq, b, tile - first_tile[b], row_blocks, tiling.block_m, tiling.block_n, splits,
-                               tiling.split_blocks, tiling.heads_per_tile, 0);
+  const int64_t rows = p.batch * p.heads_q * p.seq_q;
+  return tile.kv_split * rows + (static_cast<int64_t>(tile.batch) * p.heads_q + head) * p.seq_q + i;
 }
 
 }  // namespace ffpa::detail

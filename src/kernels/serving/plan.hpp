@@ -1,5 +1,5 @@
 // The plan of a serving call (docs/serving.md): the data checks of its
-// sequences and each sequence's first tile (common/sequence_schedule.hpp),
+// sequences and each sequence's first tile (kernels/common/sequence_schedule.hpp),
 // written into a buffer the kernels read. On the device by one kernel (no
 // host synchronization: a CUDA graph replays it with whatever lengths the
 // buffers hold), on the host for host memory (the emulator, the tests).
@@ -10,13 +10,12 @@
 #include <cstdint>
 
 #include "common/attention_problem.hpp"
-#include "common/sequence_schedule.hpp"
+#include "kernels/common/sequence_schedule.hpp"
 #include "ffpa/ffpa.hpp"
 
 namespace ffpa::detail::serving {
 
-// Bytes of a call's plan: the header, the sequences' first tiles and (for
-// the page checks) their first pages, each int32 [B + 1].
+// Bytes of a call's plan: the header and its four arrays (PlanArrays).
 int64_t plan_bytes(const AttentionProblem& problem);
 
 // The most tiles a call can have, whatever its lengths (it sizes the launch;
@@ -25,18 +24,23 @@ int64_t plan_bytes(const AttentionProblem& problem);
 // sequence) or of B x Nq batched ones, times the most KV splits.
 int64_t max_tiles(const AttentionProblem& problem, const SequenceTiling& tiling);
 
+// The most split-KV partial rows a call can have (with the split on): each
+// tile's heads times its rows, one row block a sequence.
+int64_t max_partial_rows(const AttentionProblem& problem, const SequenceTiling& tiling);
+
+// Whether a call may split its keys: every sequence one row block of
+// block_m / heads_per_tile rows (decode, speculative decode).
+bool may_split(const AttentionProblem& problem, int block_m, int heads_per_tile);
+
 // Enqueues the plan kernel on `stream`, writing `plan` (plan_bytes()).
 Status launch_plan(const AttentionProblem& problem, const SequenceTiling& tiling, void* plan, cudaStream_t stream);
 
 // The same plan computed on the host (host memory: the lengths are read here).
 void plan_on_host(const AttentionProblem& problem, const SequenceTiling& tiling, void* plan);
 
-// The header and first tiles of a plan.
+// The header of a plan.
 inline const SequenceScheduleHeader* plan_header(const void* plan) {
   return static_cast<const SequenceScheduleHeader*>(plan);
-}
-inline const int32_t* plan_first_tiles(const void* plan) {
-  return reinterpret_cast<const int32_t*>(plan_header(plan) + 1);
 }
 
 }  // namespace ffpa::detail::serving

@@ -77,20 +77,16 @@ struct Cta {
         t(static_cast<int>(tid % 32) % 4),
         head_dim(static_cast<int>(args.p.head_dim)) {
     // Which CTA: value split fastest, then the tile (row block, head, batch;
-    // a serving call's from its plan, common/sequence_schedule.hpp).
+    // a serving call's from its plan, kernels/common/sequence_schedule.hpp).
     int64_t block = args.block_offset + blockIdx.x;
     split = static_cast<int>(block % args.value_splits);
     block /= args.value_splits;
     idle = false;
     if (p.sequences.active) {
       const auto* header = static_cast<const SequenceScheduleHeader*>(p.sequences.plan);
-      idle = block >= header->tiles;
-      const SequenceTiling tiling{Traits::kBlockM, Traits::kBlockN, args.heads_per_tile,
-                                  args.kv_splits > 1 ? args.split_blocks : 0};
-      if (!idle) {
-        tile = sequence_tile_coordinates(p, reinterpret_cast<const int32_t*>(header + 1), static_cast<int>(block),
-                                         tiling, &seq);
-      }
+      const SequenceTiling tiling{Traits::kBlockM, Traits::kBlockN, args.heads_per_tile, 0};
+      idle = block >= planned_tiles(*header, tiling);
+      if (!idle) tile = sequence_tile_coordinates(p, p.sequences.plan, static_cast<int>(block), tiling, &seq);
     } else {
       tile = tile_coordinates<int64_t>(p, block, args.row_blocks, Traits::kBlockM, Traits::kBlockN, args.kv_splits,
                                        args.split_blocks, args.heads_per_tile);

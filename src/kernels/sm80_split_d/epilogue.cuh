@@ -81,14 +81,12 @@ __device__ __forceinline__ void Cta<Traits>::store_output(const OAccumulator& o_
 template <class Traits>
 __device__ __forceinline__ void Cta<Traits>::store_partial(const OAccumulator& o_acc, const float (&row_max)[kRows],
                                                            const float (&row_sum)[kRows]) {
-  const int64_t rows = p.batch * p.heads_q * p.seq_q;
   const int64_t value_dim = p.dv();
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int local = local_row(r), i = tile.query_row(local);
     if (i >= seq_q) continue;
-    const int64_t partial_row =
-        tile.kv_split * rows + (static_cast<int64_t>(tile.batch) * p.heads_q + tile.row_head(local)) * p.seq_q + i;
+    const int64_t partial_row = partial_row_index(p, tile, seq, tile.row_head(local), i);
     if (split == 0 && warp_n == 0 && t == 0) args.partial_states[partial_row] = RowSoftmaxState{row_max[r], row_sum[r]};
     float* const o_row = args.partial_o + partial_row * value_dim + dv0;
     const int mt = r / 2, h = r % 2;

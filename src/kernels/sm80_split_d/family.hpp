@@ -9,7 +9,7 @@
 
 #include "common/attention_problem.hpp"
 #include "ffpa/ffpa.hpp"
-#include "common/sequence_schedule.hpp"
+#include "kernels/common/sequence_schedule.hpp"
 #include "kernels/common/split_kv.hpp"
 #include "kernels/sm80_split_d/split_launch.hpp"
 #include "kernels/sm80_split_d/tiles.hpp"

@@ -118,8 +118,7 @@ inline Args forward_args(const AttentionProblem& problem, int value_splits, cons
 template <class Traits>
 inline int64_t forward_ctas(const Args& args) {
   if (args.p.sequences.active) {
-    const SequenceTiling tiling{Traits::kBlockM, Traits::kBlockN, args.heads_per_tile,
-                                args.kv_splits > 1 ? args.split_blocks : 0};
+    const SequenceTiling tiling{Traits::kBlockM, Traits::kBlockN, args.heads_per_tile, 0};
     return serving::max_tiles(args.p, tiling) * args.value_splits;
   }
   return args.p.batch * (args.p.heads_q / args.heads_per_tile) * args.row_blocks *
