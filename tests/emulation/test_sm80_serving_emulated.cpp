@@ -195,6 +195,23 @@ TEST(EmulatedSm80Serving, WindowSoftcapSinks) {
   }
 }
 
+// An e4m3 cache (the serving engines' FP8 format): codes converted as they
+// are loaded, the descales on the scores and the output.
+TEST(EmulatedSm80Serving, E4m3CacheWithDescales) {
+  for (bool per_sequence : {false, true}) {
+    ServingCase c = base_case(per_sequence ? 50 : 51);
+    c.e4m3_kv = true;
+    c.per_sequence_descale = per_sequence;
+    c.dtype = per_sequence ? DType::f16 : DType::bf16;
+    c.keys = KeyForm::paged;
+    c.page_size = 16;
+    c.seq_q = {1, 40};
+    c.seq_kv = {150, 60};
+    c.softcap = per_sequence ? 20.0f : 0.0f;
+    expect_matches_oracle(c);
+  }
+}
+
 TEST(EmulatedSm80Serving, HeadDims) {
   ServingCase wide = base_case(40);
   wide.dim = 136, wide.value_dim = 120;

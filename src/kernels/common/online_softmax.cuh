@@ -87,8 +87,21 @@ struct Softcap {
   float outer;  // softcap * log2(e)
 };
 
-__device__ __forceinline__ Softcap softcap_factors(const AttentionProblem& p) {
-  return {p.scale / p.softcap, p.softcap * kLog2e};
+// scale_log2: the scores' scale times log2(e) (and an e4m3 cache's k_descale).
+__device__ __forceinline__ Softcap softcap_factors(const AttentionProblem& p, float scale_log2) {
+  return {scale_log2 / (kLog2e * p.softcap), p.softcap * kLog2e};
+}
+
+// An e4m3 cache's descales of (sequence b, KV head h): K's multiplies the
+// scores' scale, V's the output rows (FlashAttention-3's k_descale /
+// v_descale); 1 where absent.
+struct KvDescales {
+  float k, v;
+};
+
+__device__ __forceinline__ KvDescales kv_descales(const AttentionProblem& p, int b, int h) {
+  return {p.k_descale != nullptr ? p.k_descale[b * p.k_descale_stride[0] + h * p.k_descale_stride[1]] : 1.0f,
+          p.v_descale != nullptr ? p.v_descale[b * p.v_descale_stride[0] + h * p.v_descale_stride[1]] : 1.0f};
 }
 
 template <class Layout>

@@ -12,6 +12,7 @@
 
 #include "common/attention_problem.hpp"
 #include "kernels/common/compiler_hints.cuh"
+#include "kernels/common/online_softmax.cuh"
 #include "kernels/common/tile_schedule.hpp"
 #include "kernels/sm80_split_d/traits.cuh"
 
@@ -44,7 +45,8 @@ struct Cta {
 
   const Args& args;  // the kernel's parameters (split-KV's partial rows)
   const AttentionProblem& p;
-  const float scale_log2;
+  float scale_log2;  // scale * log2(e), times an e4m3 cache's k_descale of the tile's (sequence, KV head)
+  float v_factor;    // an e4m3 cache's v_descale of the tile's (sequence, KV head); 1 otherwise
   // The thread index through opaque(): derived addresses are recomputed where
   // used (a few integer ops) instead of re-reading SR_TID or pinning registers.
   const unsigned tid;
@@ -70,6 +72,7 @@ struct Cta {
       : args(args),
         p(args.p),
         scale_log2(args.scale_log2),
+        v_factor(1.0f),
         tid(opaque(static_cast<unsigned>(threadIdx.x))),
         warp_m(static_cast<int>(tid / 32) / Traits::kWarpsN),
         warp_n(static_cast<int>(tid / 32) % Traits::kWarpsN),
@@ -94,6 +97,11 @@ struct Cta {
     }
     seq_q = seq.seq_q;
     seq_kv = seq.seq_kv;
+    if (p.kv_e4m3 && !idle) {
+      const KvDescales descales = kv_descales(p, tile.batch, tile.kv_head);
+      scale_log2 *= descales.k;
+      v_factor = descales.v;
+    }
     dv0 = split * Traits::kOutCols;
     n_qk = (head_dim + Traits::kChunk - 1) / Traits::kChunk;
     out_cols = min(Traits::kOutCols, static_cast<int>(p.dv()) - dv0);
@@ -112,7 +120,8 @@ struct Cta {
   };
 
   // producer.cuh
-  __device__ __forceinline__ const Element* key_row(const void* base, const int64_t (&stride)[3], int key) const;
+  __device__ __forceinline__ int64_t key_row(const int64_t (&stride)[3], int key) const;
+  __device__ __forceinline__ void copy_kv_16(uint32_t dst, const void* base, int64_t offset, bool valid) const;
   __device__ __forceinline__ void issue_next_step(int into_slot);
   __device__ __forceinline__ void prime_ring();
   __device__ __forceinline__ void advance_ring();

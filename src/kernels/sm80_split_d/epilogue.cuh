@@ -32,7 +32,7 @@ __device__ __forceinline__ void Cta<Traits>::store_output(const OAccumulator& o_
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const RowEnd end = finish_row(p, tile.row_head(local_row(r)), row_max[r], row_sum[r], keep_scale);
-    out_scale[r] = end.out_scale;
+    out_scale[r] = end.out_scale * v_factor;
     const int i = tile.query_row(local_row(r));
     if (p.lse != nullptr && split == 0 && warp_n == 0 && t == 0 && i < seq_q)
       store_lse(p, seq.q_batch, tile.row_head(local_row(r)), seq.q_begin + i, end.lse);
@@ -100,6 +100,7 @@ __device__ __forceinline__ void Cta<Traits>::store_partial(const OAccumulator& o
       } else {
         pair = make_float2(o_acc[mt][nt][2 * h], o_acc[mt][nt][2 * h + 1]);
       }
+      pair.x *= v_factor, pair.y *= v_factor;  // an e4m3 cache's V descale, before the splits merge
       *reinterpret_cast<float2*>(o_row + col) = pair;
     }
   }

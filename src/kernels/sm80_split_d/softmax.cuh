@@ -55,7 +55,7 @@ __device__ __forceinline__ void Cta<Traits>::softmax(int kv0, SAccumulator& s_ac
   float(&s)[Layout::kElements] = flat(s_acc);
   const int key0 = kv0 + warp_n * Traits::kWarpKeys + 2 * t;
   if (p.softcap > 0.0f) {
-    apply_softcap<Layout>(s, softcap_factors(p));  // capped scores are in the log2 domain
+    apply_softcap<Layout>(s, softcap_factors(p, scale_log2));  // capped scores are in the log2 domain
   } else {
 #pragma unroll
     for (int i = 0; i < Layout::kElements; ++i) s[i] *= scale_log2;

@@ -56,7 +56,7 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
     }
     if (fold) factor = code_factor;
   } else if (p.softcap > 0.0f) {
-    apply_softcap<Layout>(s, softcap_factors(p));  // capped scores are in the log2 domain
+    apply_softcap<Layout>(s, softcap_factors(p, cta.args.scale_log2));  // capped scores are in the log2 domain
   } else {
 #pragma unroll
     for (int i = 0; i < 64; ++i) s[i] *= cta.args.scale_log2;
