@@ -66,6 +66,26 @@ FFPA_HOST_DEVICE KeyRange attended_key_range(const AttentionProblem& p, const Ti
   return {first, end > first ? end : first};
 }
 
+// The key bounds of a tile's first query row (score_mask.cuh's KeyLimits:
+// they move with the row): the last key it may attend (the causal limit in
+// the problem's alignment and a window's right side) and the first (a
+// window's left side), each kNoKeyBound past any key where unbounded.
+struct TileKeyBounds {
+  int first_row_limit, first_row_start;
+};
+constexpr int kUnboundedKeys = 1 << 30;  // score_mask.cuh's kNoKeyBound
+
+FFPA_HOST_DEVICE TileKeyBounds tile_key_bounds(const AttentionProblem& p, const TileCoordinates& tile,
+                                               const TileSequence& seq) {
+  const int64_t position = static_cast<int64_t>(tile.q0) + seq.seq_kv - seq.seq_q;  // the first row's
+  int64_t limit = kUnboundedKeys;
+  if (p.causal != Causal::none) limit = p.causal == Causal::bottom_right ? position : tile.q0;
+  if (p.window_right >= 0 && position + p.window_right < limit) limit = position + p.window_right;
+  int64_t start = -kUnboundedKeys;
+  if (p.window_left >= 0 && position - p.window_left > start) start = position - p.window_left;
+  return {static_cast<int>(limit), static_cast<int>(start)};
+}
+
 // log2 of a power of two.
 FFPA_HOST_DEVICE int log2_of_power_of_two(int value) {
   int shift = 0;

@@ -55,6 +55,7 @@ struct Cta {
   int split;  // which slice of Dv (value split)
   TileCoordinates tile;
   TileSequence seq;  // the tile's sequence: its lengths, where its rows lie
+  TileKeyBounds key_bounds;  // its first row's key bounds (causal limit, window)
   bool idle;         // a serving call's CTA past the plan's tiles: nothing to do
   // Sequence positions fit in 32 bits (routing checks); addresses use 64.
   int seq_q, seq_kv;
@@ -97,6 +98,7 @@ struct Cta {
     }
     seq_q = seq.seq_q;
     seq_kv = seq.seq_kv;
+    if (!idle) key_bounds = tile_key_bounds(p, tile, seq);
     if (p.kv_e4m3 && !idle) {
       const KvDescales descales = kv_descales(p, tile.batch, tile.kv_head);
       scale_log2 *= descales.k;

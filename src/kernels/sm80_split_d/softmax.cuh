@@ -60,7 +60,7 @@ __device__ __forceinline__ void Cta<Traits>::softmax(int kv0, SAccumulator& s_ac
 #pragma unroll
     for (int i = 0; i < Layout::kElements; ++i) s[i] *= scale_log2;
   }
-  const KeyLimits limits(p, tile, seq);
+  const KeyLimits limits(seq_kv, key_bounds, tile);
   const SCoordinates coords{*this};
   if (limits.block_needs_masking(kv0, Traits::kBlockN)) mask_outside_limits<Layout>(s, limits, coords, key0);
   if (p.mask_kind != MaskKind::none) add_mask<Layout>(s, p, tile, coords, key0);

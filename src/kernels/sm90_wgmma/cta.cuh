@@ -44,6 +44,10 @@ struct Cta {
   __device__ __forceinline__ TileSequence* sequence() const {
     return reinterpret_cast<TileSequence*>(smem() + Traits::kSequenceOffset);
   }
+  // The tile's first row's key bounds (causal limit, window), beside its sequence.
+  __device__ __forceinline__ TileKeyBounds* key_bounds() const {
+    return reinterpret_cast<TileKeyBounds*>(smem() + Traits::kSequenceOffset + sizeof(TileSequence));
+  }
   // A serving call's CTA past its plan's tiles (setup marks it): it does nothing.
   __device__ __forceinline__ bool idle() const { return sequence()->seq_q < 0; }
   // Whether the tile writes split-KV's partial rows (a sequence batch: where
@@ -105,6 +109,7 @@ struct Cta {
                                         args.split_blocks, args.heads_per_tile, args.first_row_block);
         *sequence() = tile_sequence(p, tile()->batch);
       }
+      if (!idle()) *key_bounds() = tile_key_bounds(p, *tile(), *sequence());
       mbarrier_init(q_full(), 1);
       for (int f = 0; f < kFull; ++f) mbarrier_init(full(f), 1);
       for (int s = 0; s < kStages; ++s) mbarrier_init(empty(s), 4);  // a warp of the consumer each

@@ -112,12 +112,12 @@ struct Traits {
   static constexpr int kStatsOffset = kExchangeOffset + kExchangeBytes;          // float [2][2][64]
   static constexpr int kRowSumOffset = kStatsOffset + 2 * 2 * kBlockM * 4;        // float [2][64]
   static constexpr int kTileOffset = kRowSumOffset + 2 * kBlockM * 4;  // TileCoordinates
-  static constexpr int kSequenceOffset = kTileOffset + 32;              // TileSequence
+  static constexpr int kSequenceOffset = kTileOffset + 32;              // TileSequence, TileKeyBounds
   // kDropout: one block's keep bits, uint32 [64 rows][4 quad lanes] (bit
   // 2 b + e of word [r][t]: key 8 b + 2t + e of row r). One buffer: the 1 KB
   // is what the 227 KB leave at D = 512 and 1024.
   static constexpr int kKeepOffset = kSequenceOffset + 32;
-  static_assert(sizeof(TileCoordinates) <= 32 && sizeof(TileSequence) <= 32,
+  static_assert(sizeof(TileCoordinates) <= 32 && sizeof(TileSequence) + sizeof(TileKeyBounds) <= 32,
                 "the tile's and its sequence's 32 bytes of shared memory each");
   static constexpr int kKeepBytes = kDropoutWarps ? kBlockM * 4 * 4 : 0;
   static constexpr int kBarrierOffset = kKeepOffset + kKeepBytes;
