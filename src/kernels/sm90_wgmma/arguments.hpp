@@ -61,8 +61,9 @@ ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& 
   ForwardLaunch launch;
   // A paged cache: K and V in page-sized boxes (paged_box_rows).
   const bool paged = problem.sequences.paged();
-  const int k_rows = paged ? paged_box_rows(problem.sequences.page_size, Traits::kBlockN) : Traits::kBlockN;
-  const int v_rows = paged ? paged_box_rows(problem.sequences.page_size, 64) : 64;
+  const int page_rows = paged ? paged_box_rows(problem.sequences.page_size, 64) : 0;
+  const int k_rows = paged ? page_rows : Traits::kBlockN;
+  const int v_rows = paged ? page_rows : 64;
   const int box_rows[4] = {head_rows, k_rows, v_rows, head_rows};
   const int box_heads[4] = {tiles.heads_per_tile, 1, 1, tiles.heads_per_tile};
   for (int i = 0; i < 4; ++i) launch.box_rows[i] = box_rows[i], launch.box_heads[i] = box_heads[i];
@@ -80,8 +81,7 @@ ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& 
   args.partial_o = tiles.partial_o;
   args.partial_states = tiles.partial_states;
   args.split_slots = tiles.split_slots;
-  args.k_page_box_rows = paged ? k_rows : 0;
-  args.v_page_box_rows = paged ? v_rows : 0;
+  args.page_box_rows = page_rows;
   // A tile per KV split; a serving call: the bound on its tiles (its plan
   // says how many there are; CTAs past them return at once).
   launch.tile_count =

@@ -62,7 +62,8 @@ inline SequenceTiling sequence_tiling(const TileLaunch& tiles) {
 // power of two dividing both the page size and the box (a load never crosses
 // a page). The family serves page sizes that are multiples of 8: the
 // 128-byte swizzle repeats every 8 rows, so a load of fewer would land
-// inside a swizzle atom.
+// inside a swizzle atom (and a 128-key block stays within 16 loads: the
+// producer warp's lanes look up one page-box each).
 inline int paged_box_rows(int64_t page_size, int rows) {
   int box = rows;
   while (page_size % box != 0) box /= 2;

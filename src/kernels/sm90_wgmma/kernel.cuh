@@ -160,7 +160,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     setmaxnreg_decrease<Traits::kProducerRegisters>();
-    if (threadIdx.x == 0) Producer<Traits>{cta}.run(&q_map, &k_map, &v_map);
+    // Thread 0 issues every TMA load; with a paged cache its whole warp runs
+    // the producer, each lane looking up a page of a block (producer.cuh).
+    const bool paged = !Traits::kFp8 && args.p.sequences.paged();
+    if (paged && threadIdx.x < 32) {
+      if constexpr (!Traits::kFp8) Producer<Traits, true>{cta, static_cast<int>(threadIdx.x)}.run(&q_map, &k_map, &v_map);
+    } else if (!paged && threadIdx.x == 0) {
+      Producer<Traits, false>{cta, 0}.run(&q_map, &k_map, &v_map);
+    }
     if constexpr (Traits::kDropoutWarps) {
       if (threadIdx.x >= 32) DropoutWarps<Traits>{cta}.run(threadIdx.x - 32);
     }

@@ -41,6 +41,10 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
     *reason = "more than 2^30 tiles of 64 query rows (B x Hq x ceil(Nq / 64))";
     return nullptr;
   }
+  if (problem.softcap > 0.0f && cluster_size(instance_width(problem)) > 1) {
+    *reason = "a logit softcap above D 512: the cluster kernels carry no softcap (sm80_split_d serves it)";
+    return nullptr;
+  }
   if (problem.sequences.paged() && problem.sequences.page_size % 8 != 0) {
     *reason = "a paged cache of page size " + std::to_string(problem.sequences.page_size) +
               ": this family loads pages by TMA, in boxes of a multiple of 8 rows (sm80_split_d serves any page size)";
@@ -65,6 +69,10 @@ const Fp8Instance* route_fp8(const AttentionProblem& problem, std::string* reaso
   }
   if (problem.dv() != problem.head_dim) {
     *reason = "D_qk != D_v: the FP8 kernels are built for Dv == D";
+    return nullptr;
+  }
+  if (problem.softcap > 0.0f) {
+    *reason = "a logit softcap: the FP8 kernels carry no softcap (their scores stay codes until the exponentials)";
     return nullptr;
   }
   std::string why;

@@ -55,16 +55,19 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
       s[i] = fold ? code_score : code_score * code_factor;
     }
     if (fold) factor = code_factor;
-  } else if (!Traits::kMaskInS && p.softcap > 0.0f) {
+  } else if (Traits::kSoftcap && p.softcap > 0.0f) {
     // Capped scores are in the log2 domain. Never with the mask in S (the
-    // softcap acts before the mask: routing.cpp's starts_s_at_mask), whose
+    // softcap acts before the mask: routing.cpp's starts_s_at_mask) nor in a
+    // cluster (D > 512: route sends a softcap to sm80_split_d), whose
     // register-bound consumers would spill for the dead code.
     apply_softcap<Layout>(s, softcap_factors(p, cta.args.scale_log2));
   } else {
 #pragma unroll
     for (int i = 0; i < 64; ++i) s[i] *= cta.args.scale_log2;
   }
-  const KeyLimits limits(cta.sequence()->seq_kv, *cta.key_bounds(), *tile);
+  // Read where used (opaque addresses: not hoisted out of the KV loop, where
+  // they would pin registers next to S and O).
+  const KeyLimits limits(opaque(cta.sequence())->seq_kv, *opaque(cta.key_bounds()), *tile);
   const SCoordinates coords{*this};
   if (limits.block_needs_masking(kv0, kBlockN)) mask_outside_limits<Layout>(s, limits, coords, kv0 + 2 * t);  // -inf
   if (p.mask_kind != MaskKind::none && !mask_in_s(j)) add_mask<Layout, Traits::kMaskBlocksInFlight, Traits::kMaskPairLoads>(s, p, *tile, coords, kv0 + 2 * t);

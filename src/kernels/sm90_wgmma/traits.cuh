@@ -88,6 +88,9 @@ struct Traits {
   using SLayout = AccumulatorLayout<1, kBlockN / 8>;
   // This consumer's half of O: one slab, kHalfCols / 8 column blocks.
   using OLayout = AccumulatorLayout<1, kHalfCols / 8>;
+  // Whether the kernel carries the logit softcap (kernels that never get one
+  // leave its code out: their consumers run at the register file's edge).
+  static constexpr bool kSoftcap = !kMaskInS && kSplit == 1 && !kFp8;
   // How the softmax reads the user's mask (score_mask.cuh): column blocks of
   // loads in flight, and whether a key pair is one load. The most that do not
   // spill: the cluster kernels' consumers hold more, and either the pair path
@@ -178,9 +181,9 @@ struct Args {
   bool v_scale_per_block = false;
   const float* v_mean = nullptr;  // smooth-V: added back to every row that attends a key
   // A paged cache (AttentionProblem::sequences): the rows of one TMA load of
-  // K (of a 128-key block) and of V (of a 64-key half), a divisor of both and
-  // of the page size (the maps' boxes: a load never crosses a page).
-  int k_page_box_rows = 0, v_page_box_rows = 0;
+  // K and V, dividing the page size and a V stage's 64 keys (the maps' boxes:
+  // a load never crosses a page), at least 8: a KV block is at most 16 of them.
+  int page_box_rows = 0;
 };
 
 }  // namespace ffpa::detail::sm90_wgmma
