@@ -66,6 +66,12 @@ struct AttentionProblem {
   FFPA_HOST_DEVICE bool has_dropout() const { return dropout_p > 0.0f; }
   // Last key row i may attend, before clipping to [0, Nkv): i + causal_shift().
   FFPA_HOST_DEVICE int64_t causal_shift() const { return causal == Causal::bottom_right ? seq_kv - seq_q : 0; }
+  // The keys in row i's reach before the mask: [0, keys_in_reach(i)).
+  FFPA_HOST_DEVICE int64_t keys_in_reach(int64_t i) const {
+    if (causal == Causal::none) return seq_kv;
+    const int64_t end = i + causal_shift() + 1;
+    return end < 0 ? 0 : end < seq_kv ? end : seq_kv;
+  }
 };
 
 }  // namespace ffpa::detail

@@ -76,26 +76,35 @@ void convert_row(DType dtype, const void* base, int64_t first, int64_t n, Kv* ds
 }
 
 // Turns scaled scores w[0, visible) of row (b, h, i) into the row's P*V
-// weights over [0, visible_max) (0 for excluded and dropped keys); returns the
-// row's lse (-inf when no key is attended, leaving every weight 0).
+// weights over [0, visible_max) (0 for masked and dropped keys and past the
+// row's causal limit); returns the row's lse. A row with no attended key
+// (every score -inf) gets lse -inf and weights 0; a row whose softmax is NaN
+// (a NaN score, from q, k or the mask, or exp(inf - inf)) gets lse NaN and
+// NaN weights over its keys in reach: spec.md, "Non-finite inputs".
 double softmax_weights(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t visible,
                        int64_t visible_max, double* w, double* bias) {
   mask_bias(p, b, h, i, visible, bias);
   double max_score = kNegInf;
+  bool nan_score = false;
   for (int64_t j = 0; j < visible; ++j) {
     w[j] += bias[j];
-    max_score = std::max(max_score, w[j]);
+    nan_score |= std::isnan(w[j]);
+    max_score = std::max(max_score, w[j]);  // a NaN does not count
   }
-  if (max_score == kNegInf) {
-    std::fill(w, w + visible_max, 0.0);
+  std::fill(w + visible, w + visible_max, 0.0);
+  if (max_score == kNegInf && !nan_score) {
+    std::fill(w, w + visible, 0.0);
     return kNegInf;
   }
   double denominator = 0.0;
   for (int64_t j = 0; j < visible; ++j) {
-    w[j] = std::exp(w[j] - max_score);  // exp(-inf) = 0 for excluded keys
+    w[j] = std::exp(w[j] - max_score);  // exp(-inf) = 0 for masked keys
     denominator += w[j];
   }
-  std::fill(w + visible, w + visible_max, 0.0);
+  if (nan_score || std::isnan(denominator)) {
+    std::fill(w, w + visible, std::numeric_limits<double>::quiet_NaN());
+    return std::numeric_limits<double>::quiet_NaN();
+  }
   if (p.has_dropout()) {
     const double factor = static_cast<double>(p.dropout_scale) / denominator;
     const uint64_t head_word = dropout_head_word(p.dropout_offset, static_cast<uint64_t>(b * p.heads_q + h),
@@ -150,18 +159,22 @@ void attend_row_group(const AttentionProblem& p, int64_t b, int64_t h, const Kv*
     w2[j] = scale * a2;
     w3[j] = scale * a3;
   }
+  // The keys whose V rows each row adds, weight 0 or not (0 * NaN is NaN):
+  // its keys in reach, none for a row with no attended key (O = 0).
+  int64_t added[kRowGroup];
   for (int r = 0; r < kRowGroup; ++r) {
     lse[r] =
         softmax_weights(p, b, h, rows[r], visible[r], visible_max, w0 + r * nkv, s.bias.data());
+    added[r] = lse[r] == kNegInf ? 0 : visible[r];
   }
 
+  // Keys every row adds go four lanes at a time, the rest lane by lane. Adding
+  // a weight 0 times a finite V changes no bit: the accumulators start at +0,
+  // so they are never -0, and adding +-0 to a value other than -0 leaves it.
   std::fill(s.out.begin(), s.out.end(), 0.0);
-  for (int64_t j = 0; j < visible_max; ++j) {
+  const int64_t common = *std::min_element(added, added + kRowGroup);
+  for (int64_t j = 0; j < common; ++j) {
     const double c0 = w0[j], c1 = w1[j], c2 = w2[j], c3 = w3[j];
-    // Skipping a key whose four weights are 0 changes no bit (V finite): the
-    // accumulators start at +0, so they are never -0, and adding +-0 to a value
-    // other than -0 leaves it as it is.
-    if (c0 == 0.0 && c1 == 0.0 && c2 == 0.0 && c3 == 0.0) continue;
     const Kv* vj = v + j * dv;
     double* o = s.out.data();
     for (int64_t d = 0; d < dv; ++d, o += kRowGroup) {
@@ -170,6 +183,15 @@ void attend_row_group(const AttentionProblem& p, int64_t b, int64_t h, const Kv*
       o[1] += c1 * x;
       o[2] += c2 * x;
       o[3] += c3 * x;
+    }
+  }
+  for (int r = 0; r < kRowGroup; ++r) {
+    const double* w = w0 + r * nkv;
+    for (int64_t j = common; j < added[r]; ++j) {
+      const double c = w[j];
+      const Kv* vj = v + j * dv;
+      double* o = s.out.data() + r;
+      for (int64_t d = 0; d < dv; ++d, o += kRowGroup) *o += c * vj[d];
     }
   }
 }

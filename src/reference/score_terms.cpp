@@ -18,10 +18,7 @@ const Element* offset_ptr(const void* base, int64_t elements) {
 
 }  // namespace
 
-int64_t visible_keys(const AttentionProblem& p, int64_t i) {
-  if (p.causal == Causal::none) return p.seq_kv;
-  return std::clamp<int64_t>(i + p.causal_shift() + 1, 0, p.seq_kv);
-}
+int64_t visible_keys(const AttentionProblem& p, int64_t i) { return p.keys_in_reach(i); }
 
 void mask_bias(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t n, double* bias) {
   const int64_t row = b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2];
