@@ -107,7 +107,8 @@ __device__ __forceinline__ void Consumer<Traits>::store_output(const CUtensorMap
         if (attends[h]) first += column_mean.x, second += column_mean.y;
       }
       *reinterpret_cast<uint32_t*>(o_tiles + (col / kOutBoxCols) * kTileBytes +
-                                   swizzle128<kElementBytes>(row(h), col % kOutBoxCols)) = pack2<Element>(first, second);
+                                   swizzle128<kElementBytes>(row(h), col % kOutBoxCols)) =
+          output_pair(pack2<Element>(first, second), out_scale[h]);
     }
   }
   fence_proxy_async();

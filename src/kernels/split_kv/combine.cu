@@ -42,16 +42,14 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// Every split adds its O row times its weight, 0 or not (split_kv.hpp's
+// split_weight: a NaN there reaches the row as in an unsplit tile); every
+// split row lies in the workspace, written by its tile.
 __device__ __forceinline__ void add_scaled(float4& acc, float4 value, float w) {
-  // A split the row does not attend (weight 0) adds nothing, whatever its O
-  // holds: its row is loaded anyway (every split row lies in the workspace),
-  // so that the loads never wait on the weights.
-  if (w != 0.0f) {
-    acc.x += value.x * w;
-    acc.y += value.y * w;
-    acc.z += value.z * w;
-    acc.w += value.w * w;
-  }
+  acc.x += value.x * w;
+  acc.y += value.y * w;
+  acc.z += value.z * w;
+  acc.w += value.w * w;
 }
 
 template <typename Out>
@@ -121,10 +119,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) combine_kernel(const Attention
     store_lse(p, static_cast<int>(b), static_cast<int>(h), static_cast<int>(i), log_sum_exp(merged));
   }
   Out* const out = static_cast<Out*>(p.o) + b * p.o_stride[0] + h * p.o_stride[1] + i * p.o_stride[2] + col;
-  out[0] = Out(acc.x);
-  out[1] = Out(acc.y);
-  out[2] = Out(acc.z);
-  out[3] = Out(acc.w);
+  out[0] = Out(combined_output(acc.x, merged));
+  out[1] = Out(combined_output(acc.y, merged));
+  out[2] = Out(combined_output(acc.z, merged));
+  out[3] = Out(combined_output(acc.w, merged));
 }
 
 }  // namespace
