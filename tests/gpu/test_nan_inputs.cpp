@@ -1,7 +1,7 @@
 // NaN inputs on the GPU (issue 31; spec.md, "Non-finite inputs"): a NaN in
 // q, k, v or an additive mask reaches exactly the rows it touches in every
 // forward path (sm80_split_d, sm90_wgmma with clusters above D 512, split-KV
-// decode and its combine); rows that masking
+// decode and its combine, FP8 with int8 and e4m3 codes); rows that masking
 // alone empties stay O = 0, LSE = -inf. Each case runs on device tensors
 // twice, without and with put_nans(): every element NaN where a NaN must
 // reach it (expect_forward_nans, with a kernel's key window), bit-identical
@@ -163,6 +163,8 @@ std::vector<NanCase> cases() {
     all.push_back({name + "_sm90", shape, Impl::sm90_wgmma});
     all.push_back({name + "_sm90_kv_splits3", shape, Impl::sm90_wgmma, 3});
     all.push_back({name + "_sm80_kv_splits3", shape, Impl::sm80_split_d, 3});
+    all.push_back({name + "_fp8_int8", shape, Impl::automatic, 0, Precision::fp8, Fp8QkFormat::int8});
+    all.push_back({name + "_fp8_e4m3", shape, Impl::automatic, 0, Precision::fp8, Fp8QkFormat::e4m3});
   }
   return all;
 }
@@ -177,7 +179,8 @@ TEST(GpuNanInputsIssue31, OneNanInAQueryRow) {
   if (const auto& reason = gpu_unavailable_reason()) GTEST_SKIP() << *reason;
   const ForwardCase c = shape_case(DType::bf16, 1, 2, 2, 128, 256, 512);
   for (const NanCase& path : {NanCase{"auto", c}, NanCase{"sm80", c, Impl::sm80_split_d},
-                              NanCase{"sm90", c, Impl::sm90_wgmma}, NanCase{"sm90 split-KV", c, Impl::sm90_wgmma, 2}}) {
+                              NanCase{"sm90", c, Impl::sm90_wgmma}, NanCase{"sm90 split-KV", c, Impl::sm90_wgmma, 2},
+                              NanCase{"fp8", c, Impl::automatic, 0, Precision::fp8}}) {
     SCOPED_TRACE(path.name);
     HostForward clean, poisoned;
     ASSERT_NO_FATAL_FAILURE(make_host_forward(c, 0, 31, &clean));

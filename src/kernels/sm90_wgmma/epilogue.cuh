@@ -59,16 +59,20 @@ __device__ __forceinline__ void Consumer<Traits>::store_output(const CUtensorMap
     const float total = row_sums[row(h)] + row_sums[64 + row(h)];
     out_scale[h] = output_row_scale(total, keep_scale);
     const int r = tile->query_row(row(h));
+    // Traits::kQkInt8: NaN where a non-finite Q or K value reaches the row
+    // (the pre-pass's row_nan: int8 codes cannot carry it; e4m3 codes do).
+    float row_nan = 0.0f;
+    if constexpr (Traits::kQkInt8) {
+      if (r < static_cast<int>(p.seq_q)) row_nan = quantized_row_term(cta.args.row_nan, h);
+      out_scale[h] += row_nan;
+    }
     if (p.lse != nullptr && split_rank<Traits::kSplit>() == 0 && w == 0 && t == 0 && r < static_cast<int>(p.seq_q)) {
       const int head = tile->row_head(row(h));
       if constexpr (Traits::kFp8) {
         // Row sums count 448 p; K's mean shifted every score of the row alike.
-        const float* shift = cta.args.lse_shift;
-        const float lse = row_log_sum_exp(running_max(tile->kv_blocks - 1, h) - kLog2PScale, total) +
-                          (shift != nullptr ? shift[(static_cast<int64_t>(tile->batch) * p.heads_q + head) *
-                                                        (p.seq_q - cta.args.first_row_block * Traits::kBlockM) +
-                                                    quantized_row(row(h))]
-                                            : 0.0f);
+        float lse = row_log_sum_exp(running_max(tile->kv_blocks - 1, h) - kLog2PScale, total) +
+                    quantized_row_term(cta.args.lse_shift, h);
+        if constexpr (Traits::kQkInt8) lse += row_nan;
         store_lse(p, tile->batch, head, r, lse);
       } else {
         store_lse(p, tile->batch, head, r, row_log_sum_exp(running_max(tile->kv_blocks - 1, h), total));
