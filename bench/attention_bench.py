@@ -235,10 +235,10 @@ def ffpa_implementation(ffpa_attn: Any, impl: str) -> Implementation:
         if impl == LIBRARY_CHOICE:
             if case not in refusals:
                 from ffpa_attn._library import limits
+                from ffpa_attn.decide import call_spec
                 from ffpa_attn.decisions import fallback_reason
-                from ffpa_attn.functional import _call_spec
 
-                spec = _call_spec(q, k, v, None, 0.0, case.causal, None, case.gqa)
+                spec = call_spec(q, k, v, None, 0.0, case.causal, None, case.gqa)
                 refusals[case] = fallback_reason(spec, limits())
             if refusals[case] is not None:
                 raise NotImplementedError(f"ffpa_attn would hand this call to SDPA: {refusals[case]}")

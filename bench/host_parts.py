@@ -10,15 +10,15 @@ import torch
 import torch.nn.functional as F
 
 import bench_common as bc
-import ffpa_attn.functional as fn
+from ffpa_attn import decide
 from ffpa_attn import _library, ffpa_attn_func, ops
 
 dev = "cuda"
 q = torch.randn(1, 1, 1, 512, device=dev, dtype=torch.bfloat16)
 k = torch.randn(1, 1, 16, 512, device=dev, dtype=torch.bfloat16)
 v = torch.randn(1, 1, 16, 512, device=dev, dtype=torch.bfloat16)
-B = fn._DEFAULT_BACKEND
-decision, plan = fn._cached_decision(q, k, v, None, 0.0, False, None, False, B, False)
+B = decide.DEFAULT_BACKEND
+decision, plan = decide.decide_cached(q, k, v, None, 0.0, False, None, False, B, False)
 assert plan is not None, decision
 out = ops.launch(plan, q, k, v, None, False, 0, 0)
 params = _library.FfpaForwardParams.from_buffer_copy(plan.params)
@@ -37,7 +37,7 @@ def cu_ptr():
 cases = {
     "sdpa": lambda: F.scaled_dot_product_attention(q, k, v),
     "ffpa_attn_func": lambda: ffpa_attn_func(q, k, v),
-    "_cached_decision": lambda: fn._cached_decision(q, k, v, None, 0.0, False, None, False, B, False),
+    "decide.decide_cached": lambda: decide.decide_cached(q, k, v, None, 0.0, False, None, False, B, False),
     "ops.launch": lambda: ops.launch(plan, q, k, v, None, False, 0, 0),
     "torch.empty_like": lambda: torch.empty_like(q),
     "_library.forward (prepared params)": lambda: _library.forward(params),

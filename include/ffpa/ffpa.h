@@ -3,7 +3,8 @@
  * A plain-struct mirror of <ffpa/ffpa.hpp>: same semantics, same status codes.
  * A zero-initialised ffpa_forward_params means: no mask, no lse, default scale,
  * no causal mask, no dropout, fp32 accumulation, automatic implementation,
- * the inputs' precision (FP8's knobs at their defaults), default stream, no
+ * the inputs' precision (FP8's knobs at their defaults), no window, no
+ * softcap, no sinks, a dense call (no sequence batch), default stream, no
  * workspace. Functions never throw and never abort; a
  * failing call returns its status and writes a NUL-terminated message into
  * `message` (truncated to `message_size` bytes) when `message` is not NULL. */
@@ -28,7 +29,9 @@ typedef enum ffpa_dtype {
   FFPA_DTYPE_F32 = 2,
   FFPA_DTYPE_BOOL = 3,
   FFPA_DTYPE_F64 = 4, /* f32 and f64 q, k, v: the CPU reference only (host tensors) */
-  FFPA_DTYPE_U8 = 5   /* 8-bit codes (e4m3 or int8 as the FP8 options say): an ffpa_fp8_kv_cache's codes only */
+  FFPA_DTYPE_U8 = 5,  /* 8-bit codes (e4m3 or int8 as the FP8 options say): an ffpa_fp8_kv_cache's codes only */
+  FFPA_DTYPE_E4M3 = 6, /* k and v of an FP8 KV cache in the serving engines' format (k_descale, v_descale) */
+  FFPA_DTYPE_I32 = 7   /* an ffpa_sequence_batch's lengths and block table */
 } ffpa_dtype;
 
 typedef enum ffpa_causal {
@@ -99,7 +102,10 @@ typedef enum ffpa_status FFPA_STATUS_UNDERLYING {
   FFPA_WORKSPACE_TOO_SMALL = 18,
   FFPA_WRONG_MEMORY_SPACE = 19,
   FFPA_CUDA_ERROR = 20,
-  FFPA_OUT_OF_MEMORY = 21
+  FFPA_OUT_OF_MEMORY = 21,
+  FFPA_INVALID_SEQUENCE_LENGTHS = 22, /* an ffpa_sequence_batch's lengths do not hold */
+  FFPA_INVALID_BLOCK_TABLE = 23,      /* a block id a sequence reads outside [0, num_blocks) */
+  FFPA_INVALID_WINDOW = 24            /* a window bound below -1 */
 } ffpa_status;
 
 typedef struct ffpa_tensor {
@@ -133,7 +139,25 @@ typedef struct ffpa_options {
   int32_t impl;         /* ffpa_impl */
   int32_t precision;    /* ffpa_precision */
   ffpa_fp8_options fp8; /* FFPA_PRECISION_FP8 only */
+  /* has_window nonzero: a sliding window, row i (key position p_i = i + Nkv -
+   * Nq) attends keys in [p_i - window_left, p_i + window_right], -1 leaving a
+   * side unbounded; 0: no window (both -1). */
+  int32_t has_window;
+  int64_t window_left, window_right;
+  float softcap; /* > 0: scores become softcap * tanh(score / softcap); 0 = none */
 } ffpa_options;
+
+/* A batch of sequences of different lengths (ffpa::SequenceBatch, docs/serving.md):
+ * int32 tensors in q's memory space; a tensor with data NULL is absent.
+ *   cu_seqlens_q [B + 1]: q packed [1, Hq, total_q, D] (else q [B, Hq, Nq, D])
+ *   cu_seqlens_k [B + 1]: k, v packed [1, Hkv, total_k, D]
+ *   block_table [B, max_blocks]: k, v paged [num_blocks, Hkv, page_size, D]
+ *   seqused_k [B]: the keys each sequence uses
+ * max_seqlen_q / max_seqlen_k: bounds on the lengths; 0 derives them. */
+typedef struct ffpa_sequence_batch {
+  ffpa_tensor cu_seqlens_q, cu_seqlens_k, block_table, seqused_k;
+  int64_t max_seqlen_q, max_seqlen_k;
+} ffpa_sequence_batch;
 
 /* An FP8 KV cache (ffpa::Fp8KvCache, docs/spec.md "FP8 KV cache"): K and V
  * already quantized in the library's FP8 format, dense tensors in device
@@ -160,12 +184,24 @@ typedef struct ffpa_forward_params {
   /* NULL: none. With FFPA_PRECISION_FP8 only: K and V from this cache (k and v
    * still give the shapes; their data may be NULL without hybrid rows). */
   const ffpa_fp8_kv_cache* fp8_kv_cache;
+  ffpa_tensor sinks;                  /* f32 [Hq]: per-head sink logits; data NULL: none */
+  ffpa_tensor k_descale, v_descale;   /* f32 [B, Hkv] with e4m3 k, v; data NULL: 1 */
+  const ffpa_sequence_batch* sequences; /* NULL: a dense call */
+  const void* sequence_plan;            /* NULL: the call plans its sequences itself */
 } ffpa_forward_params;
 
 FFPA_API ffpa_status ffpa_forward(const ffpa_forward_params* params, char* message, size_t message_size);
 
 FFPA_API ffpa_status ffpa_workspace_size(const ffpa_forward_params* params, size_t* bytes,
                                          char* message, size_t message_size);
+
+/* A serving call's plan (ffpa::sequence_plan_size, plan_sequences,
+ * check_sequences; docs/serving.md). */
+FFPA_API ffpa_status ffpa_sequence_plan_size(const ffpa_forward_params* params, size_t* bytes, char* message,
+                                             size_t message_size);
+FFPA_API ffpa_status ffpa_plan_sequences(const ffpa_forward_params* params, void* plan, size_t plan_bytes,
+                                         char* message, size_t message_size);
+FFPA_API ffpa_status ffpa_check_sequences(const ffpa_forward_params* params, char* message, size_t message_size);
 
 /* The dense shapes of the FP8 KV cache of K [B, Hkv, Nkv, D] under the FP8
  * knobs `fp8` (NULL: every default; early_rows is not read), data NULL. */
@@ -226,6 +262,28 @@ FFPA_API ffpa_status ffpa_backward_workspace_size(const ffpa_backward_params* pa
  * Fixed for the process: ask once per device. Makes `device` current for the
  * query (creating its primary context) and restores the current device. */
 FFPA_API ffpa_status ffpa_device_support(int32_t device, int32_t impl, char* message,
+                                         size_t message_size);
+
+/* Which implementation ffpa_backward runs for a call on device tensors of
+ * `dtype` (ffpa_dtype) with head dims D = head_dim (q, k) and Dv = value_dim
+ * (v, o) on CUDA device `device` under `requested_impl` (FFPA_IMPL_AUTO,
+ * FFPA_IMPL_SM80_SPLIT_D or FFPA_IMPL_SM90_WGMMA): *impl =
+ * FFPA_IMPL_SM90_WGMMA (the Hopper backward kernels) or FFPA_IMPL_SM80_SPLIT_D
+ * (the portable ones), ffpa_backward's own plan for a representative call (one
+ * query row and one key, dense, 16-byte aligned): the backward's analogue of
+ * ffpa_device_support. Beyond dtype, D, Dv and the device the plan reads only
+ * a call's alignment (TMA: 16-byte bases and strides, else the portable
+ * kernels) and sizes past the kernels' limits (then declined); never its mask,
+ * causal alignment, dropout, scale or GQA ratio: fixed for the process per
+ * arguments, ask once. FFPA_INVALID_OPTION for another impl or an ordinal out
+ * of range; FFPA_UNSUPPORTED_HEAD_DIM / FFPA_UNSUPPORTED_DTYPE for what
+ * ffpa_backward does not take on device tensors; FFPA_IMPL_UNAVAILABLE with
+ * the reason where no requested kernel runs (no driver or device,
+ * FFPA_IMPL_SM90_WGMMA not serving the call); FFPA_NULL_POINTER for a NULL
+ * impl. *impl is written on FFPA_OK only. Makes `device` current for the
+ * query and restores the current device. */
+FFPA_API ffpa_status ffpa_backward_route(int32_t device, int32_t dtype, int64_t head_dim, int64_t value_dim,
+                                         int32_t requested_impl, int32_t* impl, char* message,
                                          size_t message_size);
 
 /* The status's name ("ok", "null_pointer", ...); "unknown_status" for any

@@ -31,8 +31,10 @@ namespace ffpa {
 // (host tensors; e.g. gradient checks in double). Masks: boolean, f16, bf16,
 // f32 (and f64 on the CPU reference). u8: 8-bit codes, e4m3 or int8 as the
 // FP8 options say, the codes of an Fp8KvCache only (q, k, v, o, mask and lse
-// refuse it: unsupported_dtype).
-enum class DType : int32_t { f16 = 0, bf16 = 1, f32 = 2, boolean = 3, f64 = 4, u8 = 5 };
+// refuse it: unsupported_dtype). e4m3: k and v of an FP8 KV cache in the
+// serving engines' format (ForwardParams::k_descale). i32: a SequenceBatch's
+// lengths and block table.
+enum class DType : int32_t { f16 = 0, bf16 = 1, f32 = 2, boolean = 3, f64 = 4, u8 = 5, e4m3 = 6, i32 = 7 };
 
 enum class Causal : int32_t {
   none = 0,
@@ -77,6 +79,12 @@ enum class StatusCode : int32_t {
   wrong_memory_space = 19,      // host/device pointers do not fit the implementation
   cuda_error = 20,
   out_of_memory = 21,           // host memory for the CPU reference could not be allocated
+  // A SequenceBatch whose lengths do not hold: cu_seqlens decreasing or past
+  // its tensor, a sequence longer than max_seqlen, seqused_k beyond the keys
+  // the sequence has (its cu_seqlens_k length, Nkv or its block table row).
+  invalid_sequence_lengths = 22,
+  invalid_block_table = 23,     // a block id a sequence reads outside [0, num_blocks)
+  invalid_window = 24,          // a window bound below -1 (it would exclude every key)
 };
 
 struct Status {
@@ -146,6 +154,52 @@ struct Options {
   Impl impl = Impl::automatic;
   Precision precision = Precision::input;
   Fp8Options fp8;  // Precision::fp8 only
+  // Sliding window (FlashAttention's window_size): query row i, at key
+  // position p_i = i + Nkv - Nq (bottom-right, per sequence), attends keys j
+  // with p_i - window_left <= j <= p_i + window_right, intersected with the
+  // causal limit; -1 leaves that side unbounded.
+  int64_t window_left = -1, window_right = -1;
+  // Logit softcap c > 0: a score s (after scaling) becomes c * tanh(s / c)
+  // before the mask is added; 0 = none.
+  float softcap = 0.0f;
+};
+
+// A batch of B sequences of different lengths in one call, the form serving
+// engines and packed training use (docs/serving.md). Each tensor is int32 in
+// the memory space of q (device for the GPU implementations). Sequence b's
+// queries are its last Nq_b tokens: causal alignments and the window apply
+// per sequence (bottom-right: FlashAttention's convention). A sequence with
+// Nq_b = 0 is skipped; one with Nkv_b = 0 gives rows with no attended key.
+//
+// Queries: with cu_seqlens_q ([B + 1]) q is packed, [1, Hq, total_q, D] (a
+// [total_q, Hq, D] buffer viewed through strides), o [1, Hq, total_q, Dv] and
+// lse [1, Hq, total_q], and sequence b owns rows [cu_seqlens_q[b],
+// cu_seqlens_q[b + 1]). Without it q is [B, Hq, Nq, D], every sequence Nq rows.
+//
+// Keys, one of three forms:
+//   - packed: cu_seqlens_k ([B + 1]), k [1, Hkv, total_k, D], v [1, Hkv,
+//     total_k, Dv]; sequence b owns rows [cu_seqlens_k[b], cu_seqlens_k[b + 1]);
+//   - paged: block_table ([B, max_blocks]), k [num_blocks, Hkv, page_size, D]
+//     and v [num_blocks, Hkv, page_size, Dv] with any strides on the first
+//     three dims (a [num_blocks, page_size, Hkv, D] cache, or one half of a
+//     [2, num_blocks, ...] one, viewed through strides; v may lie inside k's
+//     rows, as MLA's latent cache); key j of sequence b is row j % page_size
+//     of page block_table[b][j / page_size];
+//   - batched: k [B, Hkv, Nkv, D], v [B, Hkv, Nkv, Dv] (a KV cache per sequence).
+// seqused_k ([B], optional): the keys sequence b uses, at most what it has
+// (its cu_seqlens_k length, its block table row's pages or Nkv); without it
+// a sequence uses all of them. With a block table, cu_seqlens_k (when given)
+// only supplies the lengths.
+// max_seqlen_q / max_seqlen_k: bounds on every Nq_b / Nkv_b (the launch is
+// sized by them); 0 derives the loosest (total_q or Nq; total_k, the table's
+// width in keys, or Nkv). A longer sequence is invalid_sequence_lengths.
+struct SequenceBatch {
+  Tensor cu_seqlens_q;
+  Tensor cu_seqlens_k;
+  Tensor block_table;
+  Tensor seqused_k;
+  int64_t max_seqlen_q = 0;
+  int64_t max_seqlen_k = 0;
 };
 
 // An FP8 KV cache (docs/spec.md, "FP8 KV cache"): K and V already quantized,
@@ -188,6 +242,22 @@ struct ForwardParams {
   // reads K and V from the cache. Results are bit-identical to the same call
   // without the cache when the cache is fp8_quantize_kv(k, v) with the same knobs.
   const Fp8KvCache* fp8_kv_cache = nullptr;
+  // Optional: attention sinks, f32 [Hq]: one logit per query head that joins
+  // every row's softmax denominator and contributes no value (gpt-oss); the
+  // lse includes it.
+  Tensor sinks;
+  // With k and v in e4m3 (an FP8 KV cache in the serving engines' format):
+  // K = k_descale * k and V = v_descale * v, f32 [B, Hkv] (any strides; 0
+  // strides broadcast, e.g. one descale for the tensor). data null: 1.
+  Tensor k_descale, v_descale;
+  // Optional: a batch of sequences of different lengths (serving, packed
+  // training); null: q, k, v are [B, H, N, D] with one length for all.
+  const SequenceBatch* sequences = nullptr;
+  // Optional, with `sequences`: the plan plan_sequences() wrote for them, so
+  // that this call plans nothing (one plan serves every call with the same
+  // sequences and kernel tiling: the layers of one kind in a serving step).
+  // null: the call plans into its workspace (a kernel; no host synchronization).
+  const void* sequence_plan = nullptr;
 };
 
 // Computes o (and lse) for the parameters. Validates everything first.
@@ -254,6 +324,26 @@ FFPA_API Status backward(const BackwardParams& params);
 // Bytes of workspace the backward would use (0 when it needs none).
 FFPA_API Status backward_workspace_size(const BackwardParams& params, size_t* bytes);
 
+// The plan of a serving call (docs/serving.md, "Plan"): the device-side
+// checks of its lengths and block ids and the schedule of its tiles, written
+// into a caller's buffer. sequence_plan_size() says how many bytes (0 for
+// the CPU reference, which needs none); plan_sequences() writes it (device
+// tensors: a kernel on params.stream, asynchronous, so it runs inside a CUDA
+// graph with whatever lengths the buffers hold at replay; host tensors: on
+// the calling thread). Hand it to forward() as ForwardParams::sequence_plan.
+// A kernel given a plan made for another call's tiling (another head dim,
+// family or GQA packing) writes nothing.
+FFPA_API Status sequence_plan_size(const ForwardParams& params, size_t* bytes);
+FFPA_API Status plan_sequences(const ForwardParams& params, void* plan, size_t plan_bytes);
+
+// The verdict of a serving call's data checks, as forward() on the CPU
+// reference would report it: invalid_sequence_lengths or
+// invalid_block_table naming the sequence and the value, or ok. forward()
+// on a GPU never synchronizes, so it cannot return these: its kernels write
+// nothing when the lengths or block ids do not hold, and this query says
+// why. Synchronizes params.stream (device tensors).
+FFPA_API Status check_sequences(const ForwardParams& params);
+
 // What forward() would run for these parameters, without running it.
 struct KernelChoice {
   Impl impl = Impl::automatic;
@@ -261,7 +351,10 @@ struct KernelChoice {
   int64_t padded_head_dim = 0;  // head dim of the instantiation that serves D
   int32_t value_splits = 1;     // CTAs sharing one row block, each a slice of Dv
   int32_t heads_per_tile = 1;   // GQA packing: query heads of one KV head in a tile (decode)
-  int32_t kv_splits = 1;        // split-KV: CTAs sharing one row block, each a range of the keys
+  // split-KV: CTAs sharing one row block, each a range of the keys; 0: a
+  // sequence batch whose plan chooses its splits on the device from the
+  // lengths (split_blocks then holds the CTA slots it splits for).
+  int32_t kv_splits = 1;
   int32_t split_blocks = 0;     // split-KV: KV blocks per split
   Precision precision = Precision::input;
 };
@@ -281,6 +374,30 @@ FFPA_API Status select_kernel(const ForwardParams& params, KernelChoice* choice)
 // query (creating its primary context, as any first use does) and restores the
 // calling thread's current device.
 FFPA_API Status device_support(int device, Impl impl);
+
+// Which implementation backward() runs for a call on device tensors of
+// `dtype` with head dims D = `head_dim` (q, k) and Dv = `value_dim` (v, o) on
+// CUDA device `device` under `requested` (automatic, sm80_split_d or
+// sm90_wgmma): *impl = sm90_wgmma (the Hopper backward kernels) or
+// sm80_split_d (the portable ones); backward()'s own plan answers, for a
+// representative call (one query row and one key, dense, 16-byte aligned), the
+// backward's analogue of device_support. The plan reads of a call: dtype, D
+// and Dv (the sm90 instance serves max(D, Dv)), the device (compute
+// capability, whether the kernels' images run there) and, beyond those, only
+// its tensors' alignment (TMA: 16-byte bases and strides, as the bindings pass
+// them; else the portable kernels) and sizes past the kernels' limits
+// (max_sequence_length, 2^30 blocks of 64 rows: then declined); never the
+// mask, causal alignment, dropout, scale or GQA ratio. So a binding asks once
+// per (device, dtype, D, Dv, requested) and keeps the answer. Statuses:
+// invalid_option for another impl or a device ordinal out of range,
+// validation's for D, Dv or dtype out of what backward() takes
+// (unsupported_head_dim, unsupported_dtype: f32 and f64 run on the CPU
+// reference only), impl_unavailable with the reason where no requested
+// kernel runs (no driver or device, sm90_wgmma not serving it). *impl is
+// written on success only (null_pointer when impl is null). Makes `device`
+// current for the query and restores the calling thread's current device.
+FFPA_API Status backward_route(int device, DType dtype, int64_t head_dim, int64_t value_dim, Impl requested,
+                               Impl* impl);
 
 // Head dims that have their own kernel instantiation in this build.
 FFPA_API std::string compiled_head_dims();

@@ -36,6 +36,8 @@ class DType(enum.IntEnum):
     BOOL = 3  # 1 byte, nonzero = attend
     F64 = 4
     U8 = 5  # 8-bit codes (e4m3 or int8 as the FP8 options say): an FP8 KV cache's codes only
+    E4M3 = 6  # k and v of an FP8 KV cache in the serving engines' format (k_descale, v_descale)
+    I32 = 7  # a sequence batch's lengths and block table
 
 
 class Causal(enum.IntEnum):
@@ -117,6 +119,23 @@ class FfpaOptions(ctypes.Structure):
         ("impl", ctypes.c_int32),
         ("precision", ctypes.c_int32),  # Precision
         ("fp8", FfpaFp8Options),
+        ("has_window", ctypes.c_int32),  # 0: no sliding window (both bounds -1)
+        ("window_left", ctypes.c_int64),  # -1: unbounded
+        ("window_right", ctypes.c_int64),
+        ("softcap", ctypes.c_float),  # 0: none
+    ]
+
+
+class FfpaSequenceBatch(ctypes.Structure):
+    """ffpa_sequence_batch: a batch of sequences of different lengths (int32 tensors; data NULL: absent)."""
+
+    _fields_ = [
+        ("cu_seqlens_q", FfpaTensor),  # [B + 1]: packed q
+        ("cu_seqlens_k", FfpaTensor),  # [B + 1]: packed k, v
+        ("block_table", FfpaTensor),  # [B, max_blocks]: paged k, v
+        ("seqused_k", FfpaTensor),  # [B]
+        ("max_seqlen_q", ctypes.c_int64),  # 0: derived
+        ("max_seqlen_k", ctypes.c_int64),
     ]
 
 
@@ -147,6 +166,11 @@ class FfpaForwardParams(ctypes.Structure):
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
         ("fp8_kv_cache", ctypes.POINTER(FfpaFp8KvCache)),  # NULL: none (precision FP8 only)
+        ("sinks", FfpaTensor),  # f32 [Hq]; data NULL: none
+        ("k_descale", FfpaTensor),  # f32 [B, Hkv] with e4m3 k, v; data NULL: 1
+        ("v_descale", FfpaTensor),
+        ("sequences", ctypes.POINTER(FfpaSequenceBatch)),  # NULL: a dense call
+        ("sequence_plan", ctypes.c_void_p),  # NULL: the call plans its sequences itself
     ]
 
 
@@ -223,9 +247,11 @@ class FfpaLibraryInfo(ctypes.Structure):
 assert ctypes.sizeof(FfpaTensor) == 80
 assert ctypes.sizeof(FfpaFp8Options) == 32
 assert FfpaFp8Options.v_scales.offset == 24 and FfpaFp8Options.smooth_v.offset == 28
-assert ctypes.sizeof(FfpaOptions) == 80
+assert ctypes.sizeof(FfpaOptions) == 112 and FfpaOptions.softcap.offset == 104
 assert FfpaOptions.precision.offset == 40 and FfpaOptions.fp8.offset == 48
-assert ctypes.sizeof(FfpaForwardParams) == 592 and FfpaForwardParams.fp8_kv_cache.offset == 584
+assert ctypes.sizeof(FfpaForwardParams) == 880 and FfpaForwardParams.fp8_kv_cache.offset == 616
+assert FfpaForwardParams.sequences.offset == 864 and FfpaForwardParams.sequence_plan.offset == 872
+assert ctypes.sizeof(FfpaSequenceBatch) == 336
 assert ctypes.sizeof(FfpaFp8KvCache) == 480
 assert ctypes.sizeof(FfpaFp8QuantizeKvParams) == 696 and FfpaFp8QuantizeKvParams.fp8.offset == 640
 assert FfpaLibraryInfo.sm90_backward_head_dim_count.offset == 288 and ctypes.sizeof(FfpaLibraryInfo) == 360
@@ -365,6 +391,18 @@ class Library:
         self._dll.ffpa_device_support.argtypes = [ctypes.c_int32, ctypes.c_int32, ctypes.c_char_p, ctypes.c_size_t]
         self._dll.ffpa_device_support.restype = ctypes.c_int
         self._device_support: dict[tuple[int, int], FFPAError | None] = {}
+        self._dll.ffpa_backward_route.argtypes = [
+            ctypes.c_int32,
+            ctypes.c_int32,
+            ctypes.c_int64,
+            ctypes.c_int64,
+            ctypes.c_int32,
+            ctypes.POINTER(ctypes.c_int32),
+            ctypes.c_char_p,
+            ctypes.c_size_t,
+        ]
+        self._dll.ffpa_backward_route.restype = ctypes.c_int
+        self._backward_routes: dict[tuple[int, int, int, int, int], Impl | FFPAError] = {}
         # Constant for the library's lifetime: asked once, here.
         self.info = LibraryInfo.from_c(self.query_library_info())
         self.limits = self.info.limits
@@ -398,6 +436,27 @@ class Library:
                 None if status == 0 else self.error(status, message)
             )
         return self._device_support[key]
+
+    def backward_route(
+        self, device: int, dtype: DType, head_dim: int, value_dim: int, impl: Impl = Impl.AUTO
+    ) -> Impl | FFPAError:
+        """ffpa_backward_route: the Impl ffpa_backward runs (SM90_WGMMA: the Hopper kernels; SM80_SPLIT_D:
+        the portable ones) for a call on CUDA device `device` of `dtype` with head dims `head_dim` (q, k)
+        and `value_dim` (v) under `impl`, or the FFPAError that says why none (returned, not raised;
+        status impl_unavailable for a device without the kernels or none at all).
+
+        The library's own plan answers (for a dense, aligned call, as the bindings pass them: the plan
+        reads nothing else of a call that could change it), fixed for the process: asked once per arguments.
+        """
+        key = (device, int(dtype), head_dim, value_dim, int(impl))
+        if key not in self._backward_routes:  # two threads may both ask: same answer
+            message = ctypes.create_string_buffer(MESSAGE_BYTES)
+            chosen = ctypes.c_int32(-1)
+            status = self._dll.ffpa_backward_route(
+                device, int(dtype), head_dim, value_dim, int(impl), ctypes.byref(chosen), message, MESSAGE_BYTES
+            )
+            self._backward_routes[key] = Impl(chosen.value) if status == 0 else self.error(status, message)
+        return self._backward_routes[key]
 
     def version(self) -> str:
         return self._dll.ffpa_version().decode()
@@ -525,6 +584,14 @@ def device_support(device: int, impl: Impl = Impl.AUTO) -> FFPAError | None:
     """Why the loaded library cannot run impl's kernels on CUDA device `device` (an
     FFPAError, not raised), or None when it can (Library.device_support)."""
     return load_library().device_support(device, impl)
+
+
+def backward_route(
+    device: int, dtype: DType, head_dim: int, value_dim: int, impl: Impl = Impl.AUTO
+) -> Impl | FFPAError:
+    """The Impl the loaded library's backward runs for such a call on CUDA device `device`, or the
+    FFPAError that says why none does (Library.backward_route)."""
+    return load_library().backward_route(device, dtype, head_dim, value_dim, impl)
 
 
 def _open_library() -> Library:

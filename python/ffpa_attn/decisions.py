@@ -56,7 +56,7 @@ def fallback_reason(spec: CallSpec, limits: Limits | None) -> str | None:
 
     limits: the loaded library's (_library.limits()). None when no library loads:
     the head dim is then not judged; a call that passes the other checks goes to
-    SDPA under impl="auto" (functional._decision says why) and is refused otherwise.
+    SDPA under impl="auto" (decide.py says why) and is refused otherwise.
     """
     # In this order, each only once the ones before pass (the mask check reads a 4-D q_shape).
     return _tensor_kind_reason(spec) or _shape_reason(spec, limits) or _mask_reason(spec) or _option_reason(spec)
@@ -95,15 +95,8 @@ def _shape_reason(spec: CallSpec, limits: Limits | None) -> str | None:
         return f"value shape {spec.v_shape} does not match key shape {spec.k_shape} in heads and length"
     if head_dim != k_dim:
         return f"head dims differ: query {head_dim}, key {k_dim}"
-    # The value's head dim may differ (D_qk != D_v, e.g. absorbed MLA's 576 / 512); each must be valid.
-    for name, dim in (("head dim", head_dim), ("value head dim", spec.v_shape[3])):
-        if limits is not None and not (
-            limits.min_head_dim <= dim <= limits.max_head_dim and dim % limits.head_dim_multiple == 0
-        ):
-            return (
-                f"{name} {dim} is not a multiple of {limits.head_dim_multiple}"
-                f" in [{limits.min_head_dim}, {limits.max_head_dim}]"
-            )
+    if (reason := head_dims_reason(head_dim, spec.v_shape[3], limits)) is not None:
+        return reason
     if seq_kv < 1:
         return "key length is 0"
     if heads_kv < 1:
@@ -112,6 +105,20 @@ def _shape_reason(spec: CallSpec, limits: Limits | None) -> str | None:
         if spec.enable_gqa:
             return f"query heads {heads_q} are not a multiple of key heads {heads_kv}"
         return f"query heads {heads_q} differ from key heads {heads_kv} without enable_gqa=True"
+    return None
+
+
+def head_dims_reason(head_dim: int, value_dim: int, limits: Limits | None) -> str | None:
+    """Why the library takes no such head dims (D of q and k, Dv of v), or None; limits None (no library
+    loads): not judged. The value's may differ (D_qk != D_v, e.g. absorbed MLA's 576 / 512); each must be valid."""
+    for name, dim in (("head dim", head_dim), ("value head dim", value_dim)):
+        if limits is not None and not (
+            limits.min_head_dim <= dim <= limits.max_head_dim and dim % limits.head_dim_multiple == 0
+        ):
+            return (
+                f"{name} {dim} is not a multiple of {limits.head_dim_multiple}"
+                f" in [{limits.min_head_dim}, {limits.max_head_dim}]"
+            )
     return None
 
 

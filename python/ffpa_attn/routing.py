@@ -3,9 +3,10 @@
 The drop-in promises a model that is never slower and never different. So a
 call goes to SDPA where SDPA's own kernels are measured faster (the table
 below), unless the call asks for something only ffpa gives, or SDPA is known
-to compute it wrongly (then it stays on ffpa). Calls that go to SDPA for any
-reason (also those the library cannot serve, decisions.py) get the SDPA
-backends that compute them correctly (sdpa_backends).
+to compute it wrongly or to raise for it (then it stays on ffpa). Calls that
+go to SDPA for any reason (also those the library cannot serve, decisions.py)
+get the SDPA backends that compute them correctly (sdpa_backends). decide.py
+puts these rules together with the library's answers.
 
 Torch-free and cheap (no timing at run time): a decision reads the call's
 metadata and the constant tables here. The D <= 256 split holds on every GPU
@@ -101,6 +102,25 @@ CUDNN_FP32_MASK_MAX_HEAD_DIM = 256
 CUDNN_MASKED_BACKWARD_BAD_REMAINDER = (128, 64)
 
 
+# --- where SDPA raises for a call it accepts as valid (PyTorch 2.11, CUDA) -----------------
+#
+# SDPA's argument checks take an attn_mask of dtype bool, float32 or the query's (validate_sdpa_input,
+# aten/src/ATen/native/transformers/attention.cpp), and its choice of kernel on CUDA reads the mask's
+# dtype nowhere (select_sdp_backend and the can_use_*_attention filters,
+# aten/src/ATen/native/transformers/cuda/sdp_utils.cpp). Flash takes no mask (check_for_attn_mask) and
+# cuDNN no head dim above 256 (check_cudnn_tensor_shapes; 128 off sm_90 / sm_100), so a float32 mask
+# with fp16/bf16 q, k, v at D > 256 reaches the memory-efficient kernel, whose forward raises "invalid
+# dtype for bias - should match query's dtype" (_efficient_attention_forward,
+# aten/src/ATen/native/transformers/cuda/attention.cu), with or without grad: an unpatched SDPA call
+# raises it (issue 31's bf16 q [2,1,1,1024], k/v [2,1,5,1024] training call; H200, torch 2.11). SDPA's
+# math kernel gets such a call only where the memory-efficient one declines it for its layout (a q, k
+# or v storage offset not 16-byte aligned, a last dim not contiguous) or is disabled, and computes it
+# far slower than ffpa at these head dims (the tables here measure SDPA's memory-efficient kernel).
+# Such calls go to ffpa: sdpa_refusal_reason. At D <= 256 these masks reach cuDNN, which computes them
+# wrongly (sdpa_wrong_reason), or the memory-efficient kernel where cuDNN does not take the call; a
+# call of them that goes to SDPA gets its math kernel (sdpa_backends), so SDPA raises for none of them.
+
+
 @dataclass(frozen=True)
 class Route:
     """Where a call runs ("ffpa" or "sdpa") and why, in a few words.
@@ -142,6 +162,12 @@ def _cudnn_bugs_apply(spec: CallSpec) -> bool:
     )
 
 
+def _fp32_mask_on_half_cuda(spec: CallSpec) -> bool:
+    """An fp32 additive mask with fp16/bf16 CUDA inputs: at D <= 256 cuDNN's bug (_cudnn_bugs_apply), above
+    it SDPA's refusal (sdpa_refusal_reason)."""
+    return spec.device_type == "cuda" and spec.mask_dtype == "float32" and spec.dtype in ("float16", "bfloat16")
+
+
 def sdpa_wrong_reason(spec: CallSpec) -> str | None:
     """Why SDPA's default dispatch would compute this call wrongly, or None."""
     if _cudnn_bugs_apply(spec) and spec.mask_dtype == "float32":
@@ -149,16 +175,30 @@ def sdpa_wrong_reason(spec: CallSpec) -> str | None:
     return None
 
 
+def sdpa_refusal_reason(spec: CallSpec) -> str | None:
+    """Why PyTorch's SDPA would raise for this call, which it takes as valid (the rule above), or None."""
+    if _fp32_mask_on_half_cuda(spec) and not _cudnn_bugs_apply(spec):
+        return (
+            f"an fp32 additive mask with {spec.dtype} inputs at D = {spec.q_shape[-1]} > "
+            f"{CUDNN_FP32_MASK_MAX_HEAD_DIM}: SDPA's memory-efficient kernel raises for it "
+            "(\"invalid dtype for bias\", PyTorch 2.11)"
+        )
+    return None
+
+
 def route(
     spec: CallSpec, backend: CUDABackend, return_lse: bool, hopper_family: bool = False, hopper_backward: bool = False
 ) -> Route:
-    """The path of a call the library can serve (decisions.fallback_reason(spec) is None).
+    """The path of a call the library can serve (decisions.fallback_reason(spec) is None): ffpa where SDPA
+    would raise for it (sdpa_refusal_reason), whatever the tables say, else as the tables and rules say.
 
     hopper_family: the library runs its Hopper family (sm90_wgmma) at exactly the call's
-    head dim on the call's device (asked of the library by the caller).
-    hopper_backward: the library runs its Hopper backward (sm90_backward) for the call's
-    head dims on the call's device (asked of the library by the caller).
+    head dim on the call's device (asked of the library by the caller: decide.py).
+    hopper_backward: the library's backward for the call's head dims on the call's device is
+    its Hopper one (sm90_backward; asked of the library by the caller: decide.py).
     """
+    if (reason := sdpa_refusal_reason(spec)) is not None:
+        return Route("ffpa", reason)
     if (
         spec.needs_grad
         and backend.impl == "auto"
@@ -197,7 +237,7 @@ def training_sdpa_reason(spec: CallSpec, hopper_backward: bool = False) -> str |
 
     hopper_backward: the library runs its Hopper backward for the call (route's); else the portable
     backward's measurements apply. (Calls whose options have no backward, FP8 and fp16 accumulation, never
-    get here: functional.py's _no_gradient_reason sends them to SDPA first.)"""
+    get here: decide.py's _no_gradient_reason sends them to SDPA first.)"""
     head_dim = widest_head_dim(spec)
     if head_dim <= SDPA_FASTER_MAX_HEAD_DIM:
         return f"training at D = {head_dim} <= {SDPA_FASTER_MAX_HEAD_DIM}: SDPA's backward is faster (measured)"

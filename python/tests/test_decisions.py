@@ -7,7 +7,7 @@ import pytest
 
 from ffpa_attn import _library
 from call_specs import served_call_spec
-from ffpa_attn.decisions import CallSpec, Limits, fallback_reason, precision_fallback_reason
+from ffpa_attn.decisions import CallSpec, Limits, fallback_reason, head_dims_reason, precision_fallback_reason
 
 
 def limits_under_test() -> Limits:
@@ -169,3 +169,11 @@ def test_an_fp8_call_going_to_sdpa_says_fp8_is_not_applied(changes):
     fp8_reason = precision_fallback_reason(reason, "fp8")
     assert "fp8" in fp8_reason and "inputs' precision" in fp8_reason and fp8_reason.endswith(reason)
     assert precision_fallback_reason(reason, "input") == reason
+
+
+def test_head_dims_are_judged_by_the_library_s_limits_each():
+    limits = Limits(8, 1024, 8)
+    assert head_dims_reason(576, 512, limits) is None
+    assert "head dim 12" in head_dims_reason(12, 64, limits)
+    assert "value head dim 1032" in head_dims_reason(64, 1032, limits)
+    assert head_dims_reason(12, 1032, None) is None  # no library: not judged

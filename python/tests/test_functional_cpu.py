@@ -224,7 +224,7 @@ def test_fp8_with_grad_keeps_sdpas_gradients_and_says_why(rng, caplog):
 def test_what_has_no_backward_is_said_for_calls_that_need_grad():
     # On CUDA tensors these reach the check (on CPU ones "tensors on cpu" comes first): FP8 and fp16
     # accumulation have no backward; everything else the library can differentiate.
-    from ffpa_attn.functional import _no_gradient_reason
+    from ffpa_attn.decide import _no_gradient_reason
     from call_specs import served_call_spec
 
     grad = served_call_spec((1, 2, 8, 64), (1, 2, 8, 64), (1, 2, 8, 64), needs_grad=True)

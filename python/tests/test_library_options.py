@@ -35,6 +35,10 @@ OPTIONS_OFFSETS = {
     "impl": 36,
     "precision": 40,
     "fp8": 48,
+    "has_window": 80,
+    "window_left": 88,
+    "window_right": 96,
+    "softcap": 104,
 }
 FP8_OFFSETS = {
     "qk_format": 0,
@@ -52,11 +56,12 @@ def test_the_structs_have_the_c_layout():
     assert {name: getattr(FfpaFp8Options, name).offset for name, _ in FfpaFp8Options._fields_} == FP8_OFFSETS
     assert (ctypes.sizeof(FfpaFp8Options), ctypes.sizeof(FfpaOptions), ctypes.sizeof(FfpaForwardParams)) == (
         32,
-        80,
-        592,
+        112,
+        880,
     )
-    assert (FfpaForwardParams.options.offset, FfpaForwardParams.stream.offset) == (480, 560)
-    assert FfpaForwardParams.fp8_kv_cache.offset == 584
+    assert (FfpaForwardParams.options.offset, FfpaForwardParams.stream.offset) == (480, 592)
+    assert FfpaForwardParams.fp8_kv_cache.offset == 616
+    assert (FfpaForwardParams.sinks.offset, FfpaForwardParams.sequences.offset) == (624, 864)
 
 
 def test_the_enums_are_the_c_values():

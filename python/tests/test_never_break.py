@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 from attention_inputs import random_qkv  # noqa: E402
 from attention_reference import ORIGINAL_SDPA  # noqa: E402
 from dispatch_probe import capture_fallback_reasons, fallback_reasons  # noqa: E402
-from ffpa_attn import CUDABackend, _library, explain, ffpa_attn_func, functional  # noqa: E402
+from ffpa_attn import CUDABackend, _library, decide, explain, ffpa_attn_func  # noqa: E402
 from ffpa_attn._library import FFPAError, Impl  # noqa: E402
 from ffpa_attn.decisions import Limits  # noqa: E402
 
@@ -76,10 +76,10 @@ def simulated_gpu(monkeypatch):
     monkeypatch.setattr(_library, "device_support", double.device_support)
     monkeypatch.setattr(_library, "forward", double.forward)
     monkeypatch.setattr(_library, "forward_prepared", double.forward_prepared)
-    monkeypatch.setattr(functional, "fallback_reason", lambda spec, limits: None)
-    monkeypatch.setattr(functional, "_LIBRARY_LIMITS", Limits(8, 1024, 8))
-    monkeypatch.setattr(functional, "_LIBRARY_MISSING", None)
-    monkeypatch.setattr(functional, "_DECISIONS", {})  # decisions cached by other tests' answers
+    monkeypatch.setattr(decide, "fallback_reason", lambda spec, limits: None)
+    monkeypatch.setattr(decide, "_LIBRARY_LIMITS", Limits(8, 1024, 8))
+    monkeypatch.setattr(decide, "_LIBRARY_MISSING", None)
+    monkeypatch.setattr(decide, "_DECISIONS", {})  # decisions cached by other tests' answers
     return double
 
 
@@ -176,8 +176,8 @@ def test_other_failures_still_raise_under_auto(simulated_gpu):
 
 def test_auto_without_a_library_is_sdpa_with_the_reason(simulated_gpu, monkeypatch, caplog):
     missing = "ffpa_attn: cannot find the ffpa C library. FFPA_LIBRARY is not set, and: ..."
-    monkeypatch.setattr(functional, "_LIBRARY_MISSING", missing)
-    monkeypatch.setattr(functional, "_LIBRARY_LIMITS", None)
+    monkeypatch.setattr(decide, "_LIBRARY_MISSING", missing)
+    monkeypatch.setattr(decide, "_LIBRARY_LIMITS", None)
     capture_fallback_reasons(caplog)
     q, k, v = large_head_dim_call()
     assert_sdpa_served(ffpa_attn_func(q, k, v, enable_gqa=True), q, k, v, enable_gqa=True)

@@ -2,6 +2,8 @@
 where impl="auto" sends a call the library can serve, and which SDPA backends
 a call going to SDPA may use."""
 
+from dataclasses import replace
+
 import pytest
 
 from call_specs import served_call_spec
@@ -18,6 +20,8 @@ from ffpa_attn.routing import (
     SDPA_FASTER_MAX_HEAD_DIM,
     route,
     sdpa_backends,
+    sdpa_refusal_reason,
+    training_sdpa_reason,
 )
 
 B, H, N = 2, 8, 300
@@ -291,3 +295,55 @@ def test_unequal_value_head_dims_route_by_the_wider_one():
     wide_value = served_call_spec((1, 16, 300, 128), (1, 16, 300, 128), (1, 16, 300, 512))
     assert route(wide_value, AUTO, return_lse=False).path == "ffpa"
 
+
+
+# --- where SDPA would raise (issue 31, finding 4c) --------------------------------------------------------
+
+
+def refused_training_call(**changes) -> CallSpec:
+    """Issue 31's call: bf16 q [2,1,1,1024], k/v [2,1,5,1024], an fp32 additive mask, requires grad."""
+    fields = dict(mask_dtype="float32", mask_shape=(2, 1, 1, 5), needs_grad=True) | changes
+    return served_call_spec((2, 1, 1, 1024), (2, 1, 5, 1024), (2, 1, 5, 1024), **fields)
+
+
+@pytest.mark.parametrize("hopper_backward", [False, True])
+def test_a_call_sdpa_raises_for_goes_to_ffpa_over_the_training_table(hopper_backward):
+    call = refused_training_call()
+    assert training_sdpa_reason(call, hopper_backward) is not None, "the training table alone picks SDPA"
+    chosen = route(call, AUTO, False, hopper_backward=hopper_backward)
+    assert chosen.path == "ffpa" and "invalid dtype for bias" in chosen.reason, chosen
+
+
+@pytest.mark.parametrize("d, nkv", [(512, 512), (1024, 8192)])
+def test_a_call_sdpa_raises_for_goes_to_ffpa_over_the_decode_table(d, nkv):
+    call = decode_spec(ROWS // 32, 32, 32, nkv, d=d)
+    assert route(call, AUTO, False).path == "sdpa"
+    masked = replace(call, mask_dtype="float32", mask_shape=(1, 1, 1, nkv))
+    assert route(masked, AUTO, False).path == "ffpa"
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(mask_dtype="bfloat16"),  # the query's dtype: the memory-efficient kernel takes it
+        dict(mask_dtype="bool"),  # SDPA converts it to the query's dtype
+        dict(mask_dtype=None, mask_shape=None),
+        dict(device_type="cpu"),  # SDPA's CPU kernels take an fp32 mask
+    ],
+)
+def test_sdpa_raises_only_for_an_fp32_mask_with_half_inputs_on_cuda(changes):
+    assert sdpa_refusal_reason(refused_training_call(**changes)) is None
+    assert sdpa_refusal_reason(refused_training_call()) is not None
+    assert sdpa_refusal_reason(refused_training_call(dtype="float16")) is not None
+
+
+@pytest.mark.parametrize("d", range(8, 1025, 8))
+@pytest.mark.parametrize("needs_grad", [False, True])
+def test_every_fp32_mask_call_sdpa_gets_is_one_it_runs(d, needs_grad):
+    # At D <= 256 SDPA gets such a call with its math kernel only (sdpa_backends); above, never (ffpa).
+    call = spec(d, mask_dtype="float32", mask_shape=(1, 1, N, N), needs_grad=needs_grad)
+    refused = sdpa_refusal_reason(call) is not None
+    assert refused == (d > CUDNN_FP32_MASK_MAX_HEAD_DIM)
+    chosen = route(call, AUTO, False)
+    if chosen.path == "sdpa" or not refused:
+        assert not refused and sdpa_backends(call)[0] == ("MATH",), (d, chosen)

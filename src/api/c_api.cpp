@@ -30,6 +30,8 @@ FFPA_SAME_VALUE(FFPA_DTYPE_F32, ffpa::DType::f32);
 FFPA_SAME_VALUE(FFPA_DTYPE_BOOL, ffpa::DType::boolean);
 FFPA_SAME_VALUE(FFPA_DTYPE_F64, ffpa::DType::f64);
 FFPA_SAME_VALUE(FFPA_DTYPE_U8, ffpa::DType::u8);
+FFPA_SAME_VALUE(FFPA_DTYPE_E4M3, ffpa::DType::e4m3);
+FFPA_SAME_VALUE(FFPA_DTYPE_I32, ffpa::DType::i32);
 FFPA_SAME_VALUE(FFPA_CAUSAL_NONE, ffpa::Causal::none);
 FFPA_SAME_VALUE(FFPA_CAUSAL_TOP_LEFT, ffpa::Causal::top_left);
 FFPA_SAME_VALUE(FFPA_CAUSAL_BOTTOM_RIGHT, ffpa::Causal::bottom_right);
@@ -69,6 +71,9 @@ FFPA_SAME_VALUE(FFPA_WORKSPACE_TOO_SMALL, StatusCode::workspace_too_small);
 FFPA_SAME_VALUE(FFPA_WRONG_MEMORY_SPACE, StatusCode::wrong_memory_space);
 FFPA_SAME_VALUE(FFPA_CUDA_ERROR, StatusCode::cuda_error);
 FFPA_SAME_VALUE(FFPA_OUT_OF_MEMORY, StatusCode::out_of_memory);
+FFPA_SAME_VALUE(FFPA_INVALID_SEQUENCE_LENGTHS, StatusCode::invalid_sequence_lengths);
+FFPA_SAME_VALUE(FFPA_INVALID_BLOCK_TABLE, StatusCode::invalid_block_table);
+FFPA_SAME_VALUE(FFPA_INVALID_WINDOW, StatusCode::invalid_window);
 
 #undef FFPA_SAME_VALUE
 
@@ -151,12 +156,33 @@ ffpa::Options to_cpp(const ffpa_options& opt) {
   p.options.impl = static_cast<ffpa::Impl>(opt.impl);
   p.options.precision = static_cast<ffpa::Precision>(opt.precision);
   p.options.fp8 = to_cpp(opt.fp8);
+  if (opt.has_window) {
+    p.options.window_left = opt.window_left;
+    p.options.window_right = opt.window_right;
+  }
+  p.options.softcap = opt.softcap;
   return p.options;
 }
 
-// The C++ parameters of a forward call; *cache holds the C cache's C++ form
-// (the params point at it) while they are used.
-ffpa::ForwardParams to_cpp(const ffpa_forward_params& c, ffpa::Fp8KvCache* cache) {
+ffpa::SequenceBatch to_cpp(const ffpa_sequence_batch& c) {
+  ffpa::SequenceBatch batch;
+  batch.cu_seqlens_q = to_cpp(c.cu_seqlens_q);
+  batch.cu_seqlens_k = to_cpp(c.cu_seqlens_k);
+  batch.block_table = to_cpp(c.block_table);
+  batch.seqused_k = to_cpp(c.seqused_k);
+  batch.max_seqlen_q = c.max_seqlen_q;
+  batch.max_seqlen_k = c.max_seqlen_k;
+  return batch;
+}
+
+// What a forward call's C++ parameters point at: the C structs' C++ forms,
+// alive while the parameters are used.
+struct ForwardReferents {
+  ffpa::Fp8KvCache cache;
+  ffpa::SequenceBatch sequences;
+};
+
+ffpa::ForwardParams to_cpp(const ffpa_forward_params& c, ForwardReferents* referents) {
   ffpa::ForwardParams p;
   p.q = to_cpp(c.q);
   p.k = to_cpp(c.k);
@@ -169,9 +195,17 @@ ffpa::ForwardParams to_cpp(const ffpa_forward_params& c, ffpa::Fp8KvCache* cache
   p.workspace = c.workspace;
   p.workspace_bytes = c.workspace_bytes;
   if (c.fp8_kv_cache != nullptr) {
-    *cache = to_cpp(*c.fp8_kv_cache);
-    p.fp8_kv_cache = cache;
+    referents->cache = to_cpp(*c.fp8_kv_cache);
+    p.fp8_kv_cache = &referents->cache;
   }
+  p.sinks = to_cpp(c.sinks);
+  p.k_descale = to_cpp(c.k_descale);
+  p.v_descale = to_cpp(c.v_descale);
+  if (c.sequences != nullptr) {
+    referents->sequences = to_cpp(*c.sequences);
+    p.sequences = &referents->sequences;
+  }
+  p.sequence_plan = c.sequence_plan;
   return p;
 }
 
@@ -244,8 +278,8 @@ ffpa_status ffpa_forward(const ffpa_forward_params* params, char* message, size_
       write_message(message, message_size, "", "params is null");
       return FFPA_NULL_POINTER;
     }
-    ffpa::Fp8KvCache cache;
-    return to_c(ffpa::forward(to_cpp(*params, &cache)), message, message_size);
+    ForwardReferents referents;
+    return to_c(ffpa::forward(to_cpp(*params, &referents)), message, message_size);
   });
 }
 
@@ -256,8 +290,43 @@ ffpa_status ffpa_workspace_size(const ffpa_forward_params* params, size_t* bytes
       write_message(message, message_size, "", params ? "bytes is null" : "params is null");
       return FFPA_NULL_POINTER;
     }
-    ffpa::Fp8KvCache cache;
-    return to_c(ffpa::workspace_size(to_cpp(*params, &cache), bytes), message, message_size);
+    ForwardReferents referents;
+    return to_c(ffpa::workspace_size(to_cpp(*params, &referents), bytes), message, message_size);
+  });
+}
+
+ffpa_status ffpa_sequence_plan_size(const ffpa_forward_params* params, size_t* bytes, char* message,
+                                    size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (!params || !bytes) {
+      write_message(message, message_size, "", params ? "bytes is null" : "params is null");
+      return FFPA_NULL_POINTER;
+    }
+    ForwardReferents referents;
+    return to_c(ffpa::sequence_plan_size(to_cpp(*params, &referents), bytes), message, message_size);
+  });
+}
+
+ffpa_status ffpa_plan_sequences(const ffpa_forward_params* params, void* plan, size_t plan_bytes, char* message,
+                                size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (!params) {
+      write_message(message, message_size, "", "params is null");
+      return FFPA_NULL_POINTER;
+    }
+    ForwardReferents referents;
+    return to_c(ffpa::plan_sequences(to_cpp(*params, &referents), plan, plan_bytes), message, message_size);
+  });
+}
+
+ffpa_status ffpa_check_sequences(const ffpa_forward_params* params, char* message, size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (!params) {
+      write_message(message, message_size, "", "params is null");
+      return FFPA_NULL_POINTER;
+    }
+    ForwardReferents referents;
+    return to_c(ffpa::check_sequences(to_cpp(*params, &referents)), message, message_size);
   });
 }
 
@@ -330,6 +399,23 @@ ffpa_status ffpa_fp8_quantize_kv_workspace_size(const ffpa_fp8_quantize_kv_param
 ffpa_status ffpa_device_support(int32_t device, int32_t impl, char* message, size_t message_size) {
   return guarded(message, message_size, [&] {
     return to_c(ffpa::device_support(device, static_cast<ffpa::Impl>(impl)), message, message_size);
+  });
+}
+
+ffpa_status ffpa_backward_route(int32_t device, int32_t dtype, int64_t head_dim, int64_t value_dim,
+                                int32_t requested_impl, int32_t* impl, char* message, size_t message_size) {
+  return guarded(message, message_size, [&] {
+    if (!impl) {
+      write_message(message, message_size, "", "impl is null");
+      return FFPA_NULL_POINTER;
+    }
+    ffpa::Impl chosen = ffpa::Impl::automatic;
+    const ffpa_status status =
+        to_c(ffpa::backward_route(device, static_cast<ffpa::DType>(dtype), head_dim, value_dim,
+                                  static_cast<ffpa::Impl>(requested_impl), &chosen),
+             message, message_size);
+    if (status == FFPA_OK) *impl = static_cast<int32_t>(chosen);
+    return status;
   });
 }
 

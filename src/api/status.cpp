@@ -31,6 +31,9 @@ const char* status_name(StatusCode code) {
     case StatusCode::wrong_memory_space: return "wrong_memory_space";
     case StatusCode::cuda_error: return "cuda_error";
     case StatusCode::out_of_memory: return "out_of_memory";
+    case StatusCode::invalid_sequence_lengths: return "invalid_sequence_lengths";
+    case StatusCode::invalid_block_table: return "invalid_block_table";
+    case StatusCode::invalid_window: return "invalid_window";
   }
   return "unknown_status";
 }

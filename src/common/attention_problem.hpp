@@ -9,6 +9,7 @@
 
 #include "common/host_device.hpp"
 #include "common/quantization_options.hpp"
+#include "common/sequence_batch.hpp"
 #include "ffpa/ffpa.hpp"
 
 namespace ffpa::detail {
@@ -61,17 +62,54 @@ struct AttentionProblem {
   bool fp8 = false;
   QuantizationOptions quantization;
 
+  // Sliding window, -1 unbounded (Options::window_left / window_right), and
+  // the logit softcap (0: none).
+  int64_t window_left = -1, window_right = -1;
+  float softcap = 0.0f;
+  // Attention sinks: f32, one per query head (null: none).
+  const float* sinks = nullptr;
+  int64_t sinks_stride = 0;
+  // k and v in e4m3 (the serving engines' FP8 KV cache), and their descales,
+  // f32 [B, Hkv] (null: 1; a zero stride broadcasts).
+  bool kv_e4m3 = false;
+  const float* k_descale = nullptr;
+  const float* v_descale = nullptr;
+  int64_t k_descale_stride[2] = {}, v_descale_stride[2] = {};
+  // Where each sequence lies (serving calls; a dense call: batch b's rows).
+  // In a serving call batch is B, the sequences, and seq_q / seq_kv are the
+  // bounds max_seqlen_q / max_seqlen_k: a sequence's own lengths come from
+  // sequence_at(sequences, b).
+  SequenceLayout sequences;
+
   FFPA_HOST_DEVICE int64_t group_size() const { return heads_q / heads_kv; }  // query heads per kv head
   FFPA_HOST_DEVICE int64_t dv() const { return value_dim > 0 ? value_dim : head_dim; }
   FFPA_HOST_DEVICE bool has_dropout() const { return dropout_p > 0.0f; }
   // Last key row i may attend, before clipping to [0, Nkv): i + causal_shift().
   FFPA_HOST_DEVICE int64_t causal_shift() const { return causal == Causal::bottom_right ? seq_kv - seq_q : 0; }
-  // The keys in row i's reach before the mask: [0, keys_in_reach(i)).
-  FFPA_HOST_DEVICE int64_t keys_in_reach(int64_t i) const {
-    if (causal == Causal::none) return seq_kv;
-    const int64_t end = i + causal_shift() + 1;
-    return end < 0 ? 0 : end < seq_kv ? end : seq_kv;
-  }
+  FFPA_HOST_DEVICE bool has_window() const { return window_left >= 0 || window_right >= 0; }
+  FFPA_HOST_DEVICE DType kv_dtype() const { return kv_e4m3 ? DType::e4m3 : dtype; }  // k's and v's elements
 };
+
+// The keys query row i of a sequence of seq_q queries and seq_kv keys
+// attends before the user's mask: [first, end), empty when first >= end. The
+// causal limit in the problem's alignment, then the window around the row's
+// bottom-right position i + seq_kv - seq_q.
+struct KeyRange {
+  int64_t first = 0, end = 0;
+};
+
+FFPA_HOST_DEVICE KeyRange attended_keys(const AttentionProblem& p, int64_t i, int64_t seq_q, int64_t seq_kv) {
+  int64_t first = 0, end = seq_kv;
+  if (p.causal != Causal::none) {
+    const int64_t limit = i + (p.causal == Causal::bottom_right ? seq_kv - seq_q : 0) + 1;
+    end = limit < end ? limit : end;
+  }
+  const int64_t position = i + seq_kv - seq_q;
+  if (p.window_right >= 0 && position + p.window_right + 1 < end) end = position + p.window_right + 1;
+  if (p.window_left >= 0 && position - p.window_left > first) first = position - p.window_left;
+  if (end < first) end = first;
+  if (first > seq_kv) first = end = seq_kv;
+  return {first, end};
+}
 
 }  // namespace ffpa::detail

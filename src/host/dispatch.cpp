@@ -7,10 +7,12 @@
 #include "host/cuda_status.hpp"
 #include "host/fp8_forward.hpp"
 #include "host/memory_space.hpp"
+#include "host/validate_sequences.hpp"
 #include "host/workspace.hpp"
 #include "kernels/sm80_backward/family.hpp"
 #include "kernels/sm90_backward/family.hpp"
 #include "kernels/sm80_split_d/family.hpp"
+#include "kernels/serving/plan.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
 #include "kernels/split_kv/combine.hpp"
 #include "reference/cpu_attention.hpp"
@@ -61,6 +63,16 @@ Status call_memory_space(const AttentionProblem& problem, const Fp8KvCache* kv_c
                                   {"fp8_kv_cache.v_scales", kv_cache->v_scales.data},
                                   {"fp8_kv_cache.v_mean", kv_cache->v_mean.data}};
   return common_memory_space(tensors, 12, space);
+}
+
+// What a GPU family does not serve yet of the serving semantics
+// (docs/serving.md), which the CPU reference computes: sm90_wgmma an e4m3 KV
+// cache (sm80_split_d converts it as it loads it).
+Status gpu_serves_variant(const AttentionProblem& problem, Impl impl) {
+  const char* what = problem.kv_e4m3 && impl != Impl::sm80_split_d ? "an e4m3 KV cache" : nullptr;
+  if (what == nullptr) return {};
+  return {StatusCode::impl_unavailable,
+          std::string("impl ") + impl_name(impl) + " does not serve " + what + " yet (impl cpu_reference does)"};
 }
 
 Status plan_cpu_reference(MemorySpace space, KernelChoice* choice) {
@@ -149,6 +161,7 @@ Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
   DeviceInfo info;
   if (Status status = current_device(Impl::sm80_split_d, space, &info); !status.ok()) return status;
   if (Status status = sm80_capability(info); !status.ok()) return status;
+  if (Status status = gpu_serves_variant(problem, Impl::sm80_split_d); !status.ok()) return status;
   if (problem.seq_q > kMaxSequenceLength || problem.seq_kv > kMaxSequenceLength) {
     return {StatusCode::impl_unavailable,
             "impl sm80_split_d serves sequence lengths up to " + std::to_string(kMaxSequenceLength)};
@@ -164,8 +177,8 @@ Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
   choice->impl = Impl::sm80_split_d;
   choice->padded_head_dim = route.out_cols;
   choice->value_splits = route.value_splits;
-  // Split-KV where the tiles leave SMs idle (decode): split_blocks in the instance's KV blocks.
-  const KvSplits splits = sm80_split_d::plan_kv_splits(problem, route, sm_count);
+  // Split-KV where the tiles leave SMs idle (decode; not yet for a sequence batch).
+  const KvSplits splits = problem.sequences.active ? KvSplits{} : sm80_split_d::plan_kv_splits(problem, route, sm_count);
   choice->kv_splits = splits.count;
   choice->split_blocks = static_cast<int32_t>(splits.keys_per_split / sm80_split_d::tile_shape(route.out_cols).block_n);
   return {};
@@ -181,6 +194,7 @@ Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, Kerne
   DeviceInfo info;
   if (Status status = current_device(Impl::sm90_wgmma, space, &info); !status.ok()) return status;
   if (Status status = sm90_capability(info); !status.ok()) return status;
+  if (Status status = gpu_serves_variant(problem, Impl::sm90_wgmma); !status.ok()) return status;
   std::string reason;
   const sm90_wgmma::Instance* instance = sm90_wgmma::route(problem, &reason);
   if (instance == nullptr) {
@@ -198,6 +212,11 @@ Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, Kerne
   const sm90_wgmma::TilePlan tiles = sm90_wgmma::plan_tiles(problem, instance->head_dim, sm_count);
   choice->heads_per_tile = tiles.heads_per_tile;
   set_kv_splits(tiles.splits, choice);
+  if (tiles.split_slots > 0) {
+    // A sequence batch whose plan chooses its KV splits on the device.
+    choice->kv_splits = 0;
+    choice->split_blocks = tiles.split_slots;
+  }
   return {};
 }
 
@@ -211,6 +230,7 @@ Status plan_fp8(const AttentionProblem& problem, Impl requested, MemorySpace spa
   DeviceInfo info;
   Status status = current_device(Impl::sm90_wgmma, space, &info);
   if (status.ok()) status = sm90_capability(info);
+  if (status.ok()) status = gpu_serves_variant(problem, Impl::sm90_wgmma);
   if (status.ok()) status = check_fp8(problem, problem.quantization);
   if (!status.ok()) {
     status.message = "precision fp8: " + status.message;
@@ -307,10 +327,13 @@ Status device_check(Impl impl, DeviceInfo info) {
   return sm80_split_d::runnable(smallest, route, info.device);
 }
 
-}  // namespace
+bool is_gpu_impl(Impl impl) {
+  return impl == Impl::automatic || impl == Impl::sm80_split_d || impl == Impl::sm90_wgmma;
+}
 
-Status device_support(int device, Impl impl) {
-  if (impl != Impl::automatic && impl != Impl::sm80_split_d && impl != Impl::sm90_wgmma) {
+// The arguments device_support and backward_route share: a GPU impl, a device ordinal.
+Status check_gpu_query(int device, Impl impl) {
+  if (!is_gpu_impl(impl)) {
     return {StatusCode::invalid_option,
             "impl = " + std::to_string(static_cast<int>(impl)) +
                 " is not a GPU implementation (automatic, sm80_split_d or sm90_wgmma)"};
@@ -319,6 +342,16 @@ Status device_support(int device, Impl impl) {
     return {StatusCode::invalid_option,
             "device = " + std::to_string(device) + " is not a device ordinal"};
   }
+  return {};
+}
+
+// Runs `query(info)` with CUDA device `device` current (info.device = device),
+// then restores the calling thread's current device: the frame of the queries
+// a binding asks once per device (device_support, backward_route).
+// impl_unavailable naming `impl` without a device, invalid_option for an
+// ordinal past the visible devices.
+template <class Query>
+Status on_device(int device, Impl impl, Query&& query) {
   int count = 0;
   if (const cudaError_t error = cudaGetDeviceCount(&count); error != cudaSuccess) {
     return no_device(impl, error, "cudaGetDeviceCount");
@@ -338,18 +371,28 @@ Status device_support(int device, Impl impl) {
   }
   DeviceInfo info;
   info.device = device;
-  Status status = device_check(impl, info);
+  Status status = query(info);
   if (previous != device) {
     if (const cudaError_t error = cudaSetDevice(previous); error != cudaSuccess) {
       (void)cudaGetLastError();
       if (status.ok()) status = cuda_status(error, "cudaSetDevice (restoring the current device)");
     }
   }
-  if (!status.ok() && impl == Impl::automatic && status.code == StatusCode::impl_unavailable) {
-    status.message = "impl auto: no GPU kernel of this build runs on device " +
-                     std::to_string(device) + ": " + status.message;
-  }
   return status;
+}
+
+}  // namespace
+
+Status device_support(int device, Impl impl) {
+  if (Status status = check_gpu_query(device, impl); !status.ok()) return status;
+  return on_device(device, impl, [impl](const DeviceInfo& info) {
+    Status status = device_check(impl, info);
+    if (!status.ok() && impl == Impl::automatic && status.code == StatusCode::impl_unavailable) {
+      status.message = "impl auto: no GPU kernel of this build runs on device " + std::to_string(info.device) +
+                       ": " + status.message;
+    }
+    return status;
+  });
 }
 
 Status with_kv_splits(const AttentionProblem& problem, int wanted, KernelChoice* choice) {
@@ -373,11 +416,33 @@ Status with_kv_splits(const AttentionProblem& problem, int wanted, KernelChoice*
   return {};
 }
 
+namespace {
+
+// A serving call's plan on a GPU family (kernels/serving/plan.hpp) comes
+// first in its workspace, on a 256-byte boundary; the family's own
+// temporary memory follows.
+int64_t serving_plan_bytes(const AttentionProblem& problem, const KernelChoice& choice) {
+  if (!problem.sequences.active || problem.sequences.plan != nullptr || choice.impl == Impl::cpu_reference) return 0;
+  return (serving::plan_bytes(problem) + 255) / 256 * 256;
+}
+
+// Split-KV's partial rows: a dense call's splits x B x Hq x Nq rows; a
+// sequence batch's (kv_splits 0) the most its plan can place.
+split_kv::PartialLayout call_partial_layout(const AttentionProblem& problem, const KernelChoice& choice) {
+  if (choice.kv_splits == 0) {
+    return split_kv::partial_layout_of_rows(problem,
+                                            serving::max_partial_rows(problem, serving_tiling(problem, choice)));
+  }
+  return split_kv::partial_layout(problem, choice.kv_splits);
+}
+
+}  // namespace
+
 int64_t workspace_bytes(const AttentionProblem& problem, const KernelChoice& choice, const Fp8KvCache* kv_cache) {
   if (choice.precision == Precision::fp8) {
     return static_cast<int64_t>(fp8_workspace_bytes(problem, problem.quantization, kv_cache));
   }
-  return choice.kv_splits > 1 ? split_kv::partial_layout(problem, choice.kv_splits).bytes : 0;
+  return serving_plan_bytes(problem, choice) + (choice.kv_splits != 1 ? call_partial_layout(problem, choice).bytes : 0);
 }
 
 namespace {
@@ -397,9 +462,10 @@ Status run_fp8(const AttentionProblem& problem, const Fp8KvCache* kv_cache, void
 // launches the family's kernel on them, then the combine merges them
 // (`programmatic`: as the kernel's programmatic dependent, Hopper's PDL).
 template <class RunSplits>
-Status run_split_kv(const AttentionProblem& problem, int kv_splits, bool programmatic, void* workspace,
+Status run_split_kv(const AttentionProblem& problem, const KernelChoice& choice, bool programmatic, void* workspace,
                     size_t workspace_size, cudaStream_t stream, RunSplits&& run_splits) {
-  const split_kv::PartialLayout layout = split_kv::partial_layout(problem, kv_splits);
+  const split_kv::PartialLayout layout = call_partial_layout(problem, choice);
+  const int kv_splits = choice.kv_splits;  // 0: a sequence batch, each sequence its plan's
   Workspace memory(workspace, workspace_size, stream);
   void* partials = nullptr;
   if (Status status = memory.acquire(static_cast<size_t>(layout.bytes), "split-KV's partial rows", &partials);
@@ -419,7 +485,7 @@ Status run_split_kv(const AttentionProblem& problem, int kv_splits, bool program
 Status run_sm80_split_kv(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
                          size_t workspace_size, cudaStream_t stream) {
   const sm80_split_d::Route route{static_cast<int>(choice.padded_head_dim), choice.value_splits};
-  return run_split_kv(problem, choice.kv_splits, /*programmatic=*/false, workspace, workspace_size, stream,
+  return run_split_kv(problem, choice, /*programmatic=*/false, workspace, workspace_size, stream,
                       [&](float* partial_o, RowSoftmaxState* partial_states) {
                         sm80_split_d::SplitLaunch split;
                         split.kv_splits = choice.kv_splits;
@@ -433,12 +499,16 @@ Status run_sm80_split_kv(const AttentionProblem& problem, const KernelChoice& ch
 
 Status run_sm90_split_kv(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
                          size_t workspace_size, cudaStream_t stream) {
-  return run_split_kv(problem, choice.kv_splits, /*programmatic=*/true, workspace, workspace_size, stream,
+  return run_split_kv(problem, choice, /*programmatic=*/true, workspace, workspace_size, stream,
                       [&](float* partial_o, RowSoftmaxState* partial_states) {
                         sm90_wgmma::TileLaunch tiles;
                         tiles.heads_per_tile = choice.heads_per_tile;
-                        tiles.splits = choice.kv_splits;
-                        tiles.split_blocks = choice.split_blocks;
+                        if (choice.kv_splits == 0) {  // a sequence batch: its plan splits
+                          tiles.split_slots = choice.split_blocks;
+                        } else {
+                          tiles.splits = choice.kv_splits;
+                          tiles.split_blocks = choice.split_blocks;
+                        }
                         tiles.partial_o = partial_o;
                         tiles.partial_states = partial_states;
                         return sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim), tiles, stream);
@@ -447,10 +517,65 @@ Status run_sm90_split_kv(const AttentionProblem& problem, const KernelChoice& ch
 
 }  // namespace
 
+namespace {
+
+Status run_planned(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
+                   size_t workspace_size, cudaStream_t stream, const Fp8KvCache* kv_cache);
+
+}  // namespace
+
+SequenceTiling serving_tiling(const AttentionProblem& problem, const KernelChoice& choice) {
+  if (choice.impl == Impl::sm90_wgmma) {
+    sm90_wgmma::TileLaunch tiles;
+    tiles.heads_per_tile = choice.heads_per_tile;
+    tiles.split_slots = choice.kv_splits == 0 ? choice.split_blocks : 0;
+    return sm90_wgmma::sequence_tiling(tiles);
+  }
+  return sm80_split_d::sequence_tiling(
+      problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits});
+}
+
+namespace {
+
+// A serving call on a GPU family: its plan into the workspace's first bytes
+// (no host synchronization: the kernels read the verdict and the tiles from
+// it), then the family's run with the rest of the workspace.
+Status run_serving(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
+                   size_t workspace_size, cudaStream_t stream) {
+  const int64_t plan_bytes = serving_plan_bytes(problem, choice);
+  Workspace memory(workspace, workspace_size, stream);
+  void* plan = nullptr;
+  if (Status status = memory.acquire(static_cast<size_t>(plan_bytes), "the serving plan", &plan); !status.ok()) {
+    return status;
+  }
+  Status status = serving::launch_plan(problem, serving_tiling(problem, choice), plan, stream);
+  if (status.ok()) {
+    AttentionProblem planned = problem;
+    planned.sequences.plan = plan;
+    const bool given = workspace != nullptr;
+    status = run_planned(planned, choice, given ? static_cast<unsigned char*>(workspace) + plan_bytes : nullptr,
+                         given ? workspace_size - static_cast<size_t>(plan_bytes) : 0, stream, nullptr);
+  }
+  return memory.release(status);
+}
+
+}  // namespace
+
 Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
+                   size_t workspace_size, cudaStream_t stream, const Fp8KvCache* kv_cache) {
+  if (problem.sequences.active && problem.sequences.plan == nullptr && choice.impl != Impl::cpu_reference) {
+    return run_serving(problem, choice, workspace, workspace_size, stream);
+  }
+  return run_planned(problem, choice, workspace, workspace_size, stream, kv_cache);
+}
+
+namespace {
+
+Status run_planned(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
                    size_t workspace_size, cudaStream_t stream, const Fp8KvCache* kv_cache) {
   switch (choice.impl) {
     case Impl::cpu_reference:
+      if (Status status = check_sequence_data(problem); !status.ok()) return status;
       try {
         cpu_attention_forward(problem);
       } catch (const std::bad_alloc&) {
@@ -465,7 +590,7 @@ Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, 
           stream);
     case Impl::sm90_wgmma:
       if (choice.precision == Precision::fp8) return run_fp8(problem, kv_cache, workspace, workspace_size, stream);
-      if (choice.kv_splits > 1) return run_sm90_split_kv(problem, choice, workspace, workspace_size, stream);
+      if (choice.kv_splits != 1) return run_sm90_split_kv(problem, choice, workspace, workspace_size, stream);
       return sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim),
                              sm90_wgmma::TileLaunch{choice.heads_per_tile}, stream);
     case Impl::automatic: break;
@@ -473,6 +598,8 @@ Status run_forward(const AttentionProblem& problem, const KernelChoice& choice, 
   return {StatusCode::impl_unavailable,
           std::string("no runner for impl ") + impl_name(choice.impl)};
 }
+
+}  // namespace
 
 // --- the backward ------------------------------------------------------------------
 
@@ -489,36 +616,20 @@ Status backward_memory_space(const BackwardProblem& b, MemorySpace* space) {
 
 }  // namespace
 
-Status plan_backward(const BackwardProblem& problem, Impl requested, BackwardChoice* choice) {
-  *choice = BackwardChoice{};
-  MemorySpace space = MemorySpace::host;
-  if (Status status = backward_memory_space(problem, &space); !status.ok()) return status;
-  if (Status status = reference_only_dtypes(problem.forward, requested, space); !status.ok()) return status;
-  switch (requested) {
-    case Impl::cpu_reference: {
-      KernelChoice forward_choice;
-      if (Status status = plan_cpu_reference(space, &forward_choice); !status.ok()) return status;
-      choice->impl = Impl::cpu_reference;
-      return {};
-    }
-    case Impl::sm90_wgmma: break;  // its kernels after the portable preprocess (below)
-    case Impl::automatic:
-      if (space == MemorySpace::host) {
-        choice->impl = Impl::cpu_reference;
-        return {};
-      }
-      break;
-    case Impl::sm80_split_d: break;
-  }
-  DeviceInfo info;
-  if (Status status = current_device(Impl::sm80_split_d, space, &info); !status.ok()) return status;
+namespace {
+
+// plan_backward's choice for a call on device tensors, on the current device
+// `info` (its compute capability read): the portable kernels where they run,
+// and in their place the sm90 kernels where those serve the call (impl
+// sm90_wgmma asks for them, auto takes them when they can run). backward_route
+// asks this same plan for its representative call.
+Status plan_backward_on_device(const BackwardProblem& problem, Impl requested, const DeviceInfo& info,
+                               BackwardChoice* choice) {
   if (Status status = sm80_capability(info); !status.ok()) return status;
   if (Status status = sm80_backward::check(problem); !status.ok()) return status;
   if (Status status = sm80_backward::runnable(problem.forward.dtype, info.device); !status.ok()) return status;
   choice->impl = Impl::sm80_split_d;
   if (requested == Impl::sm80_split_d) return {};
-  // The sm90 kernels where they serve the call; impl sm90_wgmma asks for
-  // them, auto takes them when they can run.
   Status sm90 = sm90_capability(info);
   std::string reason;
   const sm90_backward::Instance* instance = sm90.ok() ? sm90_backward::route(problem, &reason) : nullptr;
@@ -536,6 +647,49 @@ Status plan_backward(const BackwardProblem& problem, Impl requested, BackwardCho
   }
   if (requested == Impl::sm90_wgmma) return sm90;
   return {};
+}
+
+}  // namespace
+
+Status plan_backward(const BackwardProblem& problem, Impl requested, BackwardChoice* choice) {
+  *choice = BackwardChoice{};
+  MemorySpace space = MemorySpace::host;
+  if (Status status = backward_memory_space(problem, &space); !status.ok()) return status;
+  if (Status status = reference_only_dtypes(problem.forward, requested, space); !status.ok()) return status;
+  switch (requested) {
+    case Impl::cpu_reference: {
+      KernelChoice forward_choice;
+      if (Status status = plan_cpu_reference(space, &forward_choice); !status.ok()) return status;
+      choice->impl = Impl::cpu_reference;
+      return {};
+    }
+    case Impl::sm90_wgmma: break;  // its kernels after the portable preprocess (plan_backward_on_device)
+    case Impl::automatic:
+      if (space == MemorySpace::host) {
+        choice->impl = Impl::cpu_reference;
+        return {};
+      }
+      break;
+    case Impl::sm80_split_d: break;
+  }
+  DeviceInfo info;
+  if (Status status = current_device(Impl::sm80_split_d, space, &info); !status.ok()) return status;
+  return plan_backward_on_device(problem, requested, info, choice);
+}
+
+Status backward_route(const BackwardProblem& problem, int device, Impl requested, Impl* impl) {
+  if (Status status = check_gpu_query(device, requested); !status.ok()) return status;
+  // f32 / f64 inputs: the CPU reference only, as plan_backward says of device tensors.
+  if (Status status = reference_only_dtypes(problem.forward, requested, MemorySpace::device); !status.ok()) {
+    return status;
+  }
+  BackwardChoice choice;
+  const Status status = on_device(device, requested, [&](DeviceInfo info) {
+    if (Status capability = compute_capability(Impl::sm80_split_d, &info); !capability.ok()) return capability;
+    return plan_backward_on_device(problem, requested, info, &choice);
+  });
+  if (status.ok()) *impl = choice.impl;
+  return status;
 }
 
 size_t backward_workspace_bytes(const BackwardProblem& problem, const BackwardChoice& choice) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common/attention_problem.hpp"
+#include "kernels/common/sequence_schedule.hpp"
 #include "common/backward_problem.hpp"
 #include "ffpa/ffpa.hpp"
 
@@ -23,6 +24,10 @@ Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoic
 
 // The name of a planned choice's kernel, e.g. "sm90_wgmma<bf16,d512,m64,n128,s4>".
 std::string kernel_name(const AttentionProblem& problem, const KernelChoice& choice);
+
+// How the routed GPU kernel cuts a serving call's sequences into tiles: what
+// its plan (kernels/serving/plan.hpp) must be made with.
+SequenceTiling serving_tiling(const AttentionProblem& problem, const KernelChoice& choice);
 
 // Whether `impl` (automatic, sm80_split_d or sm90_wgmma) runs this build's
 // kernels on CUDA device `device` (ffpa::device_support).
@@ -56,6 +61,13 @@ struct BackwardChoice {
   Status (*sm90_gradients)(const BackwardProblem&, const float* delta, float* d_mask_sum, cudaStream_t) = nullptr;
 };
 Status plan_backward(const BackwardProblem& problem, Impl requested, BackwardChoice* choice);
+
+// The implementation plan_backward picks for `problem` (validated, taken as a
+// call on device tensors) on CUDA device `device` under `requested`
+// (automatic, sm80_split_d or sm90_wgmma): *impl is sm80_split_d or
+// sm90_wgmma, written on success only (ffpa::backward_route). Makes `device`
+// current for the query and restores the calling thread's current device.
+Status backward_route(const BackwardProblem& problem, int device, Impl requested, Impl* impl);
 
 // The workspace bytes of a planned backward (the GPU kernels' delta).
 size_t backward_workspace_bytes(const BackwardProblem& problem, const BackwardChoice& choice);

@@ -84,9 +84,22 @@ Status common_memory_space(const NamedPointer* tensors, int count, MemorySpace* 
 }
 
 Status common_memory_space(const AttentionProblem& problem, MemorySpace* space) {
-  const NamedPointer tensors[] = {{"q", problem.q},       {"k", problem.k},       {"v", problem.v},
-                                  {"o", problem.o},       {"mask", problem.mask}, {"lse", problem.lse}};
-  return common_memory_space(tensors, 6, space);
+  const SequenceLayout& s = problem.sequences;
+  const NamedPointer tensors[] = {{"q", problem.q},
+                                  {"k", problem.k},
+                                  {"v", problem.v},
+                                  {"o", problem.o},
+                                  {"mask", problem.mask},
+                                  {"lse", problem.lse},
+                                  {"sinks", problem.sinks},
+                                  {"k_descale", problem.k_descale},
+                                  {"v_descale", problem.v_descale},
+                                  {"sequences.cu_seqlens_q", s.cu_seqlens_q},
+                                  {"sequences.cu_seqlens_k", s.cu_seqlens_k},
+                                  {"sequences.seqused_k", s.seqused_k},
+                                  {"sequences.block_table", s.block_table},
+                                  {"sequence_plan", s.plan}};
+  return common_memory_space(tensors, static_cast<int>(sizeof tensors / sizeof tensors[0]), space);
 }
 
 }  // namespace ffpa::detail

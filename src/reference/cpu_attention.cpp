@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <vector>
@@ -76,31 +77,37 @@ void convert_row(DType dtype, const void* base, int64_t first, int64_t n, Kv* ds
 }
 
 // Turns scaled scores w[0, visible) of row (b, h, i) into the row's P*V
-// weights over [0, visible_max) (0 for masked and dropped keys and past the
-// row's causal limit); returns the row's lse. A row with no attended key
-// (every score -inf) gets lse -inf and weights 0; a row whose softmax is NaN
-// (a NaN score, from q, k or the mask, or exp(inf - inf)) gets lse NaN and
-// NaN weights over its keys in reach: spec.md, "Non-finite inputs".
-double softmax_weights(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t visible,
-                       int64_t visible_max, double* w, double* bias) {
+// weights over [0, visible_max) (0 for excluded and dropped keys): keys
+// before `first` (a window's left bound) and masked ones are excluded; the
+// head's sink logit joins the denominator. Returns the row's lse (-inf when
+// no key is attended and there is no sink, leaving every weight 0), and in
+// *attends whether the row attends a key (its O is 0 otherwise, whatever V
+// holds). A row whose softmax is NaN (a NaN score, from q, k or the mask, or
+// exp(inf - inf)) gets lse NaN and NaN weights: spec.md, "Non-finite inputs".
+double softmax_weights(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t first,
+                       int64_t visible, int64_t visible_max, double* w, double* bias, bool* attends) {
   mask_bias(p, b, h, i, visible, bias);
   double max_score = kNegInf;
   bool nan_score = false;
   for (int64_t j = 0; j < visible; ++j) {
-    w[j] += bias[j];
+    w[j] = j < first ? kNegInf : w[j] + bias[j];
     nan_score |= std::isnan(w[j]);
     max_score = std::max(max_score, w[j]);  // a NaN does not count
   }
   std::fill(w + visible, w + visible_max, 0.0);
-  if (max_score == kNegInf && !nan_score) {
+  *attends = nan_score || max_score != kNegInf;
+  const double sink = p.sinks != nullptr ? static_cast<double>(p.sinks[h * p.sinks_stride]) : kNegInf;
+  const double base = std::max(max_score, sink);
+  if (base == kNegInf && !nan_score) {
     std::fill(w, w + visible, 0.0);
     return kNegInf;
   }
   double denominator = 0.0;
   for (int64_t j = 0; j < visible; ++j) {
-    w[j] = std::exp(w[j] - max_score);  // exp(-inf) = 0 for masked keys
+    w[j] = std::exp(w[j] - base);  // exp(-inf) = 0 for excluded keys
     denominator += w[j];
   }
+  if (sink != kNegInf) denominator += std::exp(sink - base);
   if (nan_score || std::isnan(denominator)) {
     std::fill(w, w + visible, std::numeric_limits<double>::quiet_NaN());
     return std::numeric_limits<double>::quiet_NaN();
@@ -118,7 +125,20 @@ double softmax_weights(const AttentionProblem& p, int64_t b, int64_t h, int64_t 
     const double factor = 1.0 / denominator;
     for (int64_t j = 0; j < visible; ++j) w[j] *= factor;
   }
-  return max_score + std::log(denominator);
+  return base + std::log(denominator);
+}
+
+// A descale of an e4m3 KV cache ([B, Hkv] f32), 1 when absent.
+double descale(const float* descales, const int64_t (&stride)[2], int64_t b, int64_t kv_head) {
+  return descales != nullptr ? static_cast<double>(descales[b * stride[0] + kv_head * stride[1]]) : 1.0;
+}
+
+// A scaled score: scale * q.k, through the softcap c * tanh(s / c) when there is one.
+double scaled_score(const AttentionProblem& p, double scale, double dot) {
+  const double s = scale * dot;
+  if (p.softcap <= 0.0f) return s;
+  const double c = p.softcap;
+  return c * std::tanh(s / c);
 }
 
 // Computes query rows rows[0..kRowGroup) of head h, batch b into s.out and
@@ -129,16 +149,22 @@ void attend_row_group(const AttentionProblem& p, int64_t b, int64_t h, const Kv*
                       double (&lse)[kRowGroup]) {
   static_assert(kRowGroup == 4, "the loops below spell out four lanes");
   const int64_t dim = p.head_dim, dv = p.dv(), nkv = p.seq_kv;
-  int64_t visible[kRowGroup];
+  int64_t first[kRowGroup], visible[kRowGroup];
   int64_t visible_max = 0;
   for (int r = 0; r < kRowGroup; ++r) {
     const int64_t q_row = b * p.q_stride[0] + h * p.q_stride[1] + rows[r] * p.q_stride[2];
     for (int64_t d = 0; d < dim; ++d) s.q[d * kRowGroup + r] = load_element(p.dtype, p.q, q_row + d);
-    visible[r] = visible_keys(p, rows[r]);
+    const KeyRange keys = attended_keys(p, rows[r], p.seq_q, p.seq_kv);
+    first[r] = keys.first;
+    visible[r] = keys.end;
     visible_max = std::max(visible_max, visible[r]);
   }
 
-  const double scale = p.scale;
+  // An e4m3 cache's codes were converted as they are: its descales multiply
+  // the scores and the output (FlashAttention-3's k_descale / v_descale).
+  const int64_t kv_head = h / p.group_size();
+  const double scale = p.scale * descale(p.k_descale, p.k_descale_stride, b, kv_head);
+  const double v_scale = descale(p.v_descale, p.v_descale_stride, b, kv_head);
   double* w0 = s.weight.data();
   double* w1 = w0 + nkv;
   double* w2 = w1 + nkv;
@@ -154,26 +180,41 @@ void attend_row_group(const AttentionProblem& p, int64_t b, int64_t h, const Kv*
       a2 += q[2] * x;
       a3 += q[3] * x;
     }
-    w0[j] = scale * a0;
-    w1[j] = scale * a1;
-    w2[j] = scale * a2;
-    w3[j] = scale * a3;
+    w0[j] = scaled_score(p, scale, a0);
+    w1[j] = scaled_score(p, scale, a1);
+    w2[j] = scaled_score(p, scale, a2);
+    w3[j] = scaled_score(p, scale, a3);
   }
   // The keys whose V rows each row adds, weight 0 or not (0 * NaN is NaN):
-  // its keys in reach, none for a row with no attended key (O = 0).
-  int64_t added[kRowGroup];
+  // its keys in reach [first, visible), none for a row with no attended key
+  // (O = 0).
+  int64_t end[kRowGroup];
   for (int r = 0; r < kRowGroup; ++r) {
-    lse[r] =
-        softmax_weights(p, b, h, rows[r], visible[r], visible_max, w0 + r * nkv, s.bias.data());
-    added[r] = lse[r] == kNegInf ? 0 : visible[r];
+    double* const w = w0 + r * nkv;
+    bool attends = false;
+    lse[r] = softmax_weights(p, b, h, rows[r], first[r], visible[r], visible_max, w, s.bias.data(), &attends);
+    end[r] = attends ? visible[r] : first[r];
+    if (v_scale != 1.0)
+      for (int64_t j = 0; j < visible_max; ++j) w[j] *= v_scale;
   }
 
-  // Keys every row adds go four lanes at a time, the rest lane by lane. Adding
-  // a weight 0 times a finite V changes no bit: the accumulators start at +0,
-  // so they are never -0, and adding +-0 to a value other than -0 leaves it.
+  // Keys every row adds go four lanes at a time, the others lane by lane,
+  // each lane's in key order. Adding a weight 0 times a finite V changes no
+  // bit: the accumulators start at +0, so they are never -0, and adding +-0
+  // to a value other than -0 leaves it.
   std::fill(s.out.begin(), s.out.end(), 0.0);
-  const int64_t common = *std::min_element(added, added + kRowGroup);
-  for (int64_t j = 0; j < common; ++j) {
+  const int64_t shared_first = *std::max_element(first, first + kRowGroup);
+  const int64_t shared_end = std::max(shared_first, *std::min_element(end, end + kRowGroup));
+  auto add_lane = [&](int r, int64_t from, int64_t to) {
+    const double* w = w0 + r * nkv;
+    for (int64_t j = from; j < to; ++j) {
+      const Kv* vj = v + j * dv;
+      double* o = s.out.data() + r;
+      for (int64_t d = 0; d < dv; ++d, o += kRowGroup) *o += w[j] * vj[d];
+    }
+  };
+  for (int r = 0; r < kRowGroup; ++r) add_lane(r, first[r], std::min(end[r], shared_first));
+  for (int64_t j = shared_first; j < shared_end; ++j) {
     const double c0 = w0[j], c1 = w1[j], c2 = w2[j], c3 = w3[j];
     const Kv* vj = v + j * dv;
     double* o = s.out.data();
@@ -185,15 +226,7 @@ void attend_row_group(const AttentionProblem& p, int64_t b, int64_t h, const Kv*
       o[3] += c3 * x;
     }
   }
-  for (int r = 0; r < kRowGroup; ++r) {
-    const double* w = w0 + r * nkv;
-    for (int64_t j = common; j < added[r]; ++j) {
-      const double c = w[j];
-      const Kv* vj = v + j * dv;
-      double* o = s.out.data() + r;
-      for (int64_t d = 0; d < dv; ++d, o += kRowGroup) *o += c * vj[d];
-    }
-  }
+  for (int r = 0; r < kRowGroup; ++r) add_lane(r, std::max(first[r], shared_end), end[r]);
 }
 
 // Writes lane `lane` of s.out (row i, position r in the row selection).
@@ -245,9 +278,9 @@ void run(const AttentionProblem& p, RowSubset subset, int num_threads, const Des
     for (int64_t kv_head = 0; kv_head < p.heads_kv; ++kv_head) {
       parallel_for(slices, threads, [&](int, int64_t slice) {
         for (int64_t j = nkv * slice / slices; j < nkv * (slice + 1) / slices; ++j) {
-          convert_row(p.dtype, p.k, b * p.k_stride[0] + kv_head * p.k_stride[1] + j * p.k_stride[2], dim,
+          convert_row(p.kv_dtype(), p.k, b * p.k_stride[0] + kv_head * p.k_stride[1] + j * p.k_stride[2], dim,
                       k_block.data() + j * dim);
-          convert_row(p.dtype, p.v, b * p.v_stride[0] + kv_head * p.v_stride[1] + j * p.v_stride[2], dv,
+          convert_row(p.kv_dtype(), p.v, b * p.v_stride[0] + kv_head * p.v_stride[1] + j * p.v_stride[2], dv,
                       v_block.data() + j * dv);
         }
       });
@@ -282,9 +315,58 @@ void run_any(const AttentionProblem& p, RowSubset subset, int num_threads, const
   }
 }
 
+const void* advance(const void* base, DType dtype, int64_t elements) {
+  return static_cast<const unsigned char*>(base) + elements * element_bytes(dtype);
+}
+
+// A serving call (docs/serving.md), one sequence at a time as the dense call
+// of one batch entry it is: its rows of q, o and lse, its keys (a paged
+// sequence's gathered into a dense copy first), its lengths and descales.
+void run_sequences(const AttentionProblem& p, int num_threads, const Destination& dst) {
+  const SequenceLayout& layout = p.sequences;
+  const DType kv = p.kv_dtype();
+  std::vector<unsigned char> k_pages, v_pages;  // a paged sequence's keys, [Hkv, Nkv_b, D] dense
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const Sequence seq = sequence_at(layout, b);
+    if (seq.seq_q == 0) continue;
+    AttentionProblem one = p;
+    one.sequences = SequenceLayout{};
+    one.batch = 1;
+    one.seq_q = seq.seq_q;
+    one.seq_kv = seq.seq_kv;
+    one.q = advance(p.q, p.dtype, query_row_offset(p.q_stride, seq, 0, 0));
+    one.o = const_cast<void*>(advance(p.o, p.dtype, query_row_offset(p.o_stride, seq, 0, 0)));
+    if (p.lse != nullptr) one.lse = p.lse + query_row_offset(p.lse_stride, seq, 0, 0);
+    if (layout.paged()) {
+      const int64_t bytes = element_bytes(kv);
+      k_pages.resize(scratch_elements<unsigned char>(p.heads_kv * seq.seq_kv * p.head_dim, bytes));
+      v_pages.resize(scratch_elements<unsigned char>(p.heads_kv * seq.seq_kv * p.dv(), bytes));
+      for (int64_t h = 0; h < p.heads_kv; ++h)
+        for (int64_t j = 0; j < seq.seq_kv; ++j) {
+          std::memcpy(k_pages.data() + (h * seq.seq_kv + j) * p.head_dim * bytes,
+                      advance(p.k, kv, key_row_offset(layout, p.k_stride, seq, b, h, j)), p.head_dim * bytes);
+          std::memcpy(v_pages.data() + (h * seq.seq_kv + j) * p.dv() * bytes,
+                      advance(p.v, kv, key_row_offset(layout, p.v_stride, seq, b, h, j)), p.dv() * bytes);
+        }
+      one.k = k_pages.data();
+      one.v = v_pages.data();
+      one.k_stride[1] = seq.seq_kv * p.head_dim, one.k_stride[2] = p.head_dim;
+      one.v_stride[1] = seq.seq_kv * p.dv(), one.v_stride[2] = p.dv();
+      one.k_stride[0] = one.v_stride[0] = 0;
+    } else {
+      one.k = advance(p.k, kv, key_row_offset(layout, p.k_stride, seq, b, 0, 0));
+      one.v = advance(p.v, kv, key_row_offset(layout, p.v_stride, seq, b, 0, 0));
+    }
+    if (p.k_descale != nullptr) one.k_descale = p.k_descale + b * p.k_descale_stride[0];
+    if (p.v_descale != nullptr) one.v_descale = p.v_descale + b * p.v_descale_stride[0];
+    run_any(one, {}, num_threads, dst);
+  }
+}
+
 }  // namespace
 
 void cpu_attention_forward(const AttentionProblem& problem, RowSubset rows, int num_threads) {
+  if (problem.sequences.active) return run_sequences(problem, num_threads, Destination{});
   run_any(problem, rows, num_threads, Destination{});
 }
 

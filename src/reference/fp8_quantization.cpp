@@ -132,9 +132,10 @@ void mark_nan_rows(const AttentionProblem& p, QuantizedInputs& z) {
       }
       const int64_t head = b * p.heads_q + h;
       for (int64_t r = 0; r < z.rows; ++r) {
-        const int64_t reach = visible_keys(p, z.first_row + r);
+        // As the pre-pass: a window's left bound is not looked at.
+        const KeyRange keys = attended_keys(p, z.first_row + r, p.seq_q, p.seq_kv);
         const bool q_nonfinite = holds_nonfinite_marker(z.q_codes.data() + (head * z.rows + r) * dim, dim);
-        if ((q_nonfinite && reach > 0) || reach > first_key) {
+        if ((q_nonfinite && keys.end > keys.first) || keys.end > first_key) {
           z.row_nan[count(head * z.rows + r)] = std::numeric_limits<float>::quiet_NaN();
         }
       }

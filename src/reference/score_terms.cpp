@@ -1,4 +1,4 @@
-// The causal limit and the mask of one query row (score_terms.hpp).
+// The causal limit, the window and the mask of one query row (score_terms.hpp).
 #include "reference/score_terms.hpp"
 
 #include <algorithm>
@@ -18,7 +18,7 @@ const Element* offset_ptr(const void* base, int64_t elements) {
 
 }  // namespace
 
-int64_t visible_keys(const AttentionProblem& p, int64_t i) { return p.keys_in_reach(i); }
+int64_t visible_keys(const AttentionProblem& p, int64_t i) { return attended_keys(p, i, p.seq_q, p.seq_kv).end; }
 
 void mask_bias(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t n, double* bias) {
   const int64_t row = b * p.mask_stride[0] + h * p.mask_stride[1] + i * p.mask_stride[2];

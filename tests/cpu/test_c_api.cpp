@@ -83,11 +83,17 @@ static_assert(offsetof(ffpa_library_info, sm90_fp8_head_dim_count) == 220 &&
                   offsetof(ffpa_library_info, sm90_backward_head_dim_count) == 288 &&
                   sizeof(ffpa_library_info) == 360,
               "ffpa_library_info: FfpaLibraryInfo's layout (python/ffpa_attn/_library.py)");
-static_assert(sizeof(ffpa_options) == 80, "ffpa_options: FfpaOptions' size");
-static_assert(offsetof(ffpa_forward_params, options) == 480 && offsetof(ffpa_forward_params, stream) == 560,
+static_assert(offsetof(ffpa_options, has_window) == 80 && offsetof(ffpa_options, window_left) == 88 &&
+                  offsetof(ffpa_options, softcap) == 104 && sizeof(ffpa_options) == 112,
+              "ffpa_options: FfpaOptions' window, softcap and size");
+static_assert(offsetof(ffpa_forward_params, options) == 480 && offsetof(ffpa_forward_params, stream) == 592,
               "ffpa_forward_params: FfpaForwardParams' offsets");
-static_assert(offsetof(ffpa_forward_params, fp8_kv_cache) == 584 && sizeof(ffpa_forward_params) == 592,
-              "ffpa_forward_params: FfpaForwardParams' size (the cache pointer trails)");
+static_assert(offsetof(ffpa_forward_params, fp8_kv_cache) == 616 && offsetof(ffpa_forward_params, sinks) == 624 &&
+                  offsetof(ffpa_forward_params, sequences) == 864 &&
+                  offsetof(ffpa_forward_params, sequence_plan) == 872 && sizeof(ffpa_forward_params) == 880,
+              "ffpa_forward_params: FfpaForwardParams' trailing fields and size");
+static_assert(offsetof(ffpa_sequence_batch, max_seqlen_q) == 320 && sizeof(ffpa_sequence_batch) == 336,
+              "ffpa_sequence_batch: FfpaSequenceBatch's layout");
 static_assert(sizeof(ffpa_fp8_kv_cache) == 480 && offsetof(ffpa_fp8_kv_cache, v_codes) == 240,
               "ffpa_fp8_kv_cache: FfpaFp8KvCache's layout");
 static_assert(offsetof(ffpa_fp8_quantize_kv_params, cache) == 160 && offsetof(ffpa_fp8_quantize_kv_params, fp8) == 640 &&

@@ -8,6 +8,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -135,6 +136,86 @@ TEST(DeviceSupport, AnOrdinalPastTheVisibleDevicesIsAnInvalidOption) {
   const int count = visible_devices();
   if (count == 0) GTEST_SKIP() << "no CUDA device";
   EXPECT_EQ(ffpa::device_support(count, Impl::automatic).code, StatusCode::invalid_option);
+}
+
+// backward_route: the backward's analogue of device_support. Each bad argument
+// has its status (naming the argument) and leaves *impl as it was; without a
+// device every GPU impl is unavailable, with the reason.
+constexpr Impl kUntouched = static_cast<Impl>(99);
+
+TEST(BackwardRoute, BadArgumentsHaveTheirStatusAndWriteNothing) {
+  using ffpa::DType;
+  struct Bad {
+    const char* what;
+    int device;
+    DType dtype;
+    int64_t head_dim, value_dim;
+    Impl requested;
+    StatusCode want;
+    const char* named;
+  };
+  const Bad cases[] = {
+      {"cpu_reference", 0, DType::bf16, 512, 512, Impl::cpu_reference, StatusCode::invalid_option,
+       "not a GPU implementation"},
+      {"an impl out of range", 0, DType::bf16, 512, 512, static_cast<Impl>(42), StatusCode::invalid_option, "impl = 42"},
+      {"a negative device", -1, DType::bf16, 512, 512, Impl::automatic, StatusCode::invalid_option, "device = -1"},
+      {"D 7", 0, DType::bf16, 7, 7, Impl::automatic, StatusCode::unsupported_head_dim, "(D) = 7"},
+      {"D 0", 0, DType::f16, 0, 64, Impl::automatic, StatusCode::unsupported_head_dim, "(D) = 0"},
+      {"D 1032", 0, DType::bf16, 1032, 512, Impl::sm90_wgmma, StatusCode::unsupported_head_dim, "(D) = 1032"},
+      {"Dv 12", 0, DType::bf16, 64, 12, Impl::automatic, StatusCode::unsupported_head_dim, "(Dv) = 12"},
+      {"f32", 0, DType::f32, 64, 64, Impl::automatic, StatusCode::unsupported_dtype, "CPU reference only"},
+      {"f64", 0, DType::f64, 64, 64, Impl::sm80_split_d, StatusCode::unsupported_dtype, "CPU reference only"},
+      {"bool", 0, DType::boolean, 64, 64, Impl::automatic, StatusCode::unsupported_dtype, "q.dtype"},
+      {"u8", 0, DType::u8, 64, 64, Impl::automatic, StatusCode::unsupported_dtype, "q.dtype"},
+  };
+  for (const Bad& c : cases) {
+    SCOPED_TRACE(c.what);
+    Impl impl = kUntouched;
+    const Status status = ffpa::backward_route(c.device, c.dtype, c.head_dim, c.value_dim, c.requested, &impl);
+    EXPECT_EQ(status.code, c.want) << status.message;
+    EXPECT_TRUE(contains(status.message, c.named)) << status.message;
+    EXPECT_EQ(impl, kUntouched);
+  }
+  EXPECT_EQ(ffpa::backward_route(0, ffpa::DType::bf16, 64, 64, Impl::automatic, nullptr).code,
+            StatusCode::null_pointer);
+}
+
+TEST(BackwardRoute, TheCAbiHasTheSameStatusesAndMessages) {
+  char message[256] = "";
+  int32_t impl = 99;
+  EXPECT_EQ(ffpa_backward_route(0, FFPA_DTYPE_BF16, 512, 512, FFPA_IMPL_AUTO, nullptr, message, sizeof message),
+            FFPA_NULL_POINTER);
+  EXPECT_TRUE(contains(message, "impl is null")) << message;
+  EXPECT_EQ(ffpa_backward_route(0, FFPA_DTYPE_BF16, 512, 512, FFPA_IMPL_CPU_REFERENCE, &impl, message, sizeof message),
+            FFPA_INVALID_OPTION);
+  EXPECT_TRUE(contains(message, "not a GPU implementation")) << message;
+  EXPECT_EQ(ffpa_backward_route(0, FFPA_DTYPE_BF16, 520, 1030, FFPA_IMPL_AUTO, &impl, message, sizeof message),
+            FFPA_UNSUPPORTED_HEAD_DIM);
+  EXPECT_TRUE(contains(message, "(Dv) = 1030")) << message;
+  EXPECT_EQ(ffpa_backward_route(0, FFPA_DTYPE_F32, 64, 64, FFPA_IMPL_AUTO, &impl, message, sizeof message),
+            FFPA_UNSUPPORTED_DTYPE);
+  EXPECT_EQ(impl, 99);
+}
+
+TEST(BackwardRoute, WithoutADeviceEveryGpuImplIsUnavailableWithTheReason) {
+  if (visible_devices() > 0) GTEST_SKIP() << "a CUDA device is visible";
+  for (Impl requested : {Impl::automatic, Impl::sm80_split_d, Impl::sm90_wgmma}) {
+    SCOPED_TRACE(label(requested));
+    for (auto [head_dim, value_dim] : {std::pair<int64_t, int64_t>{64, 64}, {512, 512}, {576, 512}, {1024, 1024}}) {
+      Impl impl = kUntouched;
+      const Status status = ffpa::backward_route(0, ffpa::DType::bf16, head_dim, value_dim, requested, &impl);
+      EXPECT_EQ(status.code, StatusCode::impl_unavailable) << status.message;
+      EXPECT_TRUE(contains(status.message, std::string("impl ") + label(requested))) << status.message;
+      EXPECT_TRUE(contains(status.message, "needs a CUDA device")) << status.message;
+      EXPECT_EQ(impl, kUntouched);
+    }
+  }
+  char message[256] = "";
+  int32_t impl = 99;
+  EXPECT_EQ(ffpa_backward_route(0, FFPA_DTYPE_F16, 128, 128, FFPA_IMPL_AUTO, &impl, message, sizeof message),
+            FFPA_IMPL_UNAVAILABLE);
+  EXPECT_TRUE(contains(message, "needs a CUDA device")) << message;
+  EXPECT_EQ(impl, 99);
 }
 
 // The kernel probes the routing asks (cudaFuncGetAttributes on the kernel a

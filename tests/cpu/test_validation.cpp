@@ -288,8 +288,14 @@ TEST(Validation, InvalidRank) {
 TEST(Validation, UnsupportedDtype) {
   Call call;
   ForwardParams p = call.params();
-  p.q.dtype = p.k.dtype = p.v.dtype = p.o.dtype = static_cast<DType>(7);
-  EXPECT_TRUE(rejected(call, p, StatusCode::unsupported_dtype, {"q.dtype = unknown (7)"}));
+  p.q.dtype = p.k.dtype = p.v.dtype = p.o.dtype = static_cast<DType>(12);
+  EXPECT_TRUE(rejected(call, p, StatusCode::unsupported_dtype, {"q.dtype = unknown (12)"}));
+  p = call.params();
+  p.q.dtype = p.k.dtype = p.v.dtype = p.o.dtype = DType::i32;
+  EXPECT_TRUE(rejected(call, p, StatusCode::unsupported_dtype, {"q.dtype = i32"}));
+  p = call.params();
+  p.q.dtype = p.k.dtype = p.v.dtype = p.o.dtype = DType::e4m3;  // e4m3 is for k and v beside 16-bit q
+  EXPECT_TRUE(rejected(call, p, StatusCode::unsupported_dtype, {"q.dtype = e4m3"}));
   p = call.params();
   p.mask.dtype = static_cast<DType>(9);
   EXPECT_TRUE(rejected(call, p, StatusCode::unsupported_dtype, {"mask.dtype", "9"}));

@@ -22,6 +22,7 @@
 #include "ffpa/ffpa.hpp"
 #include "gpu/backward_case.hpp"
 #include "gpu/device_tensor.hpp"
+#include "host/dispatch.hpp"
 
 namespace ffpa::testing {
 namespace {
@@ -159,6 +160,46 @@ TEST_P(GpuBackward, GradientsMatchTheReference) {
     check_backward(GetParam(), case_seed(GetParam()), label, kToleranceBf16, kToleranceF16,
                    [impl](BackwardTensors& t, const detail::BackwardProblem&) { run_on_device(t, impl); });
   }
+}
+
+// backward_route is the plan's own answer: for each case and GPU impl, the
+// query of (device, dtype, D, Dv) has the status and implementation that
+// plan_backward (what backward() runs) has for the case's device tensors,
+// whatever their mask, causal alignment, dropout, scale, GQA ratio or layout.
+TEST_P(GpuBackward, TheRouteQueryAgreesWithWhatThePlanRuns) {
+  if (const auto& reason = gpu_unavailable_reason()) GTEST_SKIP() << *reason;
+  const BackwardCase& c = GetParam();
+  BackwardTensors t;
+  ASSERT_NO_FATAL_FAILURE(make_backward_tensors(c, case_seed(c), &t));
+  DeviceBackward device;
+  ASSERT_NO_FATAL_FAILURE(device.mirror(t));
+  int current = 0;
+  FFPA_ASSERT_CUDA(cudaGetDevice(&current));
+  const int64_t value_dim = c.value_dim > 0 ? c.value_dim : c.shape.head_dim;
+  for (Impl impl : {Impl::automatic, Impl::sm80_split_d, Impl::sm90_wgmma}) {
+    SCOPED_TRACE(impl == Impl::automatic ? "auto" : impl == Impl::sm80_split_d ? "sm80_split_d" : "sm90_wgmma");
+    device.params.options.impl = impl;
+    detail::BackwardProblem problem;
+    {
+      const Status status = detail::validate_backward(device.params, &problem);
+      ASSERT_TRUE(status.ok()) << status.message;
+    }
+    detail::BackwardChoice choice;
+    const Status planned = detail::plan_backward(problem, impl, &choice);
+    const auto untouched = static_cast<Impl>(99);
+    Impl routed = untouched;
+    const Status route = backward_route(current, c.shape.dtype, c.shape.head_dim, value_dim, impl, &routed);
+    EXPECT_EQ(route.code, planned.code) << "route: " << route.message << "; plan: " << planned.message;
+    EXPECT_EQ(routed, planned.ok() ? choice.impl : untouched);
+    int after = -1;
+    FFPA_EXPECT_CUDA(cudaGetDevice(&after));
+    EXPECT_EQ(after, current) << "the query restores the current device";
+  }
+  int count = 0;
+  FFPA_ASSERT_CUDA(cudaGetDeviceCount(&count));
+  Impl routed = Impl::automatic;
+  EXPECT_EQ(backward_route(count, c.shape.dtype, c.shape.head_dim, value_dim, Impl::automatic, &routed).code,
+            StatusCode::invalid_option);
 }
 
 // NaN inputs (backward_case.hpp's check_backward_nans; spec.md, "Non-finite

@@ -13,6 +13,7 @@
 
 #include "common/attention_problem.hpp"
 #include "common/float16_bits.hpp"
+#include "common/fp8_e4m3.hpp"
 #include "ffpa/ffpa.hpp"
 
 namespace ffpa::testing {
@@ -25,10 +26,12 @@ inline size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::f16:
     case DType::bf16: return 2;
-    case DType::f32: return 4;
+    case DType::f32:
+    case DType::i32: return 4;
     case DType::f64: return 8;
     case DType::boolean:
-    case DType::u8: return 1;
+    case DType::u8:
+    case DType::e4m3: return 1;
   }
   return 0;
 }
@@ -140,6 +143,12 @@ inline double element_as_double(const Tensor& t, std::array<int64_t, 4> index) {
     }
     case DType::boolean: return *bytes != 0 ? 1.0 : 0.0;
     case DType::u8: return *bytes;
+    case DType::e4m3: return detail::e4m3_bits_to_float(*bytes);
+    case DType::i32: {
+      int32_t i;
+      std::memcpy(&i, bytes, sizeof i);
+      return i;
+    }
   }
   return 0.0;
 }
@@ -166,6 +175,12 @@ inline void set_element(const Tensor& t, std::array<int64_t, 4> index, double va
     case DType::f64: std::memcpy(bytes, &value, sizeof value); return;
     case DType::boolean: *bytes = value != 0.0 ? 1 : 0; return;
     case DType::u8: *bytes = static_cast<unsigned char>(value); return;
+    case DType::e4m3: *bytes = detail::float_to_e4m3_bits(static_cast<float>(value)); return;
+    case DType::i32: {
+      const int32_t i = static_cast<int32_t>(value);
+      std::memcpy(bytes, &i, sizeof i);
+      return;
+    }
   }
 }
 
@@ -200,6 +215,8 @@ inline void fill_uniform(HostTensor& t, uint64_t seed, float lo, float hi) {
     } else if (t.tensor.dtype == DType::f64) {
       const double d = value;
       std::memcpy(element, &d, sizeof d);
+    } else if (t.tensor.dtype == DType::e4m3) {
+      *element = detail::float_to_e4m3_bits(value);
     } else {
       std::memcpy(element, &value, size);
     }

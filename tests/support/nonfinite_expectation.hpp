@@ -3,10 +3,10 @@
 // (host) inputs: for the tests that put NaN into q, k, v or the mask and
 // compare with a run without them. Each element is expected bit-identical to
 // that run (same), NaN (nan), or either: a kernel computes whole KV blocks, so
-// a NaN of a key past a row's causal limit may reach the row through P = 0
-// (0 x NaN on the tensor cores) or its mask element (added after the limit's
-// -inf), where the CPU reference never adds that key (`window` = 0: the
-// reference's exact rules).
+// a NaN of a key outside a row's reach (its causal limit, its window) may
+// reach the row through P = 0 (0 x NaN on the tensor cores) or its mask
+// element (added after the limit's -inf), where the CPU reference never adds
+// that key (`window` = 0: the reference's exact rules). Dense calls.
 #pragma once
 
 #include <algorithm>
@@ -26,31 +26,38 @@ namespace ffpa::testing {
 
 enum class Expect : uint8_t { same, nan, either };
 
-// Keys past a row's causal limit that a kernel may load with it: a tile's
-// rows (at most 128) and a KV block's keys (at most 128) beyond the limit.
+// Keys outside a row's reach that a kernel may load with it: a tile's rows
+// (at most 128) and a KV block's keys (at most 128) beyond either end.
 constexpr int64_t kKernelKeyWindow = 256;
 
 struct ForwardExpectation {
   std::vector<Expect> o;    // [B][Hq][Nq][Dv]
   std::vector<Expect> lse;  // [B][Hq][Nq]
-  std::vector<int64_t> reach;        // [B][Hq][Nq]: keys in the row's causal reach
-  std::vector<uint8_t> empty;        // [B][Hq][Nq]: no attended key (O = 0, LSE = -inf)
+  std::vector<detail::KeyRange> reach;  // [B][Hq][Nq]: the row's keys before the mask
+  std::vector<uint8_t> empty;           // [B][Hq][Nq]: no attended key (O = 0)
   int64_t nan_rows = 0, nan_elements = 0;  // of o: rows wholly NaN, elements NaN
 };
+
+// The keys a kernel may load with a row beside its reach (within `window` of
+// either end); for a row with no attended key also the reach itself.
+struct LoadedKeys {
+  int64_t first, end;  // [first, end) holds them and the reach
+  detail::KeyRange reach;
+  bool outside(int64_t j) const { return j >= first && j < end && (j < reach.first || j >= reach.end); }
+};
+
+inline LoadedKeys loaded_keys(const detail::KeyRange& reach, int64_t nkv, int64_t window) {
+  if (window == 0) return {reach.first, reach.end, reach};
+  return {std::max<int64_t>(0, reach.first - window), std::min(nkv, reach.end + window), reach};
+}
 
 // NaN positions of one (batch, kv head)'s K rows and V elements.
 struct KeyValueNans {
   std::vector<uint8_t> key;    // [Nkv]: K row j holds a NaN
   std::vector<uint8_t> value;  // [Nkv][Dv]
-  bool any_value_in(int64_t first, int64_t last, int64_t dv) const {
-    for (int64_t j = std::max<int64_t>(first, 0); j < last; ++j)
-      for (int64_t c = 0; c < dv; ++c)
-        if (value[j * dv + c]) return true;
-    return false;
-  }
-  bool any_key_in(int64_t first, int64_t last) const {
-    for (int64_t j = std::max<int64_t>(first, 0); j < last; ++j)
-      if (key[j]) return true;
+  bool any_value(int64_t j, int64_t dv) const {
+    for (int64_t c = 0; c < dv; ++c)
+      if (value[j * dv + c]) return true;
     return false;
   }
 };
@@ -76,7 +83,7 @@ inline ForwardExpectation expect_forward_nans(const detail::AttentionProblem& p,
   ForwardExpectation e;
   e.o.assign(rows * dv, Expect::same);
   e.lse.assign(rows, Expect::same);
-  e.reach.assign(rows, 0);
+  e.reach.assign(rows, {});
   e.empty.assign(rows, 0);
   std::vector<double> bias(nkv);
   for (int64_t b = 0; b < p.batch; ++b) {
@@ -85,25 +92,25 @@ inline ForwardExpectation expect_forward_nans(const detail::AttentionProblem& p,
       for (int64_t h = g * p.group_size(); h < (g + 1) * p.group_size(); ++h) {
         for (int64_t i = 0; i < p.seq_q; ++i) {
           const int64_t row = (b * p.heads_q + h) * p.seq_q + i;
-          const int64_t reach = detail::visible_keys(p, i), loaded = std::min(nkv, reach + window);
-          detail::mask_bias(p, b, h, i, loaded, bias.data());
+          const detail::KeyRange reach = detail::attended_keys(p, i, p.seq_q, nkv);
+          const LoadedKeys loaded = loaded_keys(reach, nkv, window);
+          detail::mask_bias(p, b, h, i, loaded.end, bias.data());
           bool q_nan = false;
           for (int64_t d = 0; d < p.head_dim; ++d)
             q_nan |= std::isnan(
                 detail::load_element(p.dtype, p.q, b * p.q_stride[0] + h * p.q_stride[1] + i * p.q_stride[2] + d));
-          bool any_nan_score = false, any_attended = false;
-          for (int64_t j = 0; j < reach; ++j) {
+          bool any_nan_score = false, any_attended = false, mask_nan_loaded = false;
+          for (int64_t j = reach.first; j < reach.end; ++j) {
             const bool nan_score = q_nan || kv.key[j] || std::isnan(bias[j]);
             any_nan_score |= nan_score;
             any_attended |= nan_score || bias[j] != -INFINITY;
           }
+          // A kernel adds the mask after the limits' -inf: a mask NaN outside
+          // the reach, in a block the row's tile computes, is NaN.
+          for (int64_t j = loaded.first; j < loaded.end; ++j) mask_nan_loaded |= loaded.outside(j) && std::isnan(bias[j]);
           e.reach[row] = reach;
           e.empty[row] = !any_attended;
           Expect* const o = e.o.data() + row * dv;
-          // A kernel adds the mask after the causal limit's -inf: a mask NaN
-          // past the limit, in a block the row's tile computes, is NaN.
-          bool mask_nan_loaded = false;
-          for (int64_t j = reach; j < loaded; ++j) mask_nan_loaded |= std::isnan(bias[j]);
           if (mask_nan_loaded && !any_nan_score) {
             std::fill(o, o + dv, Expect::either);
             e.lse[row] = Expect::either;
@@ -117,10 +124,10 @@ inline ForwardExpectation expect_forward_nans(const detail::AttentionProblem& p,
             continue;
           }
           for (int64_t c = 0; c < dv; ++c) {
-            for (int64_t j = 0; j < reach && o[c] != Expect::nan; ++j)
+            for (int64_t j = reach.first; j < reach.end && o[c] != Expect::nan; ++j)
               if (kv.value[j * dv + c]) o[c] = Expect::nan;
-            for (int64_t j = reach; j < std::min(nkv, reach + window) && o[c] == Expect::same; ++j)
-              if (kv.value[j * dv + c]) o[c] = Expect::either;
+            for (int64_t j = loaded.first; j < loaded.end && o[c] == Expect::same; ++j)
+              if (loaded.outside(j) && kv.value[j * dv + c]) o[c] = Expect::either;
           }
         }
       }
@@ -140,8 +147,8 @@ struct BackwardExpectation {
 // a row whose O holds a NaN has delta NaN, so dS of each key in its reach is
 // NaN: dQ of the row and dK of those keys; a row whose LSE is NaN has every
 // P of its reach NaN: dV of those keys too. A kernel also multiplies the P =
-// 0 of a key past a row's limit (in its blocks; of every loaded key for a row
-// with no attended key), and its tiles' zero-filled rows past Nq, by that
+// 0 of a key outside a row's reach (in its blocks; of every loaded key for a
+// row with no attended key), and its tiles' zero-filled rows past Nq, by that
 // key's NaN dP or K: either, within `window`.
 inline BackwardExpectation expect_backward_nans(const detail::AttentionProblem& p, const ForwardExpectation& fwd,
                                                 int64_t window) {
@@ -162,49 +169,46 @@ inline BackwardExpectation expect_backward_nans(const detail::AttentionProblem& 
       Expect* const d_v = e.d_v.data() + (b * p.heads_kv + g) * nkv * dv;
       for (int64_t h = g * p.group_size(); h < (g + 1) * p.group_size(); ++h) {
         for (int64_t i = 0; i < p.seq_q; ++i) {
-          const int64_t row = (b * p.heads_q + h) * p.seq_q + i, reach = fwd.reach[row];
+          const int64_t row = (b * p.heads_q + h) * p.seq_q + i;
+          const detail::KeyRange reach = fwd.reach[row];
           const Expect* const o = fwd.o.data() + row * dv;
           const bool o_nan = std::find(o, o + dv, Expect::nan) != o + dv;
           const bool o_either = std::find(o, o + dv, Expect::either) != o + dv;
           const bool lse_nan = fwd.lse[row] == Expect::nan;
           Expect* const d_q = e.d_q.data() + row * dim;
-          // Keys a kernel may load with the row but the row does not attend.
-          const int64_t loose_first = window > 0 && fwd.empty[row] ? 0 : reach;
-          const int64_t loose_last = window > 0 ? std::min(nkv, reach + window) : reach;
-          // A mask NaN past the row's limit in a block its tile loads: that
-          // score is NaN in the kernel, so are its P and dS.
-          detail::mask_bias(p, b, h, i, loose_last, bias.data());
-          bool mask_nan_loaded = false;
-          for (int64_t j = reach; j < loose_last; ++j) mask_nan_loaded |= std::isnan(bias[j]);
-          if (mask_nan_loaded) {
-            raise(d_q, dim, Expect::either);
-            raise(d_k + reach * dim, (loose_last - reach) * dim, Expect::either);
-            raise(d_v + reach * dv, (loose_last - reach) * dv, Expect::either);
-          }
-          if (o_nan) {
-            raise(d_q, dim, Expect::nan);
-            raise(d_k, reach * dim, Expect::nan);
-            raise(d_k + reach * dim, (loose_last - reach) * dim, Expect::either);
-            if (lse_nan) {
-              raise(d_v, reach * dv, Expect::nan);
-              raise(d_v + reach * dv, (loose_last - reach) * dv, Expect::either);
+          const LoadedKeys loaded = loaded_keys(reach, nkv, window);
+          // Keys a kernel loads with the row but the row does not attend:
+          // outside its reach, or every loaded key of a row with none.
+          auto loose = [&](int64_t j) { return loaded.outside(j) || (window > 0 && fwd.empty[row] && j >= loaded.first && j < loaded.end); };
+          detail::mask_bias(p, b, h, i, loaded.end, bias.data());
+          for (int64_t j = loaded.first; j < loaded.end; ++j) {
+            const bool in_reach = j >= reach.first && j < reach.end;
+            if (in_reach && o_nan) {
+              raise(d_k + j * dim, dim, Expect::nan);
+              if (lse_nan) raise(d_v + j * dv, dv, Expect::nan);
             }
-          } else if (o_either) {
-            raise(d_q, dim, Expect::either);
-            raise(d_k, loose_last * dim, Expect::either);
-          }
-          // A loaded key the row does not attend (P = 0), and the tile's
-          // zero-filled rows past Nq (0 x NaN scores): a V NaN makes dS =
-          // 0 x NaN (dQ, the key's dK), a K NaN the score and P NaN (dQ, the
-          // key's dK and dV).
-          for (int64_t j = loose_first; j < loose_last; ++j) {
-            const bool value_nan = kv.any_value_in(j, j + 1, dv);
-            if (value_nan || kv.key[j]) {
+            if (!in_reach && (o_nan || o_either)) {  // P = exp2(-inf - NaN) and dS of its loaded keys
+              raise(d_k + j * dim, dim, Expect::either);
+              if (lse_nan) raise(d_v + j * dv, dv, Expect::either);
+            }
+            if (in_reach && o_either) raise(d_k + j * dim, dim, Expect::either);
+            if (!in_reach && std::isnan(bias[j])) {  // a mask NaN past the limits: that score, P and dS NaN
               raise(d_q, dim, Expect::either);
               raise(d_k + j * dim, dim, Expect::either);
+              raise(d_v + j * dv, dv, Expect::either);
             }
-            if (kv.key[j]) raise(d_v + j * dv, dv, Expect::either);
+            // A loaded key the row does not attend (P = 0), and the tile's
+            // zero-filled rows past Nq (0 x NaN scores): a V NaN makes dS =
+            // 0 x NaN (dQ, the key's dK), a K NaN the score and P NaN (dQ,
+            // the key's dK and dV).
+            if (loose(j) && (kv.key[j] || kv.any_value(j, dv))) {
+              raise(d_q, dim, Expect::either);
+              raise(d_k + j * dim, dim, Expect::either);
+              if (kv.key[j]) raise(d_v + j * dv, dv, Expect::either);
+            }
           }
+          if (o_nan) raise(d_q, dim, Expect::nan);
+          if (o_either) raise(d_q, dim, Expect::either);
         }
       }
     }

@@ -31,6 +31,28 @@ __device__ __forceinline__ float row_log_sum_exp(float row_max_log2, float row_s
   return log_sum_exp(RowSoftmaxState{row_max_log2, row_sum});
 }
 
+// The end of a row: O's factor and the row's LSE, the head's attention sink
+// (AttentionProblem::sinks) merged in as a key of its own that carries no
+// value: a softmax state of maximum sink (log2 domain) and sum 1, so the sink
+// joins the denominator exactly as split-KV's partials merge.
+struct RowEnd {
+  float out_scale;
+  float lse;
+};
+
+__device__ __forceinline__ RowEnd finish_row(const AttentionProblem& p, int head, float row_max_log2, float row_sum,
+                                             float keep_scale) {
+  RowSoftmaxState state{row_max_log2, row_sum};
+  float o_factor = 1.0f;
+  if (p.sinks != nullptr) {
+    const MergedRowState merged =
+        merge_row_states(state, RowSoftmaxState{p.sinks[head * p.sinks_stride] * kLog2e, 1.0f});
+    state = merged.state;
+    o_factor = merged.scale_a;
+  }
+  return {output_row_scale(state.sum, keep_scale) * o_factor, log_sum_exp(state)};
+}
+
 __device__ __forceinline__ void store_lse(const AttentionProblem& p, int batch, int head, int row, float lse) {
   p.lse[batch * p.lse_stride[0] + head * p.lse_stride[1] + row * p.lse_stride[2]] = lse;
 }

@@ -7,8 +7,10 @@
 
 #include <cmath>
 
+#include "common/attention_problem.hpp"
 #include "kernels/common/accumulator_layout.cuh"
 #include "kernels/common/fast_math.cuh"
+#include "kernels/common/math_constants.hpp"
 #include "kernels/common/softmax_state.hpp"
 
 namespace ffpa::detail {
@@ -75,6 +77,37 @@ __device__ __forceinline__ void exponentiate_row(float (&s)[Layout::kElements], 
       x = fast_exp2(fmaf(x, factor, -base));
       sum += x;
     }
+}
+
+// The logit softcap (AttentionProblem::softcap > 0) on raw scores q.k:
+// softcap * tanh(scale * s / softcap), in the log2 domain, so the capped
+// scores take no further scale factor. Applied before the mask.
+struct Softcap {
+  float inner;  // scale / softcap
+  float outer;  // softcap * log2(e)
+};
+
+// scale_log2: the scores' scale times log2(e) (and an e4m3 cache's k_descale).
+__device__ __forceinline__ Softcap softcap_factors(const AttentionProblem& p, float scale_log2) {
+  return {scale_log2 / (kLog2e * p.softcap), p.softcap * kLog2e};
+}
+
+// An e4m3 cache's descales of (sequence b, KV head h): K's multiplies the
+// scores' scale, V's the output rows (FlashAttention-3's k_descale /
+// v_descale); 1 where absent.
+struct KvDescales {
+  float k, v;
+};
+
+__device__ __forceinline__ KvDescales kv_descales(const AttentionProblem& p, int b, int h) {
+  return {p.k_descale != nullptr ? p.k_descale[b * p.k_descale_stride[0] + h * p.k_descale_stride[1]] : 1.0f,
+          p.v_descale != nullptr ? p.v_descale[b * p.v_descale_stride[0] + h * p.v_descale_stride[1]] : 1.0f};
+}
+
+template <class Layout>
+__device__ __forceinline__ void apply_softcap(float (&s)[Layout::kElements], Softcap cap) {
+#pragma unroll
+  for (int i = 0; i < Layout::kElements; ++i) s[i] = cap.outer * fast_tanh(s[i] * cap.inner);
 }
 
 // Whether any row of the warp moves its maximum (a factor other than 1):

@@ -22,24 +22,52 @@ namespace ffpa::detail {
 
 // Which keys the rows of a tile may see: key c of tile row r (query row
 // tile.query_row(r) = q0 + (r & row_mask)) is visible when c < Nkv and,
-// causal, c <= q0 + shift + (r & row_mask).
+// bounded above (causal or a window's right side), c <= first_row_limit +
+// (r & row_mask), and, bounded below (a window's left side), c >=
+// first_row_start + (r & row_mask): both bounds move with the row.
 struct KeyLimits {
   int seq_kv;
-  int first_row_limit;  // q0 + causal shift: the last key a tile's first query row may attend
+  int first_row_limit;  // the last key a tile's first query row may attend
+  int first_row_start;  // the first key it may attend
   int row_mask;         // tile row -> query row offset (GQA packing: tile_schedule.hpp)
-  bool causal;
+  bool bounded_above, bounded_below;
 
+  // A dense call without a window (the backward's tiles).
   __device__ __forceinline__ KeyLimits(const AttentionProblem& p, const TileCoordinates& tile)
       : seq_kv(static_cast<int>(p.seq_kv)),
         first_row_limit(tile.q0 + static_cast<int>(p.causal_shift())),
+        first_row_start(0),
         row_mask(tile.row_offset_mask()),
-        causal(p.causal != Causal::none) {}
+        bounded_above(p.causal != Causal::none),
+        bounded_below(false) {}
+
+  // A forward tile of a sequence: its lengths, the causal limit in the
+  // problem's alignment and the window around the rows' bottom-right
+  // positions i + Nkv - Nq (common/attention_problem.hpp: attended_keys).
+  __device__ __forceinline__ KeyLimits(const AttentionProblem& p, const TileCoordinates& tile,
+                                       const TileSequence& seq)
+      : seq_kv(seq.seq_kv), row_mask(tile.row_offset_mask()) {
+    const int64_t position = static_cast<int64_t>(tile.q0) + seq.seq_kv - seq.seq_q;  // the first row's
+    int64_t limit = seq.seq_kv;  // no bound: past every key
+    if (p.causal != Causal::none) limit = p.causal == Causal::bottom_right ? position : tile.q0;
+    if (p.window_right >= 0 && position + p.window_right < limit) limit = position + p.window_right;
+    const int64_t start = p.window_left >= 0 ? position - p.window_left : 0;
+    bounded_above = limit < seq.seq_kv;
+    // Some row of the tile starts past key 0 (the window's start moves with the row).
+    bounded_below = p.window_left >= 0 && start + row_mask > 0;
+    // int: position is above -kMaxSequenceLength and the limit at most Nkv;
+    // a start at or below -row_mask bounds nothing (clamped there).
+    first_row_limit = static_cast<int>(limit);
+    first_row_start = static_cast<int>(start > seq.seq_kv ? seq.seq_kv : (start < -row_mask ? -row_mask : start));
+  }
 
   // Whether a block of keys [kv0, kv0 + block_n) has a key some row of the
   // tile may not see (then the block is masked element by element): the
-  // tile's first query row sees the fewest.
+  // tile's first query row sees the fewest keys at the right end, its last
+  // row the fewest at the left.
   __device__ __forceinline__ bool block_needs_masking(int kv0, int block_n) const {
-    return kv0 + block_n > seq_kv || (causal && kv0 + block_n - 1 > first_row_limit);
+    return kv0 + block_n > seq_kv || (bounded_above && kv0 + block_n - 1 > first_row_limit) ||
+           (bounded_below && kv0 < first_row_start + row_mask);
   }
 };
 
@@ -52,7 +80,9 @@ __device__ __forceinline__ void mask_outside_limits(float (&s)[Layout::kElements
   for (int i = 0; i < Layout::kElements; ++i) {
     const int r = 2 * (i / (4 * Layout::kColBlocks)) + (i / 2) % 2;
     const int c = key0 + Layout::col_offset((i / 4) % Layout::kColBlocks) + i % 2;
-    if (c >= limits.seq_kv || (limits.causal && c > limits.first_row_limit + (coords.row(r) & limits.row_mask)))
+    const int offset = coords.row(r) & limits.row_mask;
+    if (c >= limits.seq_kv || (limits.bounded_above && c > limits.first_row_limit + offset) ||
+        (limits.bounded_below && c < limits.first_row_start + offset))
       s[i] = -INFINITY;
   }
 }

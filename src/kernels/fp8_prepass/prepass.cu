@@ -437,8 +437,10 @@ __global__ void __launch_bounds__(kQThreads) quantize_q(AttentionProblem p, Quan
       group_max(&amax_of[q_scale_index(r, o.qk_granularity)], amax);  // r < 64: the block's own group
       z.lse_shift[head * z.rows + first + r] = p.scale * dot;
       if (int8_qk) {
-        const int64_t reach = p.keys_in_reach(i);
-        const bool reached = (q_bad && reach > 0) || reach > first_bad_key;
+        // A window's left bound is not looked at: a row whose window starts
+        // past the first bad key is marked too (the model does the same).
+        const KeyRange keys = attended_keys(p, i, p.seq_q, p.seq_kv);
+        const bool reached = (q_bad && keys.end > keys.first) || keys.end > first_bad_key;
         z.row_nan[head * z.rows + first + r] = reached ? __int_as_float(0x7FFFFFFF) : 0.0f;
       }
     }

@@ -12,6 +12,7 @@
 
 #include "common/attention_problem.hpp"
 #include "kernels/common/compiler_hints.cuh"
+#include "kernels/common/online_softmax.cuh"
 #include "kernels/common/tile_schedule.hpp"
 #include "kernels/sm80_split_d/traits.cuh"
 
@@ -44,7 +45,8 @@ struct Cta {
 
   const Args& args;  // the kernel's parameters (split-KV's partial rows)
   const AttentionProblem& p;
-  const float scale_log2;
+  float scale_log2;  // scale * log2(e), times an e4m3 cache's k_descale of the tile's (sequence, KV head)
+  float v_factor;    // an e4m3 cache's v_descale of the tile's (sequence, KV head); 1 otherwise
   // The thread index through opaque(): derived addresses are recomputed where
   // used (a few integer ops) instead of re-reading SR_TID or pinning registers.
   const unsigned tid;
@@ -52,8 +54,11 @@ struct Cta {
 
   int split;  // which slice of Dv (value split)
   TileCoordinates tile;
+  TileSequence seq;  // the tile's sequence: its lengths, where its rows lie
+  bool idle;         // a serving call's CTA past the plan's tiles: nothing to do
   // Sequence positions fit in 32 bits (routing checks); addresses use 64.
-  const int seq_q, seq_kv, head_dim;
+  int seq_q, seq_kv;
+  const int head_dim;
   int dv0;             // first column of the O slice (of Dv, V's and O's head dim)
   int n_qk;            // 64-column chunks of D, Q's and K's head dim
   int out_cols;        // valid columns of the O slice
@@ -67,20 +72,36 @@ struct Cta {
       : args(args),
         p(args.p),
         scale_log2(args.scale_log2),
+        v_factor(1.0f),
         tid(opaque(static_cast<unsigned>(threadIdx.x))),
         warp_m(static_cast<int>(tid / 32) / Traits::kWarpsN),
         warp_n(static_cast<int>(tid / 32) % Traits::kWarpsN),
         g(static_cast<int>(tid % 32) / 4),
         t(static_cast<int>(tid % 32) % 4),
-        seq_q(static_cast<int>(args.p.seq_q)),
-        seq_kv(static_cast<int>(args.p.seq_kv)),
         head_dim(static_cast<int>(args.p.head_dim)) {
-    // Which CTA: value split fastest, then the tile (row block, head, batch).
+    // Which CTA: value split fastest, then the tile (row block, head, batch;
+    // a serving call's from its plan, kernels/common/sequence_schedule.hpp).
     int64_t block = args.block_offset + blockIdx.x;
     split = static_cast<int>(block % args.value_splits);
     block /= args.value_splits;
-    tile = tile_coordinates<int64_t>(p, block, args.row_blocks, Traits::kBlockM, Traits::kBlockN, args.kv_splits,
-                                     args.split_blocks, args.heads_per_tile);
+    idle = false;
+    if (p.sequences.active) {
+      const auto* header = static_cast<const SequenceScheduleHeader*>(p.sequences.plan);
+      const SequenceTiling tiling{Traits::kBlockM, Traits::kBlockN, args.heads_per_tile, 0};
+      idle = block >= planned_tiles(*header, tiling);
+      if (!idle) tile = sequence_tile_coordinates(p, p.sequences.plan, static_cast<int>(block), tiling, &seq);
+    } else {
+      tile = tile_coordinates<int64_t>(p, block, args.row_blocks, Traits::kBlockM, Traits::kBlockN, args.kv_splits,
+                                       args.split_blocks, args.heads_per_tile);
+      seq = tile_sequence(p, tile.batch);
+    }
+    seq_q = seq.seq_q;
+    seq_kv = seq.seq_kv;
+    if (p.kv_e4m3 && !idle) {
+      const KvDescales descales = kv_descales(p, tile.batch, tile.kv_head);
+      scale_log2 *= descales.k;
+      v_factor = descales.v;
+    }
     dv0 = split * Traits::kOutCols;
     n_qk = (head_dim + Traits::kChunk - 1) / Traits::kChunk;
     out_cols = min(Traits::kOutCols, static_cast<int>(p.dv()) - dv0);
@@ -99,6 +120,8 @@ struct Cta {
   };
 
   // producer.cuh
+  __device__ __forceinline__ int64_t key_row(const int64_t (&stride)[3], int key) const;
+  __device__ __forceinline__ void copy_kv_16(uint32_t dst, const void* base, int64_t offset, bool valid) const;
   __device__ __forceinline__ void issue_next_step(int into_slot);
   __device__ __forceinline__ void prime_ring();
   __device__ __forceinline__ void advance_ring();

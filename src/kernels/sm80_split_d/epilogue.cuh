@@ -30,14 +30,12 @@ __device__ __forceinline__ void Cta<Traits>::store_output(const OAccumulator& o_
   const float keep_scale = dropout_keep_scale(p);
   float out_scale[kRows];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) out_scale[r] = output_row_scale(row_sum[r], keep_scale);
-
-  if (p.lse != nullptr && split == 0 && warp_n == 0 && t == 0) {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      const int i = tile.query_row(local_row(r));
-      if (i < seq_q) store_lse(p, tile.batch, tile.row_head(local_row(r)), i, row_log_sum_exp(row_max[r], row_sum[r]));
-    }
+  for (int r = 0; r < kRows; ++r) {
+    const RowEnd end = finish_row(p, tile.row_head(local_row(r)), row_max[r], row_sum[r], keep_scale);
+    out_scale[r] = end.out_scale * v_factor;
+    const int i = tile.query_row(local_row(r));
+    if (p.lse != nullptr && split == 0 && warp_n == 0 && t == 0 && i < seq_q)
+      store_lse(p, seq.q_batch, tile.row_head(local_row(r)), seq.q_begin + i, end.lse);
   }
 
 #pragma unroll
@@ -59,7 +57,8 @@ __device__ __forceinline__ void Cta<Traits>::store_output(const OAccumulator& o_
           pack2<Element>(v[2] * out_scale[2 * mt + 1], v[3] * out_scale[2 * mt + 1]), out_scale[2 * mt + 1]);
     }
   __syncthreads();
-  Element* const o_batch = static_cast<Element*>(p.o) + tile.batch * p.o_stride[0];
+  Element* const o_batch =
+      static_cast<Element*>(p.o) + seq.q_batch * p.o_stride[0] + static_cast<int64_t>(seq.q_begin) * p.o_stride[2];
   for (int s = tid; s < kBlockM * Traits::kOutCols / 8; s += Traits::kThreads) {
     const int subtile = s / (kBlockM * 8), row = (s / 8) % kBlockM, segment = s % 8;
     const int col = subtile * 64 + segment * 8;
@@ -82,14 +81,12 @@ __device__ __forceinline__ void Cta<Traits>::store_output(const OAccumulator& o_
 template <class Traits>
 __device__ __forceinline__ void Cta<Traits>::store_partial(const OAccumulator& o_acc, const float (&row_max)[kRows],
                                                            const float (&row_sum)[kRows]) {
-  const int64_t rows = p.batch * p.heads_q * p.seq_q;
   const int64_t value_dim = p.dv();
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     const int local = local_row(r), i = tile.query_row(local);
     if (i >= seq_q) continue;
-    const int64_t partial_row =
-        tile.kv_split * rows + (static_cast<int64_t>(tile.batch) * p.heads_q + tile.row_head(local)) * p.seq_q + i;
+    const int64_t partial_row = partial_row_index(p, tile, seq, tile.row_head(local), i);
     if (split == 0 && warp_n == 0 && t == 0) args.partial_states[partial_row] = RowSoftmaxState{row_max[r], row_sum[r]};
     float* const o_row = args.partial_o + partial_row * value_dim + dv0;
     const int mt = r / 2, h = r % 2;
@@ -103,6 +100,7 @@ __device__ __forceinline__ void Cta<Traits>::store_partial(const OAccumulator& o
       } else {
         pair = make_float2(o_acc[mt][nt][2 * h], o_acc[mt][nt][2 * h + 1]);
       }
+      pair.x *= v_factor, pair.y *= v_factor;  // an e4m3 cache's V descale, before the splits merge
       *reinterpret_cast<float2*>(o_row + col) = pair;
     }
   }

@@ -9,6 +9,7 @@
 
 #include "common/attention_problem.hpp"
 #include "ffpa/ffpa.hpp"
+#include "kernels/common/sequence_schedule.hpp"
 #include "kernels/common/split_kv.hpp"
 #include "kernels/sm80_split_d/split_launch.hpp"
 #include "kernels/sm80_split_d/tiles.hpp"
@@ -52,6 +53,10 @@ Status runnable(const AttentionProblem& problem, Route route, int device);
 
 // Runs a routed instance; `split` (kv_splits > 1): split-KV's partial rows instead of O and LSE.
 Status run(const AttentionProblem& problem, Route route, const SplitLaunch& split, cudaStream_t stream);
+
+// How a serving call's sequences are cut into tiles by a routed instance
+// (the serving plan's tiling: kernels/serving/plan.hpp; no KV split yet).
+SequenceTiling sequence_tiling(const AttentionProblem& problem, Route route);
 
 // The split-KV plan of a routed call on `sm_count` SMs: the tiles a call has
 // (GQA-packed rows, value splits) against the SMs, split_kv.hpp's rule.

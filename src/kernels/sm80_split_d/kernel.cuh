@@ -30,6 +30,7 @@ template <class Traits>
 __global__ void __launch_bounds__(Traits::kThreads, 1) forward_kernel(const Args args) {
   Cta<Traits> cta(args);
   using CtaT = Cta<Traits>;
+  if (cta.idle) return;
 
   typename CtaT::OAccumulator o_acc;
 #pragma unroll

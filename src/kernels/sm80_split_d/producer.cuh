@@ -5,12 +5,53 @@
 // columns of Q and K, then kPVSteps slices of kPVKeys keys of V.
 #pragma once
 
+#include "common/fp8_e4m3.hpp"
+#include "kernels/common/element.cuh"
 #include "kernels/common/shared_memory.cuh"
 #include "kernels/common/swizzle.hpp"
 #include "kernels/sm80_split_d/cta.cuh"
 #include "kernels/sm80_split_d/ptx.cuh"
 
 namespace ffpa::detail::sm80_split_d {
+
+// The element offset of key `key`'s row of k or v (kv head tile.kv_head,
+// column 0): of the sequence's rows, or of its page (paged caches; a key past
+// the sequence's Nkv reads no table entry and is never copied).
+template <class Traits>
+__device__ __forceinline__ int64_t Cta<Traits>::key_row(const int64_t (&stride)[3], int key) const {
+  const int64_t head = tile.kv_head * stride[1];
+  const SequenceLayout& s = p.sequences;
+  if (s.paged()) {
+    if (key >= seq_kv) return head;
+    const int page_size = static_cast<int>(s.page_size);
+    const int64_t page = s.block_table[tile.batch * s.block_table_stride[0] + (key / page_size) * s.block_table_stride[1]];
+    return head + page * stride[0] + (key % page_size) * stride[2];
+  }
+  return head + seq.kv_batch * stride[0] + static_cast<int64_t>(seq.kv_begin + key) * stride[2];
+}
+
+// 16 bytes of a K or V stage from `base` + `offset` elements: a cp.async of
+// 16-bit elements, or (an e4m3 cache) 8 codes read and converted to 16-bit
+// elements, exactly (every e4m3 value is an f16 and a bf16 value), stored by
+// this thread (the descales act on the scores and the output instead).
+template <class Traits>
+__device__ __forceinline__ void Cta<Traits>::copy_kv_16(uint32_t dst, const void* base, int64_t offset,
+                                                        bool valid) const {
+  if (!p.kv_e4m3) {
+    cp_async_16(dst, static_cast<const Element*>(base) + offset, valid);
+    return;
+  }
+  uint2 codes = make_uint2(0u, 0u);
+  if (valid) codes = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(base) + offset);
+  uint32_t words[4];
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    const uint32_t pair = ((w < 2 ? codes.x : codes.y) >> (16 * (w % 2))) & 0xFFFFu;
+    words[w] = pack2<Element>(e4m3_bits_to_float(static_cast<uint8_t>(pair & 0xFFu)),
+                              e4m3_bits_to_float(static_cast<uint8_t>(pair >> 8)));
+  }
+  st_shared_16(dst, words);
+}
 
 // A stage is a stack of 128-byte rows. Thread tid copies 16-byte segment
 // tid % 8 of stacked rows tid / 8 + k * kRowsPerPass, for a fixed number of k:
@@ -25,12 +66,13 @@ __device__ __forceinline__ void Cta<Traits>::issue_next_step(int into_slot) {
     const int seg = thread % 8, first_row = thread / 8;
     const uint32_t seg_offset = swizzle128<Traits::kElementBytes>(first_row, seg * 8);
     const int64_t k_stride = p.k_stride[2], v_stride = p.v_stride[2];
-    const Element* const q_batch = static_cast<const Element*>(p.q) + tile.batch * p.q_stride[0] + seg * 8;
+    const Element* const q_batch =
+        static_cast<const Element*>(p.q) + seq.q_batch * p.q_stride[0] + seq.q_begin * p.q_stride[2] + seg * 8;
+    const bool paged = p.sequences.paged();
     const int kv0 = (tile.kv_first + load_tile) * kBlockN;  // tiles of a KV split start at its first block
     const uint32_t stage = smem_address(ring() + into_slot * Traits::kStageBytes) + seg_offset;
     if (load_r < n_qk) {  // kBlockM rows of Q, then kBlockN rows of K, one 64-column chunk
-      const Element* const k_src = static_cast<const Element*>(p.k) + tile.batch * p.k_stride[0] +
-                                   tile.kv_head * p.k_stride[1] + (kv0 + first_row) * k_stride + seg * 8;
+      const int64_t k_src = key_row(p.k_stride, kv0 + first_row) + seg * 8;
       const int col = load_r * Traits::kChunk;
       const bool valid_col = col + seg * 8 < head_dim;
       constexpr int kQPasses = kBlockM / kRowsPerPass;
@@ -44,21 +86,21 @@ __device__ __forceinline__ void Cta<Traits>::issue_next_step(int into_slot) {
         } else {
           const int row = (k - kQPasses) * kRowsPerPass;
           const bool valid = valid_col && kv0 + first_row + row < seq_kv;
-          cp_async_16(stage + k * kRowsPerPass * 128, k_src + row * k_stride + col, valid);
+          const int64_t src = paged ? key_row(p.k_stride, kv0 + first_row + row) + seg * 8 : k_src + row * k_stride;
+          copy_kv_16(stage + k * kRowsPerPass * 128, p.k, src + col, valid);
         }
       }
     } else {  // kPVKeys keys of V, every 64-column subtile of the O slice
       // This thread's first row and subtile in the stack of subtiles.
       const int v_row0 = first_row % kPVKeys, v_sub0 = first_row / kPVKeys;
       const int key0 = kv0 + (load_r - n_qk) * kPVKeys + v_row0;
-      const Element* const v_src = static_cast<const Element*>(p.v) + tile.batch * p.v_stride[0] +
-                                   tile.kv_head * p.v_stride[1] + key0 * v_stride + dv0 + v_sub0 * 64 +
-                                   seg * 8;
+      const int64_t v_src = key_row(p.v_stride, key0) + dv0 + v_sub0 * 64 + seg * 8;
 #pragma unroll
       for (int k = 0; k < Traits::kVStageBytes / 128 / kRowsPerPass; ++k) {
         const int row = (k * kRowsPerPass) % kPVKeys, sub = (k * kRowsPerPass) / kPVKeys;
         const bool valid = (v_sub0 + sub) * 64 + seg * 8 < out_cols && key0 + row < seq_kv;
-        cp_async_16(stage + k * kRowsPerPass * 128, v_src + row * v_stride + sub * 64, valid);
+        const int64_t src = paged ? key_row(p.v_stride, key0 + row) + dv0 + v_sub0 * 64 + seg * 8 : v_src + row * v_stride;
+        copy_kv_16(stage + k * kRowsPerPass * 128, p.v, src + sub * 64, valid);
       }
     }
     if (++load_r == steps_per_tile) load_r = 0, ++load_tile;

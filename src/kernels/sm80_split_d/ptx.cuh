@@ -21,6 +21,13 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
                "r"(src_bytes));
 }
 
+// A plain 16-byte shared-memory store (a stage filled by the threads
+// themselves: an e4m3 cache's rows converted to 16 bits).
+__device__ __forceinline__ void st_shared_16(uint32_t dst, const uint32_t (&words)[4]) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(words[0]), "r"(words[1]), "r"(words[2]),
+               "r"(words[3]));
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int kPending>

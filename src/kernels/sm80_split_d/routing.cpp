@@ -57,6 +57,12 @@ Status run(const AttentionProblem& problem, Route route, const SplitLaunch& spli
   return instance->launch(problem, route.value_splits, split, stream);
 }
 
+SequenceTiling sequence_tiling(const AttentionProblem& problem, Route route) {
+  const TileShape tile = tile_shape(route.out_cols);
+  const int block_m = tile.warp_rows * tile.warps_m;  // Traits::kBlockM
+  return {block_m, tile.block_n, packed_heads(problem.group_size(), problem.seq_q, block_m), 0};
+}
+
 KvSplits plan_kv_splits(const AttentionProblem& problem, Route route, int sm_count) {
   const TileShape tile = tile_shape(route.out_cols);
   const int block_m = tile.warp_rows * tile.warps_m;

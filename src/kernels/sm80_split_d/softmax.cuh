@@ -54,9 +54,13 @@ __device__ __forceinline__ void Cta<Traits>::softmax(int kv0, SAccumulator& s_ac
   using Layout = typename Traits::SLayout;
   float(&s)[Layout::kElements] = flat(s_acc);
   const int key0 = kv0 + warp_n * Traits::kWarpKeys + 2 * t;
+  if (p.softcap > 0.0f) {
+    apply_softcap<Layout>(s, softcap_factors(p, scale_log2));  // capped scores are in the log2 domain
+  } else {
 #pragma unroll
-  for (int i = 0; i < Layout::kElements; ++i) s[i] *= scale_log2;
-  const KeyLimits limits(p, tile);
+    for (int i = 0; i < Layout::kElements; ++i) s[i] *= scale_log2;
+  }
+  const KeyLimits limits(p, tile, seq);
   const SCoordinates coords{*this};
   if (limits.block_needs_masking(kv0, Traits::kBlockN)) mask_outside_limits<Layout>(s, limits, coords, key0);
   if (p.mask_kind != MaskKind::none) add_mask<Layout>(s, p, tile, coords, key0);

@@ -15,6 +15,7 @@
 #include "kernels/common/split_kv.hpp"
 #include "kernels/common/swizzle.hpp"
 #include "kernels/common/tile_schedule.hpp"
+#include "kernels/serving/plan.hpp"
 #include "kernels/sm80_split_d/split_launch.hpp"
 #include "kernels/sm80_split_d/tiles.hpp"
 
@@ -112,8 +113,14 @@ inline Args forward_args(const AttentionProblem& problem, int value_splits, cons
   return args;
 }
 
+// A serving call's grid is the bound on its tiles (its plan says how many
+// there are: the CTAs past them return at once).
 template <class Traits>
 inline int64_t forward_ctas(const Args& args) {
+  if (args.p.sequences.active) {
+    const SequenceTiling tiling{Traits::kBlockM, Traits::kBlockN, args.heads_per_tile, 0};
+    return serving::max_tiles(args.p, tiling) * args.value_splits;
+  }
   return args.p.batch * (args.p.heads_q / args.heads_per_tile) * args.row_blocks *
          static_cast<int64_t>(args.value_splits) * args.kv_splits;
 }

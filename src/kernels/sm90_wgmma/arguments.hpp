@@ -10,6 +10,7 @@
 #include "common/attention_problem.hpp"
 #include "kernels/common/math_constants.hpp"
 #include "kernels/common/tile_schedule.hpp"
+#include "kernels/serving/plan.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
 #include "kernels/sm90_wgmma/traits.cuh"
 
@@ -58,7 +59,11 @@ ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& 
   // one ring stage per key half and consumer).
   const int head_rows = rows_per_head(Traits::kBlockM, tiles.heads_per_tile);
   ForwardLaunch launch;
-  const int box_rows[4] = {head_rows, Traits::kBlockN, 64, head_rows};
+  // A paged cache: K and V in page-sized boxes (paged_box_rows).
+  const bool paged = problem.sequences.paged();
+  const int k_rows = paged ? paged_box_rows(problem.sequences.page_size, Traits::kBlockN) : Traits::kBlockN;
+  const int v_rows = paged ? paged_box_rows(problem.sequences.page_size, 64) : 64;
+  const int box_rows[4] = {head_rows, k_rows, v_rows, head_rows};
   const int box_heads[4] = {tiles.heads_per_tile, 1, 1, tiles.heads_per_tile};
   for (int i = 0; i < 4; ++i) launch.box_rows[i] = box_rows[i], launch.box_heads[i] = box_heads[i];
   Args& args = launch.args;
@@ -74,9 +79,15 @@ ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& 
   args.split_blocks = tiles.split_blocks;
   args.partial_o = tiles.partial_o;
   args.partial_states = tiles.partial_states;
-  // A tile per KV split.
+  args.split_slots = tiles.split_slots;
+  args.k_page_box_rows = paged ? k_rows : 0;
+  args.v_page_box_rows = paged ? v_rows : 0;
+  // A tile per KV split; a serving call: the bound on its tiles (its plan
+  // says how many there are; CTAs past them return at once).
   launch.tile_count =
-      problem.batch * (problem.heads_q / tiles.heads_per_tile) * args.row_blocks * tiles.splits;  // < 2^30 (routing)
+      problem.sequences.active
+          ? serving::max_tiles(problem, sequence_tiling(tiles))
+          : problem.batch * (problem.heads_q / tiles.heads_per_tile) * args.row_blocks * tiles.splits;  // < 2^30
   return launch;
 }
 

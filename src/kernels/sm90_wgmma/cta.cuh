@@ -40,6 +40,18 @@ struct Cta {
   __device__ __forceinline__ TileCoordinates* tile() const {
     return reinterpret_cast<TileCoordinates*>(smem() + Traits::kTileOffset);
   }
+  // The tile's sequence (its lengths and where its rows lie), beside the tile.
+  __device__ __forceinline__ TileSequence* sequence() const {
+    return reinterpret_cast<TileSequence*>(smem() + Traits::kSequenceOffset);
+  }
+  // A serving call's CTA past its plan's tiles (setup marks it): it does nothing.
+  __device__ __forceinline__ bool idle() const { return sequence()->seq_q < 0; }
+  // Whether the tile writes split-KV's partial rows (a sequence batch: where
+  // its plan split the keys) instead of O and LSE.
+  __device__ __forceinline__ bool writes_partials() const {
+    if (!p.sequences.active) return args.kv_splits > 1;
+    return static_cast<const SequenceScheduleHeader*>(p.sequences.plan)->split_blocks > 0;
+  }
   // The first key of the tile's KV block j (blocks count from its split's first).
   __device__ __forceinline__ int block_key(int j) const { return (tile()->kv_first + j) * Traits::kBlockN; }
 
@@ -78,9 +90,21 @@ struct Cta {
   // Thread 0: the tile of this CTA (the CTAs of a cluster share it) and the barriers.
   __device__ __forceinline__ void setup() const {
     if (threadIdx.x == 0) {
-      *tile() = tile_coordinates<int>(p, static_cast<int>(blockIdx.x / kSplit), args.row_blocks, Traits::kBlockM,
-                                      Traits::kBlockN, args.kv_splits, args.split_blocks, args.heads_per_tile,
-                                      args.first_row_block);
+      const int index = static_cast<int>(blockIdx.x / kSplit);
+      if (p.sequences.active) {
+        // A serving call's tile from its plan (kernels/common/sequence_schedule.hpp).
+        const auto* header = static_cast<const SequenceScheduleHeader*>(p.sequences.plan);
+        const SequenceTiling tiling{Traits::kBlockM, Traits::kBlockN, args.heads_per_tile, args.split_slots};
+        if (index < planned_tiles(*header, tiling)) {
+          *tile() = sequence_tile_coordinates(p, p.sequences.plan, index, tiling, sequence());
+        } else {
+          sequence()->seq_q = -1;  // idle()
+        }
+      } else {
+        *tile() = tile_coordinates<int>(p, index, args.row_blocks, Traits::kBlockM, Traits::kBlockN, args.kv_splits,
+                                        args.split_blocks, args.heads_per_tile, args.first_row_block);
+        *sequence() = tile_sequence(p, tile()->batch);
+      }
       mbarrier_init(q_full(), 1);
       for (int f = 0; f < kFull; ++f) mbarrier_init(full(f), 1);
       for (int s = 0; s < kStages; ++s) mbarrier_init(empty(s), 4);  // a warp of the consumer each

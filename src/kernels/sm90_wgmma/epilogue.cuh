@@ -21,14 +21,13 @@ __device__ __forceinline__ void Consumer<Traits>::store_partial() {
   const TileCoordinates* tile = cta.tile();
   named_barrier_sync(1, 256);  // both consumers: every wgmma has retired, the row sums are final
   const int t = quad_lane();
-  const int64_t rows = p.batch * p.heads_q * p.seq_q;
+  const TileSequence* seq = cta.sequence();
   const int value_dim = static_cast<int>(p.dv());  // O's columns
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int i = tile->query_row(row(h));
-    if (i >= static_cast<int>(p.seq_q)) continue;
-    const int64_t partial_row =
-        tile->kv_split * rows + (static_cast<int64_t>(tile->batch) * p.heads_q + tile->row_head(row(h))) * p.seq_q + i;
+    if (i >= seq->seq_q) continue;
+    const int64_t partial_row = partial_row_index(p, *tile, *seq, tile->row_head(row(h)), i);
     if (split_rank<Traits::kSplit>() == 0 && w == 0 && t == 0) {
       const float* const row_sums = cta.row_sums();
       cta.args.partial_states[partial_row] =
@@ -57,8 +56,18 @@ __device__ __forceinline__ void Consumer<Traits>::store_output(const CUtensorMap
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float total = row_sums[row(h)] + row_sums[64 + row(h)];
-    out_scale[h] = output_row_scale(total, keep_scale);
+    const int head = tile->row_head(row(h));
     const int r = tile->query_row(row(h));
+    if constexpr (!Traits::kFp8) {
+      // The row's end with its head's sink merged in (common/epilogue.cuh).
+      const TileSequence* seq = cta.sequence();
+      const RowEnd end = finish_row(p, head, running_max(tile->kv_blocks - 1, h), total, keep_scale);
+      out_scale[h] = end.out_scale;
+      if (p.lse != nullptr && split_rank<Traits::kSplit>() == 0 && w == 0 && t == 0 && r < seq->seq_q)
+        store_lse(p, seq->q_batch, head, seq->q_begin + r, end.lse);
+      continue;
+    }
+    out_scale[h] = output_row_scale(total, keep_scale);
     // Traits::kQkInt8: NaN where a non-finite Q or K value reaches the row
     // (the pre-pass's row_nan: int8 codes cannot carry it; e4m3 codes do).
     float row_nan = 0.0f;
@@ -67,15 +76,12 @@ __device__ __forceinline__ void Consumer<Traits>::store_output(const CUtensorMap
       out_scale[h] += row_nan;
     }
     if (p.lse != nullptr && split_rank<Traits::kSplit>() == 0 && w == 0 && t == 0 && r < static_cast<int>(p.seq_q)) {
-      const int head = tile->row_head(row(h));
       if constexpr (Traits::kFp8) {
         // Row sums count 448 p; K's mean shifted every score of the row alike.
         float lse = row_log_sum_exp(running_max(tile->kv_blocks - 1, h) - kLog2PScale, total) +
                     quantized_row_term(cta.args.lse_shift, h);
         if constexpr (Traits::kQkInt8) lse += row_nan;
         store_lse(p, tile->batch, head, r, lse);
-      } else {
-        store_lse(p, tile->batch, head, r, row_log_sum_exp(running_max(tile->kv_blocks - 1, h), total));
       }
     }
   }
@@ -117,16 +123,45 @@ __device__ __forceinline__ void Consumer<Traits>::store_output(const CUtensorMap
   }
   fence_proxy_async();
   named_barrier_sync(2 + w, 128);
+  const TileSequence* seq = cta.sequence();
+  const int value_dim = static_cast<int>(p.dv());  // O's columns
+  if (p.sequences.packed_q() && tile->q0 + (1 << tile->row_shift) > seq->seq_q) {
+    // A sequence's last row block in packed q: the rows after it are the next
+    // sequence's, which a TMA store of the whole box would overwrite (TMA
+    // clips at the tensor's end only). Plain 16-byte stores of the rows inside.
+    store_rows_inside(o_tiles, value_dim);
+    return;
+  }
   if (thread == 0) {
-    const int value_dim = static_cast<int>(p.dv());  // O's columns
     for (int box = 0; box < kHalfCols / kOutBoxCols; ++box) {
       const int col = w * kHalfCols + box * kOutBoxCols;  // within this CTA's part of O
       if (cta.vo_col0() + col < value_dim)
-        tma_store_4d(o_map, smem_address(o_tiles + (col / kOutBoxCols) * kTileBytes), cta.vo_col0() + col, tile->q0,
-                     tile->head, tile->batch);
+        tma_store_4d(o_map, smem_address(o_tiles + (col / kOutBoxCols) * kTileBytes), cta.vo_col0() + col,
+                     seq->q_begin + tile->q0, tile->head, seq->q_batch);
     }
     tma_store_commit();
     tma_store_wait_read();
+  }
+}
+
+// This consumer's half of the staged O tile (o_tiles: boxes of [64 rows]
+// [kOutBoxCols], 128-byte swizzle) to global memory row by row, the rows
+// inside the tile's sequence only: 16 bytes a thread at a time.
+template <class Traits>
+__device__ __forceinline__ void Consumer<Traits>::store_rows_inside(const unsigned char* o_tiles, int value_dim) {
+  const AttentionProblem& p = cta.p;
+  const TileCoordinates* tile = cta.tile();
+  const TileSequence* seq = cta.sequence();
+  constexpr int kSegments = kHalfCols / 8;  // 16-byte segments of a row of this half
+  for (int item = thread; item < 64 * kSegments; item += 128) {
+    const int r = item / kSegments, col = w * kHalfCols + (item % kSegments) * 8;
+    const int i = tile->query_row(r);
+    if (i >= seq->seq_q || cta.vo_col0() + col >= value_dim) continue;
+    const uint4 value = *reinterpret_cast<const uint4*>(o_tiles + (col / kOutBoxCols) * kTileBytes +
+                                                        swizzle128<kElementBytes>(r, col % kOutBoxCols));
+    Element* const out = static_cast<Element*>(p.o) + seq->q_batch * p.o_stride[0] +
+                         tile->row_head(r) * p.o_stride[1] + static_cast<int64_t>(seq->q_begin + i) * p.o_stride[2];
+    *reinterpret_cast<uint4*>(out + cta.vo_col0() + col) = value;
   }
 }
 

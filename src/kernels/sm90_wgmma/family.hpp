@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/attention_problem.hpp"
+#include "kernels/common/sequence_schedule.hpp"
 #include "common/quantization_options.hpp"
 #include "kernels/fp8_prepass/workspace.hpp"
 #include "kernels/common/softmax_state.hpp"
@@ -30,6 +31,9 @@ struct TileLaunch {
   // head, or all of them (0): the FP8 path's hybrid rows.
   int first_row_block = 0;
   int row_block_count = 0;
+  // A sequence batch with the KV split on: the CTA slots its plan splits for
+  // (Args::split_slots); 0: unsplit.
+  int split_slots = 0;
 };
 
 using Launcher = Status (*)(const AttentionProblem&, const TileLaunch&, cudaStream_t);
@@ -48,6 +52,22 @@ Status instance_runnable(DType dtype, int device);
 // launch.cuh asserts that Traits agrees): query rows, and keys of a KV block.
 constexpr int kTileRows = 64;
 constexpr int kTileKeys = 128;
+
+// A serving call's tiling by the kernel (its plan cuts the sequences so).
+inline SequenceTiling sequence_tiling(const TileLaunch& tiles) {
+  return {kTileRows, kTileKeys, tiles.heads_per_tile, tiles.split_slots};
+}
+
+// A paged cache's rows in one TMA load of a box of `rows` keys: the largest
+// power of two dividing both the page size and the box (a load never crosses
+// a page). The family serves page sizes that are multiples of 8: the
+// 128-byte swizzle repeats every 8 rows, so a load of fewer would land
+// inside a swizzle atom.
+inline int paged_box_rows(int64_t page_size, int rows) {
+  int box = rows;
+  while (page_size % box != 0) box /= 2;
+  return box;
+}
 
 // CTAs per tile of the instance for head_dim: one up to 512, above a cluster
 // of two, each with half of D (two warpgroups hold O of 64 x 512 at most).
@@ -94,6 +114,7 @@ Status run(const AttentionProblem& problem, int head_dim, const TileLaunch& tile
 struct TilePlan {
   int heads_per_tile = 1;
   KvSplits splits;
+  int split_slots = 0;  // a sequence batch that may split its keys: the plan chooses for these slots
 };
 TilePlan plan_tiles(const AttentionProblem& problem, int head_dim, int sm_count);
 

@@ -155,6 +155,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const Cta<Traits> cta(args);
   cta.setup();
+  if (cta.idle()) return;  // the whole cluster: its CTAs share the tile index
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
@@ -171,7 +172,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   Consumer<Traits> consumer(cta, warpgroup - 1);
   mbarrier_wait(cta.q_full(), 0);
   run_consumer(consumer);
-  if (args.kv_splits > 1) {
+  if (cta.writes_partials()) {
     consumer.store_partial();
   } else {
     consumer.store_output(&o_map);

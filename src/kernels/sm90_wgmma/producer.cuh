@@ -30,6 +30,34 @@ struct Producer {
     return stage;
   }
 
+  // Where key `key` of the tile's sequence lies in the K and V maps: its row
+  // and batch coordinates (a paged cache: its page's row and the page; a key
+  // past the sequence's Nkv reads its last page, which the mask discards).
+  struct KeyCoordinates {
+    int row, batch;
+  };
+  __device__ __forceinline__ KeyCoordinates key_coordinates(int key) const {
+    const TileSequence* seq = cta.sequence();
+    const SequenceLayout& s = cta.p.sequences;
+    if (!s.paged()) return {seq->kv_begin + key, seq->kv_batch};
+    const int last = seq->seq_kv - 1, page_size = static_cast<int>(s.page_size);
+    const int k = key < last ? key : last;
+    const int page = s.block_table[cta.tile()->batch * s.block_table_stride[0] + (k / page_size) * s.block_table_stride[1]];
+    return {k % page_size + (key - k), page};
+  }
+
+  // A paged cache: `rows` rows of a box from key `key`, one TMA load per
+  // page-box (Args::k_page_box_rows / v_page_box_rows rows), into `dst` (a box
+  // of 128-byte rows).
+  __device__ __forceinline__ void load_paged_box(uint32_t dst, const CUtensorMap* map, int col, int key, int rows,
+                                                 int box_rows) {
+    for (int r = 0; r < rows; r += box_rows) {
+      const KeyCoordinates at = key_coordinates(key + r);
+      tma_load_4d(dst + r * kSwizzleRowBytes, map, cta.full(position - 1), col, at.row, cta.tile()->kv_head,
+                  at.batch);
+    }
+  }
+
   __device__ __forceinline__ void load_k(const CUtensorMap* k_map, int j) {
     const TileCoordinates* tile = cta.tile();
 #pragma unroll
@@ -41,8 +69,13 @@ struct Producer {
       // would not fit the producer's 24 registers.
       for (int b = 0; b < boxes; ++b) {
         const int col = (Traits::kSplit == 2 ? opaque(cta.qk_col0()) : cta.qk_col0()) + (2 * ks + b) * kBoxCols;
-        tma_load_4d(cta.ring() + stage * Traits::kStageBytes + b * Traits::kKBoxBytes, k_map,
-                    cta.full(position - 1), col, cta.block_key(j), tile->kv_head, tile->batch);
+        const uint32_t dst = cta.ring() + stage * Traits::kStageBytes + b * Traits::kKBoxBytes;
+        if (cta.p.sequences.paged()) {
+          load_paged_box(dst, k_map, col, cta.block_key(j), Traits::kBlockN, cta.args.k_page_box_rows);
+        } else {
+          const KeyCoordinates at = key_coordinates(cta.block_key(j));
+          tma_load_4d(dst, k_map, cta.full(position - 1), col, at.row, tile->kv_head, at.batch);
+        }
       }
     }
   }
@@ -60,10 +93,16 @@ struct Producer {
       for (int key_half = 0; key_half < 2; ++key_half)
         for (int w = 0; w < 2; ++w) {
           const int stage = acquire(Traits::kVStageBytes);
-          for (int box = 0; box < Traits::kHalfCols / kBoxCols; ++box)
-            tma_load_4d(cta.ring() + stage * Traits::kStageBytes + box * Traits::kTileBytes, v_map,
-                        cta.full(position - 1), cta.vo_col0() + w * Traits::kHalfCols + box * kBoxCols,
-                        cta.block_key(j) + key_half * 64, tile->kv_head, tile->batch);
+          for (int box = 0; box < Traits::kHalfCols / kBoxCols; ++box) {
+            const uint32_t dst = cta.ring() + stage * Traits::kStageBytes + box * Traits::kTileBytes;
+            const int col = cta.vo_col0() + w * Traits::kHalfCols + box * kBoxCols;
+            if (cta.p.sequences.paged()) {
+              load_paged_box(dst, v_map, col, cta.block_key(j) + key_half * 64, 64, cta.args.v_page_box_rows);
+            } else {
+              const KeyCoordinates at = key_coordinates(cta.block_key(j) + key_half * 64);
+              tma_load_4d(dst, v_map, cta.full(position - 1), col, at.row, tile->kv_head, at.batch);
+            }
+          }
         }
     }
   }
@@ -78,8 +117,8 @@ struct Producer {
 #pragma unroll 1
     for (int c = 0; c < Traits::kQKChunks; ++c)  // (kFp8: the codes' rows start at the first quantized row)
       tma_load_4d(cta.q_tiles() + c * Traits::kTileBytes, q_map, cta.q_full(), cta.qk_col0() + c * kBoxCols,
-                  tile->q0 - (Traits::kFp8 ? cta.args.first_row_block * Traits::kBlockM : 0), tile->head,
-                  tile->batch);
+                  cta.sequence()->q_begin + tile->q0 - (Traits::kFp8 ? cta.args.first_row_block * Traits::kBlockM : 0),
+                  tile->head, cta.sequence()->q_batch);
     if (tile->kv_blocks > 0) {
       load_k(k_map, 0);
       for (int j = 1; j < tile->kv_blocks; ++j) {

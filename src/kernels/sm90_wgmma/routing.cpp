@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/common/tile_schedule.hpp"
+#include "kernels/serving/plan.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
 #include "kernels/sm90_wgmma/ring.hpp"
 #include "kernels/sm90_wgmma/tensor_map.hpp"
@@ -34,8 +35,15 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
     return nullptr;
   }
   const int64_t row_blocks = (problem.seq_q + kTileRows - 1) / kTileRows;
-  if (problem.batch * problem.heads_q * row_blocks > INT_MAX / 2) {
+  const int64_t tiles = problem.sequences.active ? serving::max_tiles(problem, SequenceTiling{kTileRows, kTileKeys, 1, 0})
+                                                 : problem.batch * problem.heads_q * row_blocks;
+  if (tiles > INT_MAX / 2) {
     *reason = "more than 2^30 tiles of 64 query rows (B x Hq x ceil(Nq / 64))";
+    return nullptr;
+  }
+  if (problem.sequences.paged() && problem.sequences.page_size % 8 != 0) {
+    *reason = "a paged cache of page size " + std::to_string(problem.sequences.page_size) +
+              ": this family loads pages by TMA, in boxes of a multiple of 8 rows (sm80_split_d serves any page size)";
     return nullptr;
   }
   for (const TensorMapShape& tensor : attention_tensor_shapes(problem)) {
@@ -74,6 +82,7 @@ const Fp8Instance* route_fp8(const AttentionProblem& problem, std::string* reaso
 
 bool starts_s_at_mask(const AttentionProblem& problem, int head_dim) {
   if (problem.mask_kind == MaskKind::none || !problem.mask_key_pairs || problem.has_dropout()) return false;
+  if (problem.softcap > 0.0f) return false;  // the softcap acts on the scores before the mask is added
   if (packed_heads(problem.group_size(), problem.seq_q, kTileRows) > 1) return false;  // load_mask_pairs: unpacked rows
   const float inverse_scale = 1.0f / problem.scale;
   if (!std::isfinite(inverse_scale) || inverse_scale == 0.0f) return false;
@@ -83,6 +92,12 @@ bool starts_s_at_mask(const AttentionProblem& problem, int head_dim) {
 TilePlan plan_tiles(const AttentionProblem& problem, int head_dim, int sm_count) {
   TilePlan plan;
   plan.heads_per_tile = packed_heads(problem.group_size(), problem.seq_q, kTileRows);
+  if (problem.sequences.active) {
+    // A sequence batch: its plan chooses the split on the device, from the
+    // batch's lengths, where every sequence is one row block (decode).
+    if (serving::may_split(problem, kTileRows, plan.heads_per_tile)) plan.split_slots = sm_count / cluster_size(head_dim);
+    return plan;
+  }
   const int64_t tiles = problem.batch * (problem.heads_q / plan.heads_per_tile) *
                         head_row_blocks(problem.seq_q, kTileRows, plan.heads_per_tile);
   plan.splits = choose_kv_splits(tiles, problem.seq_kv, sm_count / cluster_size(head_dim), kTileKeys);

@@ -55,11 +55,13 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
       s[i] = fold ? code_score : code_score * code_factor;
     }
     if (fold) factor = code_factor;
+  } else if (p.softcap > 0.0f) {
+    apply_softcap<Layout>(s, softcap_factors(p, cta.args.scale_log2));  // capped scores are in the log2 domain
   } else {
 #pragma unroll
     for (int i = 0; i < 64; ++i) s[i] *= cta.args.scale_log2;
   }
-  const KeyLimits limits(p, *tile);
+  const KeyLimits limits(p, *tile, *cta.sequence());
   const SCoordinates coords{*this};
   if (limits.block_needs_masking(kv0, kBlockN)) mask_outside_limits<Layout>(s, limits, coords, kv0 + 2 * t);  // -inf
   if (p.mask_kind != MaskKind::none && !mask_in_s(j)) add_mask<Layout, Traits::kMaskBlocksInFlight, Traits::kMaskPairLoads>(s, p, *tile, coords, kv0 + 2 * t);

@@ -34,10 +34,22 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }  // namespace
 
 std::array<TensorMapShape, 4> attention_tensor_shapes(const AttentionProblem& p) {
-  return {TensorMapShape{p.q, p.dtype, p.batch, p.heads_q, p.seq_q, p.head_dim, p.q_stride},
-          TensorMapShape{p.k, p.dtype, p.batch, p.heads_kv, p.seq_kv, p.head_dim, p.k_stride},
-          TensorMapShape{p.v, p.dtype, p.batch, p.heads_kv, p.seq_kv, p.dv(), p.v_stride},
-          TensorMapShape{p.o, p.dtype, p.batch, p.heads_q, p.seq_q, p.dv(), p.o_stride}};
+  // A serving call's tensors as they are: packed rows of one batch entry, a
+  // batch entry per sequence, or a paged cache's pages (docs/serving.md).
+  const SequenceLayout& s = p.sequences;
+  const int64_t q_batch = s.packed_q() ? 1 : p.batch, q_rows = s.packed_q() ? s.packed_rows_q : p.seq_q;
+  int64_t kv_batch = p.batch, kv_rows = p.seq_kv;
+  if (s.paged()) {
+    kv_batch = s.num_blocks, kv_rows = s.page_size;
+  } else if (s.packed_k()) {
+    kv_batch = 1, kv_rows = s.packed_rows_k;
+  } else if (s.active) {
+    kv_rows = s.keys_per_sequence;
+  }
+  return {TensorMapShape{p.q, p.dtype, q_batch, p.heads_q, q_rows, p.head_dim, p.q_stride},
+          TensorMapShape{p.k, p.dtype, kv_batch, p.heads_kv, kv_rows, p.head_dim, p.k_stride},
+          TensorMapShape{p.v, p.dtype, kv_batch, p.heads_kv, kv_rows, p.dv(), p.v_stride},
+          TensorMapShape{p.o, p.dtype, q_batch, p.heads_q, q_rows, p.dv(), p.o_stride}};
 }
 
 bool tensor_map_addressable(const TensorMapShape& shape) {

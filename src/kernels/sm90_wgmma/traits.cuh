@@ -112,11 +112,13 @@ struct Traits {
   static constexpr int kStatsOffset = kExchangeOffset + kExchangeBytes;          // float [2][2][64]
   static constexpr int kRowSumOffset = kStatsOffset + 2 * 2 * kBlockM * 4;        // float [2][64]
   static constexpr int kTileOffset = kRowSumOffset + 2 * kBlockM * 4;  // TileCoordinates
+  static constexpr int kSequenceOffset = kTileOffset + 32;              // TileSequence
   // kDropout: one block's keep bits, uint32 [64 rows][4 quad lanes] (bit
   // 2 b + e of word [r][t]: key 8 b + 2t + e of row r). One buffer: the 1 KB
   // is what the 227 KB leave at D = 512 and 1024.
-  static constexpr int kKeepOffset = kTileOffset + 32;
-  static_assert(sizeof(TileCoordinates) <= 32, "the tile's 32 bytes of shared memory");
+  static constexpr int kKeepOffset = kSequenceOffset + 32;
+  static_assert(sizeof(TileCoordinates) <= 32 && sizeof(TileSequence) <= 32,
+                "the tile's and its sequence's 32 bytes of shared memory each");
   static constexpr int kKeepBytes = kDropoutWarps ? kBlockM * 4 * 4 : 0;
   static constexpr int kBarrierOffset = kKeepOffset + kKeepBytes;
   // q_full, full[kFullBarriers], empty[kStages], p_full[2], p_empty[2]
@@ -155,6 +157,10 @@ struct Args {
   // instead of O and LSE; kernels/split_kv/combine.cu merges them.
   int kv_splits = 1;
   int split_blocks = 0;
+  // A sequence batch with the KV split on (decode): its plan chooses the
+  // blocks per split for this many CTA slots (kernels/common/sequence_schedule.hpp),
+  // and the tiles write partial rows where it split.
+  int split_slots = 0;
   float* partial_o = nullptr;
   RowSoftmaxState* partial_states = nullptr;
   // Traits::kFp8: the pre-pass's scales (kernels/fp8_prepass/workspace.hpp),
@@ -173,6 +179,10 @@ struct Args {
   // current block's scale, each block's factor times old / new scale.
   bool v_scale_per_block = false;
   const float* v_mean = nullptr;  // smooth-V: added back to every row that attends a key
+  // A paged cache (AttentionProblem::sequences): the rows of one TMA load of
+  // K (of a 128-key block) and of V (of a 64-key half), a divisor of both and
+  // of the page size (the maps' boxes: a load never crosses a page).
+  int k_page_box_rows = 0, v_page_box_rows = 0;
 };
 
 }  // namespace ffpa::detail::sm90_wgmma

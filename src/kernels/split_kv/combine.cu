@@ -20,7 +20,10 @@
 
 #include "host/cuda_status.hpp"
 #include "kernels/common/epilogue.cuh"
+#include "kernels/common/math_constants.hpp"
+#include "kernels/common/sequence_schedule.hpp"
 #include "kernels/common/split_kv.hpp"
+#include "kernels/common/tile_schedule.hpp"
 
 namespace ffpa::detail::split_kv {
 namespace {
@@ -52,6 +55,46 @@ __device__ __forceinline__ void add_scaled(float4& acc, float4 value, float w) {
   acc.w += value.w * w;
 }
 
+// Which output row a combine CTA merges, and where its splits' partial rows
+// are: slot(s) = first + s x stride. A dense call's row (b x Hq + h) x Nq + i;
+// a sequence batch's row q x Hq + h of its plan's query rows q (sequence b's
+// row i), or none (past the plan's rows, or a plan with no split).
+struct CombineRow {
+  bool valid = false;
+  int64_t b = 0, h = 0, i = 0;
+  int splits = 0;
+  int64_t first = 0, stride = 0;
+  TileSequence seq{};
+};
+
+__device__ __forceinline__ CombineRow combine_row(const AttentionProblem& p, const Partials& partials, int64_t row,
+                                                  int64_t rows) {
+  CombineRow c;
+  if (!p.sequences.active) {
+    const int64_t bh = row / p.seq_q;
+    c.i = row % p.seq_q, c.b = bh / p.heads_q, c.h = bh % p.heads_q;
+    c.splits = partials.splits, c.first = row, c.stride = rows;
+    c.seq = tile_sequence(p, static_cast<int>(c.b));
+    c.valid = true;
+    return c;
+  }
+  const auto* header = static_cast<const SequenceScheduleHeader*>(p.sequences.plan);
+  const PlanArrays arrays = plan_arrays(p.sequences.plan, p.batch);
+  const int64_t q = row / p.heads_q;
+  if (header->tiles == 0 || header->split_blocks == 0 || q >= arrays.first_row[p.batch]) return c;
+  c.h = row % p.heads_q;
+  c.b = sequence_holding(arrays.first_row, static_cast<int>(p.batch), static_cast<int>(q));
+  c.i = q - arrays.first_row[c.b];
+  c.seq = tile_sequence(p, static_cast<int>(c.b));
+  Sequence lengths;
+  lengths.seq_kv = c.seq.seq_kv;
+  c.splits = static_cast<int>(sequence_splits(lengths, header->tiling.block_n, header->split_blocks));
+  c.first = arrays.first_partial[c.b] + c.h * c.seq.seq_q + c.i;
+  c.stride = p.heads_q * static_cast<int64_t>(c.seq.seq_q);
+  c.valid = true;
+  return c;
+}
+
 template <typename Out>
 __global__ void __launch_bounds__(kMaxWarps * 32) combine_kernel(const AttentionProblem p, const Partials partials,
                                                                   int64_t rows) {
@@ -64,7 +107,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32) combine_kernel(const Attention
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int warps = static_cast<int>(blockDim.x / 32);
-  const int64_t row = blockIdx.x;
+  const CombineRow row = combine_row(p, partials, blockIdx.x, rows);
+  if (!row.valid) return;
   // The merged state: the maximum over the splits, then the sum relative to it
   // (split_kv.hpp's merge_split_states, spread over the lanes).
   RowSoftmaxState mine[kSplitsPerLane];
@@ -72,7 +116,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) combine_kernel(const Attention
 #pragma unroll
   for (int k = 0; k < kSplitsPerLane; ++k) {
     const int s = lane + 32 * k;
-    mine[k] = s < partials.splits ? partials.states[s * rows + row] : RowSoftmaxState{};
+    mine[k] = s < row.splits ? partials.states[row.first + s * row.stride] : RowSoftmaxState{};
     max_log2 = fmaxf(max_log2, mine[k].max_log2);
   }
   RowSoftmaxState merged;
@@ -81,6 +125,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32) combine_kernel(const Attention
 #pragma unroll
   for (int k = 0; k < kSplitsPerLane; ++k) sum += mine[k].sum * rescale_factor(mine[k].max_log2, merged.max_log2);
   merged.sum = warp_sum(sum);
+  const RowSoftmaxState keys = merged;  // without the sink: whether the row attends a key (combined_output)
+  // The head's sink joins the denominator once (common/epilogue.cuh's finish_row).
+  if (p.sinks != nullptr) {
+    merged = merge_row_states(merged, RowSoftmaxState{p.sinks[row.h * p.sinks_stride] * kLog2e, 1.0f}).state;
+  }
   float weight[kSplitsPerLane];
   const float keep_scale = p.dropout_p > 0.0f ? p.dropout_scale : 1.0f;
 #pragma unroll
@@ -91,14 +140,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32) combine_kernel(const Attention
   const bool in_row = col < head_dim;  // Dv % 8 == 0: all four columns or none
   float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 4
-  for (int s = warp; s < partials.splits; s += warps) {
+  for (int s = warp; s < row.splits; s += warps) {
     float w = 0.0f;  // split s's weight: lane s % 32, slot s / 32
 #pragma unroll
     for (int k = 0; k < kSplitsPerLane; ++k) {
       const float from_lane = __shfl_sync(0xFFFFFFFFu, weight[k], s % 32);
       if (s / 32 == k) w = from_lane;
     }
-    const float* const o_split = partials.o + (s * rows + row) * head_dim;
+    const float* const o_split = partials.o + (row.first + s * row.stride) * head_dim;
     const float4 value = in_row ? __ldg(reinterpret_cast<const float4*>(o_split + col)) : make_float4(0, 0, 0, 0);
     add_scaled(acc, value, w);
   }
@@ -112,24 +161,25 @@ __global__ void __launch_bounds__(kMaxWarps * 32) combine_kernel(const Attention
     acc.z += other.z;
     acc.w += other.w;
   }
-  const int64_t seq_q = p.seq_q;
-  const int64_t bh = row / seq_q, i = row % seq_q;
-  const int64_t b = bh / p.heads_q, h = bh % p.heads_q;
+  const int64_t h = row.h, i = row.seq.q_begin + row.i;  // a sequence's rows lie from q_begin
   if (p.lse != nullptr && lane == 0 && blockIdx.y == 0) {
-    store_lse(p, static_cast<int>(b), static_cast<int>(h), static_cast<int>(i), log_sum_exp(merged));
+    store_lse(p, row.seq.q_batch, static_cast<int>(h), static_cast<int>(i), log_sum_exp(merged));
   }
-  Out* const out = static_cast<Out*>(p.o) + b * p.o_stride[0] + h * p.o_stride[1] + i * p.o_stride[2] + col;
-  out[0] = Out(combined_output(acc.x, merged));
-  out[1] = Out(combined_output(acc.y, merged));
-  out[2] = Out(combined_output(acc.z, merged));
-  out[3] = Out(combined_output(acc.w, merged));
+  Out* const out = static_cast<Out*>(p.o) + row.seq.q_batch * p.o_stride[0] + h * p.o_stride[1] + i * p.o_stride[2] + col;
+  out[0] = Out(combined_output(acc.x, keys));
+  out[1] = Out(combined_output(acc.y, keys));
+  out[2] = Out(combined_output(acc.z, keys));
+  out[3] = Out(combined_output(acc.w, keys));
 }
 
 }  // namespace
 
 PartialLayout partial_layout(const AttentionProblem& problem, int splits) {
+  return partial_layout_of_rows(problem, static_cast<int64_t>(splits) * problem.batch * problem.heads_q * problem.seq_q);
+}
+
+PartialLayout partial_layout_of_rows(const AttentionProblem& problem, int64_t rows) {
   auto aligned = [](int64_t bytes) { return (bytes + 255) / 256 * 256; };
-  const int64_t rows = static_cast<int64_t>(splits) * problem.batch * problem.heads_q * problem.seq_q;
   PartialLayout layout;
   layout.states_offset = aligned(rows * problem.dv() * 4);
   layout.bytes = layout.states_offset + aligned(rows * static_cast<int64_t>(sizeof(RowSoftmaxState)));
@@ -138,16 +188,20 @@ PartialLayout partial_layout(const AttentionProblem& problem, int splits) {
 
 Status launch_combine(const AttentionProblem& problem, const Partials& partials, bool programmatic,
                       cudaStream_t stream) {
-  if (partials.splits < 1 || partials.splits > kMaxKvSplits) {
+  const bool sequences = problem.sequences.active;  // each sequence its plan's splits (at most kMaxKvSplits)
+  if (!sequences && (partials.splits < 1 || partials.splits > kMaxKvSplits)) {
     return {StatusCode::invalid_option, "split-KV combine: " + std::to_string(partials.splits) +
                                             " splits, expected 1 to " + std::to_string(kMaxKvSplits)};
   }
-  const int64_t rows = problem.batch * problem.heads_q * problem.seq_q;
+  // A sequence batch: a CTA per (query row bound, head); the plan says which are rows.
+  const SequenceLayout& s = problem.sequences;
+  const int64_t rows = sequences ? problem.heads_q * (s.packed_q() ? s.packed_rows_q : problem.batch * problem.seq_q)
+                                 : problem.batch * problem.heads_q * problem.seq_q;
   if (rows == 0) return {};
   if (rows > INT_MAX) return {StatusCode::impl_unavailable, "split-KV combine: more than 2^31 rows"};
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(rows), static_cast<unsigned>((problem.dv() + kChunkColumns - 1) / kChunkColumns));
-  config.blockDim = dim3(32 * std::min(partials.splits, kMaxWarps));
+  config.blockDim = dim3(32 * (sequences ? kMaxWarps : std::min(partials.splits, kMaxWarps)));
   config.stream = stream;
   // On Hopper the combine is the attention kernel's programmatic dependent:
   // its CTAs launch while the last attention CTAs finish and wait in

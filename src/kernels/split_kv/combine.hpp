@@ -14,7 +14,9 @@
 namespace ffpa::detail::split_kv {
 
 // Row r = (b x Hq + h) x Nq + i of split s: unnormalized O at o[(s x rows + r)
-// x Dv + c] (fp32), its state at states[s x rows + r].
+// x Dv + c] (fp32), its state at states[s x rows + r]. A sequence batch
+// (splits 0): each sequence's splits and partial rows as its plan placed
+// them (tile_schedule.hpp: partial_row_index).
 struct Partials {
   const float* o = nullptr;
   const RowSoftmaxState* states = nullptr;
@@ -27,6 +29,7 @@ struct PartialLayout {
   int64_t o_offset = 0, states_offset = 0, bytes = 0;
 };
 PartialLayout partial_layout(const AttentionProblem& problem, int splits);
+PartialLayout partial_layout_of_rows(const AttentionProblem& problem, int64_t rows);
 
 // O (the problem's dtype and strides, scaled for dropout) and, when asked, LSE
 // from the partials, on `stream`; `programmatic`: launched as the programmatic

@@ -15,6 +15,10 @@ namespace ffpa::detail::sm80_split_d {
 
 inline void cp_async_16(uint32_t dst, const void* src, bool valid) { ::ffpa::emulation::cp_async_16(dst, src, valid); }
 
+inline void st_shared_16(uint32_t dst, const uint32_t (&words)[4]) {
+  std::memcpy(::ffpa::emulation::shared_memory_base() + dst, words, 16);
+}
+
 inline void cp_async_commit() { ::ffpa::emulation::cp_async_commit(); }
 
 template <int kPending>

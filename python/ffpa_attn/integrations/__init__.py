@@ -1,0 +1,1 @@
+"""ffpa as an attention implementation of other libraries (each module imports its library on import)."""

@@ -1,0 +1,130 @@
+// The schedule of a serving call's tiles, host and device: what the plan
+// writes (kernels/serving/plan.cu on the device, plan_on_host for the CPU)
+// and the kernels and the split-KV combine read. A sequence's tiles are
+// contiguous in the launch's linear order, sequence after sequence; within
+// one they follow a dense call's order (row block fastest, then KV split,
+// then head group). A tile finds its sequence by binary search over the
+// sequences' first tiles, so the launch (sized by the host's bound on the
+// tile count) needs no host synchronization; tiles past the count return at
+// once. With the KV split on (decode: one row block a sequence), the plan
+// also chooses the keys per split from the batch's lengths, and places each
+// sequence's partial rows.
+#pragma once
+
+#include <cstdint>
+
+#include "common/attention_problem.hpp"
+#include "common/host_device.hpp"
+#include "kernels/common/split_kv.hpp"
+
+namespace ffpa::detail {
+
+// How the kernels cut each sequence into tiles: the family's tile shape and
+// GQA packing, and (split_slots > 0) the KV split on for a kernel that fills
+// split_slots CTA slots (SMs / CTAs a tile): the plan chooses its blocks per
+// split.
+struct SequenceTiling {
+  int block_m = 64, block_n = 128, heads_per_tile = 1;
+  int split_slots = 0;
+};
+
+FFPA_HOST_DEVICE bool operator==(const SequenceTiling& a, const SequenceTiling& b) {
+  return a.block_m == b.block_m && a.block_n == b.block_n && a.heads_per_tile == b.heads_per_tile &&
+         a.split_slots == b.split_slots;
+}
+
+// The plan's verdict and totals, at the start of its buffer (its arrays
+// follow: PlanArrays). A kernel runs a plan's tiles only when the plan was cut
+// by its own tiling (a plan made for another kernel is a misuse: the kernel
+// writes nothing).
+struct SequenceScheduleHeader {
+  int32_t fault = 0;     // SequenceFault of the first sequence found wrong (none: the schedule holds)
+  int32_t sequence = 0;  // which sequence
+  int64_t value = 0;     // SequenceCheck's value and index
+  int64_t index = 0;
+  int32_t tiles = 0;         // tiles of the whole batch
+  int32_t split_blocks = 0;  // KV blocks per split (0: unsplit, the kernels write O and LSE)
+  SequenceTiling tiling;     // the tiling the plan cut by
+};
+
+// The plan's arrays after its header, int32 [B + 1] each, prefix sums over
+// the sequences: their first tiles, first pages (of the flat list of pages
+// the batch reads), first partial rows (split: a sequence's partial rows, in
+// (split, head, row) order) and first query rows (of the batch's rows in
+// sequence order: the combine's rows).
+struct PlanArrays {
+  int32_t *first_tile, *first_page, *first_partial, *first_row;
+};
+
+FFPA_HOST_DEVICE PlanArrays plan_arrays(const void* plan, int64_t batch) {
+  int32_t* const base =
+      reinterpret_cast<int32_t*>(const_cast<SequenceScheduleHeader*>(static_cast<const SequenceScheduleHeader*>(plan)) + 1);
+  return {base, base + (batch + 1), base + 2 * (batch + 1), base + 3 * (batch + 1)};
+}
+
+FFPA_HOST_DEVICE int64_t plan_bytes_for(int64_t batch) {
+  return static_cast<int64_t>(sizeof(SequenceScheduleHeader)) + 4 * (batch + 1) * static_cast<int64_t>(sizeof(int32_t));
+}
+
+// The tiles a kernel of tiling `tiling` runs from a plan: its count, or 0
+// (a fault, or a plan cut by another tiling).
+FFPA_HOST_DEVICE int planned_tiles(const SequenceScheduleHeader& header, const SequenceTiling& tiling) {
+  return header.fault == 0 && header.tiling == tiling ? header.tiles : 0;
+}
+
+// A sequence's KV splits of split_blocks blocks (1 unsplit, or with no key).
+FFPA_HOST_DEVICE int64_t sequence_splits(const Sequence& seq, int block_n, int64_t split_blocks) {
+  if (split_blocks <= 0) return 1;
+  const int64_t kv_blocks = (seq.seq_kv + block_n - 1) / block_n;
+  return kv_blocks > 0 ? (kv_blocks + split_blocks - 1) / split_blocks : 1;
+}
+
+// The tiles of one sequence (its row blocks, splits and head groups).
+FFPA_HOST_DEVICE int64_t sequence_tiles(const AttentionProblem& p, const Sequence& seq, const SequenceTiling& tiling,
+                                        int64_t split_blocks) {
+  const int rows = tiling.block_m / tiling.heads_per_tile;
+  const int64_t row_blocks = (seq.seq_q + rows - 1) / rows;
+  return row_blocks * sequence_splits(seq, tiling.block_n, split_blocks) * (p.heads_q / tiling.heads_per_tile);
+}
+
+// The last index b < count with first[b] <= value (first non-decreasing,
+// first[0] <= value < first[count]): the sequence holding tile `value` (or
+// query row, of first rows), skipping sequences with none.
+FFPA_HOST_DEVICE int sequence_holding(const int32_t* first, int count, int value) {
+  int lo = 0, hi = count;  // first[lo] <= value < first[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (first[mid] <= value) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+
+// The split-KV rule for a sequence batch (the dense rule's time model,
+// split_kv.hpp's split_cost, over the batch's own lengths): the blocks per
+// split among candidate powers of two (and their halves between) that give
+// the fewest waves times the work of a split, at most `max_tiles` tiles and
+// kMaxKvSplits splits a sequence; 0
+// when no split beats the unsplit tiles. `tiles_of(s)`: the batch's tiles with
+// s blocks a split; max_blocks: its longest sequence's blocks.
+template <class TilesOf>
+FFPA_HOST_DEVICE int64_t choose_split_blocks(TilesOf&& tiles_of, int64_t max_blocks, int block_n, int slots,
+                                             int64_t max_tiles) {
+  if (max_blocks <= 1 || slots <= 0) return 0;
+  const int64_t unsplit_tiles = tiles_of(0);
+  if (unsplit_tiles >= slots) return 0;  // the tiles fill the slots alone (the dense rule)
+  double best_cost = split_cost(unsplit_tiles, 1, max_blocks * block_n, slots);
+  int64_t best = 0;
+  for (int64_t s = 1; s < max_blocks; s = s < 2 ? s + 1 : (s & (s - 1)) == 0 ? s + s / 2 : s / 3 * 4) {
+    const int64_t tiles = tiles_of(s);
+    if (tiles > max_tiles || (max_blocks + s - 1) / s > kMaxKvSplits) continue;  // the combine's splits a row
+    const double cost = split_cost(tiles, 1, s * block_n, slots);
+    if (cost < best_cost) best_cost = cost, best = s;
+  }
+  return best;
+}
+
+}  // namespace ffpa::detail

@@ -1,0 +1,254 @@
+// The plan of a serving call (plan.hpp): one CTA checks every sequence's
+// lengths, then every page its keys read; with the KV split on it chooses the
+// blocks per split from the batch's lengths (sequence_schedule.hpp's rule,
+// evaluated for every candidate by block reductions); then it writes each
+// sequence's first tile, page, partial row and query row. A fault is reported
+// for the lowest sequence that has one (its lowest page), the same sequence
+// the host's checks name; a faulty plan has no tiles, so the kernels that
+// read it write nothing.
+#include "kernels/serving/plan.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <vector>
+
+#include "host/cuda_status.hpp"
+
+namespace ffpa::detail::serving {
+namespace {
+
+constexpr int kPlanThreads = 1024;
+// The split candidates the plan evaluates (sequence_schedule.hpp's sequence:
+// 1, 2, 3, 4, 6, 8, 12, ...): enough for 2^20 blocks a sequence.
+constexpr int kSplitCandidates = 40;
+
+// A fault's order: the sequence, then (a page fault) the page; a length fault
+// of a sequence comes before its pages (they are not read then).
+__device__ unsigned long long fault_key(int64_t b, int64_t page) {
+  return (static_cast<unsigned long long>(b) << 32) | static_cast<unsigned long long>(page + 1);
+}
+
+__host__ __device__ int64_t next_candidate(int64_t s) {
+  return s < 2 ? s + 1 : (s & (s - 1)) == 0 ? s + s / 2 : s / 3 * 4;
+}
+
+// Block-wide exclusive prefix sum of one value per thread, with the running
+// total carried across calls (`carry`, shared).
+__device__ int32_t exclusive_scan(int32_t value, int32_t* scratch, int32_t* carry) {
+  const int tid = static_cast<int>(threadIdx.x);
+  scratch[tid] = value;
+  __syncthreads();
+  for (int offset = 1; offset < kPlanThreads; offset *= 2) {
+    const int32_t other = tid >= offset ? scratch[tid - offset] : 0;
+    __syncthreads();
+    scratch[tid] += other;
+    __syncthreads();
+  }
+  const int32_t result = *carry + scratch[tid] - value;
+  __syncthreads();
+  if (tid == kPlanThreads - 1) *carry += scratch[tid];
+  __syncthreads();
+  return result;
+}
+
+// The host's bound on a split plan's tiles (max_tiles with the split on).
+__host__ __device__ int64_t split_tile_bound(const AttentionProblem& p, const SequenceTiling& tiling) {
+  return (p.heads_q / tiling.heads_per_tile) * p.batch + 4LL * tiling.split_slots;
+}
+
+__global__ void __launch_bounds__(kPlanThreads) plan_kernel(const AttentionProblem p, const SequenceTiling tiling,
+                                                            void* plan) {
+  __shared__ int32_t scratch[kPlanThreads];
+  __shared__ int32_t tile_carry, page_carry, partial_carry, row_carry;
+  __shared__ unsigned long long first_fault;
+  __shared__ unsigned long long candidate_tiles[kSplitCandidates];
+  __shared__ int max_blocks;
+  __shared__ int32_t split_blocks;
+  const int tid = static_cast<int>(threadIdx.x);
+  const SequenceLayout& s = p.sequences;
+  const PlanArrays arrays = plan_arrays(plan, p.batch);
+  const int64_t groups = p.heads_q / tiling.heads_per_tile;
+  if (tid == 0) tile_carry = page_carry = partial_carry = row_carry = 0, first_fault = ULLONG_MAX, max_blocks = 0;
+  if (tid < kSplitCandidates) candidate_tiles[tid] = 0;
+  __syncthreads();
+
+  // Lengths (a faulty sequence gets no tiles), and with the split on every
+  // candidate's tiles over the batch.
+  for (int64_t b = tid; b < p.batch; b += kPlanThreads) {
+    const SequenceCheck check = check_sequence(s, b, p.seq_q, p.seq_kv);
+    if (check.fault != SequenceFault::none) {
+      atomicMin(&first_fault, fault_key(b, -1));
+      continue;
+    }
+    if (tiling.split_slots <= 0) continue;
+    const Sequence seq = sequence_at(s, b);
+    const int rows = tiling.block_m / tiling.heads_per_tile;
+    const int64_t row_blocks = (seq.seq_q + rows - 1) / rows;
+    atomicMax(&max_blocks, static_cast<int>((seq.seq_kv + tiling.block_n - 1) / tiling.block_n));
+    int64_t split = 0;
+    for (int c = 0; c < kSplitCandidates; ++c, split = next_candidate(split))
+      atomicAdd(&candidate_tiles[c],
+                static_cast<unsigned long long>(row_blocks * sequence_splits(seq, tiling.block_n, split) * groups));
+  }
+  __syncthreads();
+  if (tid == 0) {
+    // Candidate c's blocks per split: the c-th of 0, 1, 2, 3, 4, 6, 8, ...
+    split_blocks = static_cast<int32_t>(choose_split_blocks(
+        [&](int64_t blocks) -> int64_t {
+          int64_t split = 0;
+          for (int c = 0; c < kSplitCandidates; ++c, split = next_candidate(split))
+            if (split == blocks) return static_cast<int64_t>(candidate_tiles[c]);
+          return INT64_MAX;
+        },
+        max_blocks, tiling.block_n, tiling.split_slots, split_tile_bound(p, tiling)));
+  }
+  __syncthreads();
+
+  // Each sequence's first tile, page, partial row and query row.
+  for (int64_t chunk = 0; chunk < p.batch; chunk += kPlanThreads) {
+    const int64_t b = chunk + tid;
+    int32_t tiles = 0, pages = 0, partials = 0, rows = 0;
+    if (b < p.batch && check_sequence(s, b, p.seq_q, p.seq_kv).fault == SequenceFault::none) {
+      const Sequence seq = sequence_at(s, b);
+      tiles = static_cast<int32_t>(sequence_tiles(p, seq, tiling, split_blocks));
+      pages = s.paged() ? static_cast<int32_t>(pages_read(s, b)) : 0;
+      rows = static_cast<int32_t>(seq.seq_q);
+      partials = split_blocks > 0
+                     ? static_cast<int32_t>(sequence_splits(seq, tiling.block_n, split_blocks) * p.heads_q * seq.seq_q)
+                     : 0;
+    }
+    const int32_t first_tile = exclusive_scan(tiles, scratch, &tile_carry);
+    const int32_t first_page = exclusive_scan(pages, scratch, &page_carry);
+    const int32_t first_partial = exclusive_scan(partials, scratch, &partial_carry);
+    const int32_t first_row = exclusive_scan(rows, scratch, &row_carry);
+    if (b < p.batch) {
+      arrays.first_tile[b] = first_tile, arrays.first_page[b] = first_page;
+      arrays.first_partial[b] = first_partial, arrays.first_row[b] = first_row;
+    }
+  }
+  if (tid == 0) {
+    arrays.first_tile[p.batch] = tile_carry, arrays.first_page[p.batch] = page_carry;
+    arrays.first_partial[p.batch] = partial_carry, arrays.first_row[p.batch] = row_carry;
+  }
+  __syncthreads();
+
+  // Every page read, spread over the threads: thread t takes pages t, t +
+  // kPlanThreads, ... of the flat list, walking its sequence forward.
+  if (s.paged()) {
+    int64_t b = 0;
+    for (int32_t flat = tid; flat < page_carry; flat += kPlanThreads) {
+      while (arrays.first_page[b + 1] <= flat) ++b;
+      const int64_t page = flat - arrays.first_page[b];
+      if (check_pages(s, b, page, page + 1).fault != SequenceFault::none) atomicMin(&first_fault, fault_key(b, page));
+    }
+  }
+  __syncthreads();
+
+  if (tid == 0) {
+    SequenceScheduleHeader header;
+    header.tiling = tiling;
+    header.split_blocks = split_blocks;
+    if (first_fault != ULLONG_MAX) {
+      const int64_t b = static_cast<int64_t>(first_fault >> 32);
+      const int64_t page = static_cast<int64_t>(first_fault & 0xFFFFFFFFull) - 1;
+      const SequenceCheck check = page < 0 ? check_sequence(s, b, p.seq_q, p.seq_kv) : check_pages(s, b, page, page + 1);
+      header.fault = static_cast<int32_t>(check.fault);
+      header.sequence = static_cast<int32_t>(b);
+      header.value = check.value;
+      header.index = check.index;
+      header.tiles = 0;
+    } else {
+      header.tiles = tile_carry;
+    }
+    *static_cast<SequenceScheduleHeader*>(plan) = header;
+  }
+}
+
+}  // namespace
+
+int64_t plan_bytes(const AttentionProblem& problem) { return plan_bytes_for(problem.batch); }
+
+int64_t max_tiles(const AttentionProblem& problem, const SequenceTiling& tiling) {
+  if (tiling.split_slots > 0) return split_tile_bound(problem, tiling);
+  const SequenceLayout& s = problem.sequences;
+  const int64_t rows = tiling.block_m / tiling.heads_per_tile;
+  const int64_t row_blocks = s.packed_q() ? (s.packed_rows_q + rows - 1) / rows + problem.batch
+                                          : problem.batch * ((problem.seq_q + rows - 1) / rows);
+  return row_blocks * (problem.heads_q / tiling.heads_per_tile);
+}
+
+int64_t max_partial_rows(const AttentionProblem& problem, const SequenceTiling& tiling) {
+  if (tiling.split_slots <= 0) return 0;
+  const int64_t rows = tiling.block_m / tiling.heads_per_tile;
+  return max_tiles(problem, tiling) * tiling.heads_per_tile * (problem.seq_q < rows ? problem.seq_q : rows);
+}
+
+bool may_split(const AttentionProblem& problem, int block_m, int heads_per_tile) {
+  return problem.seq_q <= block_m / heads_per_tile;  // one row block a sequence
+}
+
+Status launch_plan(const AttentionProblem& problem, const SequenceTiling& tiling, void* plan, cudaStream_t stream) {
+  plan_kernel<<<1, kPlanThreads, 0, stream>>>(problem, tiling, plan);
+  return cuda_status(cudaGetLastError(), "the serving plan kernel");
+}
+
+void plan_on_host(const AttentionProblem& problem, const SequenceTiling& tiling, void* plan) {
+  const SequenceLayout& s = problem.sequences;
+  const PlanArrays arrays = plan_arrays(plan, problem.batch);
+  SequenceScheduleHeader header;
+  header.tiling = tiling;
+  std::vector<bool> valid(static_cast<size_t>(problem.batch), false);
+  int64_t max_blocks = 0;
+  for (int64_t b = 0; b < problem.batch; ++b) {
+    SequenceCheck check = check_sequence(s, b, problem.seq_q, problem.seq_kv);
+    if (check.fault == SequenceFault::none && s.paged()) check = check_pages(s, b, 0, pages_read(s, b));
+    if (check.fault != SequenceFault::none) {
+      if (header.fault == 0) {
+        header.fault = static_cast<int32_t>(check.fault);
+        header.sequence = static_cast<int32_t>(b);
+        header.value = check.value;
+        header.index = check.index;
+      }
+      continue;
+    }
+    valid[static_cast<size_t>(b)] = true;
+    max_blocks = std::max<int64_t>(max_blocks, (sequence_at(s, b).seq_kv + tiling.block_n - 1) / tiling.block_n);
+  }
+  auto tiles_of = [&](int64_t split) {
+    int64_t tiles = 0;
+    for (int64_t b = 0; b < problem.batch; ++b)
+      if (valid[static_cast<size_t>(b)]) tiles += sequence_tiles(problem, sequence_at(s, b), tiling, split);
+    return tiles;
+  };
+  // The device plan's candidates: its sequence's members only.
+  const int64_t split_blocks =
+      tiling.split_slots > 0
+          ? choose_split_blocks(
+                [&](int64_t blocks) -> int64_t {
+                  for (int64_t c = 0, split = 0; c < kSplitCandidates; ++c, split = next_candidate(split))
+                    if (split == blocks) return tiles_of(blocks);
+                  return INT64_MAX;
+                },
+                max_blocks, tiling.block_n, tiling.split_slots, split_tile_bound(problem, tiling))
+          : 0;
+  header.split_blocks = static_cast<int32_t>(split_blocks);
+  int32_t tiles = 0, pages = 0, partials = 0, rows = 0;
+  for (int64_t b = 0; b < problem.batch; ++b) {
+    arrays.first_tile[b] = tiles, arrays.first_page[b] = pages, arrays.first_partial[b] = partials;
+    arrays.first_row[b] = rows;
+    if (!valid[static_cast<size_t>(b)]) continue;
+    const Sequence seq = sequence_at(s, b);
+    tiles += static_cast<int32_t>(sequence_tiles(problem, seq, tiling, split_blocks));
+    pages += s.paged() ? static_cast<int32_t>(pages_read(s, b)) : 0;
+    rows += static_cast<int32_t>(seq.seq_q);
+    if (split_blocks > 0)
+      partials += static_cast<int32_t>(sequence_splits(seq, tiling.block_n, split_blocks) * problem.heads_q * seq.seq_q);
+  }
+  arrays.first_tile[problem.batch] = tiles, arrays.first_page[problem.batch] = pages;
+  arrays.first_partial[problem.batch] = partials, arrays.first_row[problem.batch] = rows;
+  header.tiles = header.fault == 0 ? tiles : 0;
+  *static_cast<SequenceScheduleHeader*>(plan) = header;
+}
+
+}  // namespace ffpa::detail::serving

@@ -1,0 +1,251 @@
+// The sm90_wgmma kernel on serving calls (docs/serving.md), on the CPU
+// emulator, against the fp64 oracle of support/serving_inputs.hpp: packed and
+// batched queries over packed, batched and paged keys (TMA boxes of a page:
+// page sizes 8 to 256, NHD / HND / stacked caches, V inside K's rows), the
+// plan computed on the host, windows, softcap, sinks, GQA-packed decode, a
+// sequence's last partial row block stored without TMA (rows of no sequence
+// stay NaN), a cluster of two CTAs (D > 512). TMA lands at issue and at the
+// first wait (two runs).
+#include "emulation/sm90_device_shim.hpp"  // first: the CUDA built-ins as the emulator's
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "emulation/sm90_tensor_maps.hpp"
+#include "host/validate.hpp"
+#include "kernels/serving/plan.hpp"
+#include "kernels/sm90_wgmma/arguments.hpp"
+#include "kernels/sm90_wgmma/kernel.cuh"
+#include "kernels/sm90_wgmma/tensor_map.hpp"
+#include "kernels/common/sequence_schedule.hpp"
+#include "kernels/common/split_kv.hpp"
+#include "support/serving_inputs.hpp"
+
+namespace ffpa::testing::emulated {
+extern unsigned char cta_smem[2][232448];  // test_sm90_forward_emulated.cpp
+}  // namespace ffpa::testing::emulated
+
+namespace ffpa::testing {
+namespace {
+
+namespace sm90 = detail::sm90_wgmma;
+using emulation::sm90::TmaLanding;
+
+// Split-KV's combine of a sequence batch on the host, from the layout the
+// plan gives (the kernels' partial rows: sequence b's at first_partial[b] +
+// (split x Hq + head) x Nq_b + row), into o and lse.
+void combine_sequences_on_host(const detail::AttentionProblem& p, const std::vector<float>& partial_o,
+                               const std::vector<detail::RowSoftmaxState>& states) {
+  const auto* header = detail::serving::plan_header(p.sequences.plan);
+  const detail::PlanArrays arrays = detail::plan_arrays(p.sequences.plan, p.batch);
+  const int64_t dv = p.dv();
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const detail::Sequence seq = detail::sequence_at(p.sequences, b);
+    const int64_t splits = detail::sequence_splits(seq, header->tiling.block_n, header->split_blocks);
+    for (int64_t h = 0; h < p.heads_q; ++h)
+      for (int64_t i = 0; i < seq.seq_q; ++i) {
+        const int64_t first = arrays.first_partial[b] + h * seq.seq_q + i, stride = p.heads_q * seq.seq_q;
+        detail::RowSoftmaxState merged = detail::merge_split_states(states.data() + first, stride, static_cast<int>(splits));
+        if (p.sinks != nullptr)
+          merged = detail::merge_row_states(merged, {p.sinks[h * p.sinks_stride] * detail::kLog2e, 1.0f}).state;
+        std::vector<double> out(static_cast<size_t>(dv), 0.0);
+        for (int64_t s = 0; s < splits; ++s) {
+          const double w = detail::split_weight(states[static_cast<size_t>(first + s * stride)], merged);
+          for (int64_t d = 0; d < dv; ++d) out[d] += w * partial_o[static_cast<size_t>((first + s * stride) * dv + d)];
+        }
+        Tensor o;
+        o.data = p.o, o.dtype = p.dtype, o.rank = 4;
+        for (int k = 0; k < 3; ++k) o.stride[k] = p.o_stride[k];
+        o.stride[3] = 1;
+        for (int64_t d = 0; d < dv; ++d) set_element(o, {seq.q_batch, h, seq.q_begin + i, d}, out[d]);
+        if (p.lse != nullptr)
+          p.lse[seq.q_batch * p.lse_stride[0] + h * p.lse_stride[1] + (seq.q_begin + i) * p.lse_stride[2]] =
+              detail::log_sum_exp(merged);
+      }
+  }
+}
+
+template <class Traits>
+void run_traits(detail::AttentionProblem problem, sm90::TileLaunch tiles, TmaLanding landing) {
+  std::vector<unsigned char> plan(static_cast<size_t>(detail::serving::plan_bytes(problem)));
+  detail::serving::plan_on_host(problem, sm90::sequence_tiling(tiles), plan.data());
+  ASSERT_EQ(detail::serving::plan_header(plan.data())->fault, 0);
+  problem.sequences.plan = plan.data();
+  std::vector<float> partial_o;
+  std::vector<detail::RowSoftmaxState> states;
+  if (tiles.split_slots > 0) {
+    const int64_t rows = detail::serving::max_partial_rows(problem, sm90::sequence_tiling(tiles));
+    partial_o.assign(static_cast<size_t>(rows * problem.dv()), std::nanf(""));
+    states.assign(static_cast<size_t>(rows), detail::RowSoftmaxState{std::nanf(""), std::nanf("")});
+    tiles.partial_o = partial_o.data();
+    tiles.partial_states = states.data();
+  }
+  const sm90::ForwardLaunch launch = sm90::forward_launch<Traits>(problem, tiles);
+  const std::array<sm90::TensorMapShape, 4> shapes = sm90::attention_tensor_shapes(problem);
+  CUtensorMap maps[4];
+  for (int i = 0; i < 4; ++i) maps[i] = emulated_map(shapes[static_cast<size_t>(i)], launch.box_rows[i], launch.box_heads[i]);
+  unsigned char* const shared[2] = {emulated::cta_smem[0], emulated::cta_smem[1]};
+  for (int64_t tile = 0; tile < launch.tile_count; ++tile)
+    emulation::sm90::run_cluster({static_cast<unsigned>(tile * Traits::kSplit), 0, 0}, Traits::kSplit, Traits::kThreads,
+                                 shared, landing,
+                                 [&] { sm90::forward_kernel<Traits>(launch.args, maps[0], maps[1], maps[2], maps[3]); });
+  if (detail::serving::plan_header(plan.data())->split_blocks > 0) combine_sequences_on_host(problem, partial_o, states);
+}
+
+// split_slots > 0: the KV split on, the plan choosing for that many CTA slots
+// (few, so that short batches split too).
+template <int kHeadDim>
+void run_instance(const detail::AttentionProblem& problem, TmaLanding landing, int split_slots) {
+  sm90::TileLaunch tiles;
+  tiles.heads_per_tile = detail::packed_heads(problem.group_size(), problem.seq_q, sm90::kTileRows);
+  if (detail::serving::may_split(problem, sm90::kTileRows, tiles.heads_per_tile)) tiles.split_slots = split_slots;
+  auto run = [&](auto* traits) { run_traits<std::remove_pointer_t<decltype(traits)>>(problem, tiles, landing); };
+  if (problem.dtype == DType::bf16) {
+    sm90::with_instance_traits<kHeadDim, __nv_bfloat16>(problem, run);
+  } else {
+    sm90::with_instance_traits<kHeadDim, __half>(problem, run);
+  }
+}
+
+template <int kHeadDim>
+void expect_matches_oracle(const ServingCase& c, int split_slots = 0) {
+  for (TmaLanding landing : {TmaLanding::at_issue, TmaLanding::at_wait}) {
+    SCOPED_TRACE(c.describe() + (landing == TmaLanding::at_issue ? " [tma at issue]" : " [tma at wait]"));
+    ServingInputs in = make_serving_inputs(c);
+    detail::AttentionProblem problem;
+    const Status status = detail::validate_forward(in.params, &problem);
+    ASSERT_TRUE(status.ok()) << status.message;
+    run_instance<kHeadDim>(problem, landing, split_slots);
+    const double tolerance = c.dtype == DType::bf16 ? 2e-2 : 4e-3;
+    std::vector<bool> written(static_cast<size_t>(in.o.tensor.shape[0] * in.o.tensor.shape[2]), false);
+    for (int64_t b = 0; b < c.batch(); ++b)
+      for (int64_t h = 0; h < c.heads_q; ++h)
+        for (int64_t i = 0; i < c.seq_q[b]; ++i) {
+          const OracleRow want = serving_oracle_row(in, b, h, i);
+          const int64_t batch = c.packed_q ? 0 : b, row = in.q_begin[b] + i;
+          written[batch * in.o.tensor.shape[2] + row] = true;
+          double scale = 1e-30;
+          for (double x : want.out) scale = std::max(scale, std::abs(x));
+          for (int64_t d = 0; d < c.value_dim; ++d)
+            ASSERT_NEAR(element_as_double(in.o.tensor, {batch, h, row, d}), want.out[d],
+                        tolerance * std::max(scale, 1.0))
+                << "sequence " << b << " head " << h << " row " << i << " column " << d;
+          const double lse = element_as_double(in.lse.tensor, {batch, h, row, 0});
+          if (std::isinf(want.lse)) {
+            EXPECT_TRUE(std::isinf(lse) && lse < 0) << "sequence " << b << " head " << h << " row " << i;
+          } else {
+            EXPECT_NEAR(lse, want.lse, 1e-3 * std::max(1.0, std::abs(want.lse)))
+                << "sequence " << b << " head " << h << " row " << i;
+          }
+        }
+    for (int64_t batch = 0; batch < in.o.tensor.shape[0]; ++batch)
+      for (int64_t row = 0; row < in.o.tensor.shape[2]; ++row)
+        if (!written[batch * in.o.tensor.shape[2] + row])
+          for (int64_t h = 0; h < c.heads_q; ++h)
+            ASSERT_TRUE(std::isnan(element_as_double(in.o.tensor, {batch, h, row, 0}))) << "row " << row << " written";
+  }
+}
+
+ServingCase base_case(uint64_t seed, int64_t dim) {
+  ServingCase c;
+  c.seed = seed;
+  c.dtype = DType::bf16;
+  c.dim = c.value_dim = dim;
+  c.causal = Causal::bottom_right;
+  c.heads_q = 2, c.heads_kv = 1;
+  return c;
+}
+
+TEST(EmulatedSm90Serving, PackedSequencesPartialRowBlocks) {
+  ServingCase c = base_case(1, 256);
+  c.seq_q = {70, 0, 5, 64};
+  c.seq_kv = {70, 9, 200, 130};
+  expect_matches_oracle<256>(c);
+}
+
+TEST(EmulatedSm90Serving, PagedCachesByTmaBoxes) {
+  const int64_t pages[] = {8, 16, 64, 256};
+  const CacheLayout layouts[] = {CacheLayout::nhd, CacheLayout::hnd, CacheLayout::stacked, CacheLayout::nhd};
+  for (int i = 0; i < 4; ++i) {
+    ServingCase c = base_case(10 + static_cast<uint64_t>(i), 256);
+    c.keys = KeyForm::paged;
+    c.page_size = pages[i];
+    c.cache = layouts[i];
+    c.seq_q = {9, 1};
+    c.seq_kv = {150 + 20 * i, 300 - 50 * i};
+    c.dtype = i % 2 ? DType::f16 : DType::bf16;
+    expect_matches_oracle<256>(c);
+  }
+}
+
+TEST(EmulatedSm90Serving, DecodePackedHeadsOverPagesD512) {
+  ServingCase c = base_case(20, 512);
+  c.packed_q = false;
+  c.keys = KeyForm::paged;
+  c.page_size = 16;
+  c.heads_q = 8, c.heads_kv = 1;
+  c.seq_q.assign(3, 1);
+  c.seq_kv = {1, 200, 0};
+  expect_matches_oracle<512>(c);
+}
+
+// Decode rows whose plan splits the keys (few CTA slots: every sequence
+// splits), the partial rows combined on the host as the combine kernel does.
+TEST(EmulatedSm90Serving, SplitDecodeOverPages) {
+  ServingCase c = base_case(25, 256);
+  c.packed_q = false;
+  c.keys = KeyForm::paged;
+  c.page_size = 16;
+  c.heads_q = 4, c.heads_kv = 2;
+  c.seq_q.assign(3, 1);
+  c.seq_kv = {900, 130, 0};
+  c.sinks = true;
+  expect_matches_oracle<256>(c, 16);
+  ServingCase spec = base_case(26, 512);
+  spec.keys = KeyForm::paged;
+  spec.page_size = 64;
+  spec.heads_q = 8, spec.heads_kv = 1;
+  spec.seq_q = {2, 3};
+  spec.seq_kv = {700, 400};
+  expect_matches_oracle<512>(spec, 12);
+}
+
+TEST(EmulatedSm90Serving, WindowSoftcapSinks) {
+  ServingCase c = base_case(30, 256);
+  c.keys = KeyForm::paged;
+  c.page_size = 32;
+  c.seq_q = {140, 3};
+  c.seq_kv = {300, 200};
+  c.window_left = 100;
+  c.softcap = 20.0f;
+  c.sinks = true;
+  expect_matches_oracle<256>(c);
+  ServingCase both = base_case(31, 256);
+  both.causal = Causal::none;
+  both.seq_q = {60};
+  both.seq_kv = {260};
+  both.window_left = 30, both.window_right = 40;
+  expect_matches_oracle<256>(both);
+}
+
+TEST(EmulatedSm90Serving, ClusterMlaLatentCache) {
+  ServingCase c = base_case(40, 576);
+  c.value_dim = 512;
+  c.value_in_key_rows = true;
+  c.packed_q = false;
+  c.keys = KeyForm::paged;
+  c.page_size = 64;
+  c.heads_q = 4, c.heads_kv = 1;
+  c.seq_q = {1, 1};
+  c.seq_kv = {130, 70};
+  expect_matches_oracle<640>(c);
+}
+
+}  // namespace
+}  // namespace ffpa::testing

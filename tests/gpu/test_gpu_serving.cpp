@@ -1,0 +1,228 @@
+// Serving calls (docs/serving.md) on the GPU against the fp64 oracle of
+// support/serving_inputs.hpp, under impl auto, sm80_split_d and sm90_wgmma:
+// packed, batched and paged sequences (page sizes 1 to 256, NHD / HND /
+// stacked caches, V inside K's rows), empty sequences, mixed prefill and
+// decode rows, windows, softcap, sinks, GQA, D 64 to 1024 and D_qk != D_v.
+// Outputs are poisoned; rows of no sequence must stay NaN. A family that
+// does not serve a case says impl_unavailable (auto always serves it).
+// Faulty lengths or block ids in device memory: the kernels write nothing.
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ffpa/ffpa.hpp"
+#include "gpu/device_tensor.hpp"
+#include "support/serving_inputs.hpp"
+
+namespace ffpa::testing {
+namespace {
+
+// The device copies of a ServingInputs' host tensors and its params rebased
+// onto them.
+struct DeviceServing {
+  std::vector<DeviceTensor> tensors;
+  SequenceBatch batch;
+  ForwardParams params;
+  DeviceTensor* o = nullptr;
+  DeviceTensor* lse = nullptr;
+};
+
+// Mirrors `host` and returns the device view of `view` (a view into it).
+Tensor mirror(DeviceServing& d, const HostTensor& host, const Tensor& view, DeviceTensor** out = nullptr) {
+  if (host.storage.empty() || view.data == nullptr) return Tensor{};
+  d.tensors.emplace_back();
+  DeviceTensor& device = d.tensors.back();
+  mirror_to_device(host, view, &device);
+  if (out != nullptr) *out = &device;
+  return device.tensor;
+}
+
+void to_device(const ServingInputs& in, DeviceServing* d) {
+  d->tensors.reserve(16);
+  d->params = in.params;
+  d->params.q = mirror(*d, in.q, in.params.q);
+  d->params.o = mirror(*d, in.o, in.params.o, &d->o);
+  d->params.lse = mirror(*d, in.lse, in.params.lse, &d->lse);
+  d->params.k = mirror(*d, in.k_buffer, in.params.k);
+  d->params.v = in.v_buffer.storage.empty() ? [&] {  // V inside K's buffer (stacked or MLA)
+    Tensor v = in.params.v;
+    const auto offset = static_cast<const unsigned char*>(in.params.v.data) -
+                        static_cast<const unsigned char*>(in.k_buffer.tensor.data);
+    v.data = static_cast<unsigned char*>(d->tensors.back().buffer.data()) + offset;
+    return v;
+  }() : mirror(*d, in.v_buffer, in.params.v);
+  d->params.sinks = mirror(*d, in.sinks, in.params.sinks);
+  d->params.k_descale = mirror(*d, in.k_descale, in.params.k_descale);
+  d->params.v_descale = mirror(*d, in.v_descale, in.params.v_descale);
+  d->batch = in.batch;
+  d->batch.cu_seqlens_q = mirror(*d, in.cu_q, in.batch.cu_seqlens_q);
+  d->batch.cu_seqlens_k = mirror(*d, in.cu_k, in.batch.cu_seqlens_k);
+  d->batch.block_table = mirror(*d, in.table, in.batch.block_table);
+  d->batch.seqused_k = mirror(*d, in.used, in.batch.seqused_k);
+  d->params.sequences = &d->batch;
+}
+
+bool device_runs_sm90() { return device_support(0, Impl::sm90_wgmma).ok(); }
+
+// Runs `c` under `impl` and checks every row of every sequence; false when
+// the impl declines the case (impl_unavailable), which auto never does.
+bool run_and_check(const ServingCase& c, Impl impl) {
+  SCOPED_TRACE(c.describe() + " impl " + std::to_string(static_cast<int>(impl)));
+  ServingInputs in = make_serving_inputs(c);
+  DeviceServing d;
+  to_device(in, &d);
+  if (::testing::Test::HasFatalFailure()) return false;
+  d.params.options.impl = impl;
+  const Status status = forward(d.params);
+  if (status.code == StatusCode::impl_unavailable && impl != Impl::automatic) return false;
+  EXPECT_TRUE(status.ok()) << status_name(status.code) << ": " << status.message;
+  if (!status.ok()) return false;
+  FFPA_EXPECT_CUDA(cudaDeviceSynchronize());
+  copy_to_host(*d.o, &in.o, nullptr);
+  copy_to_host(*d.lse, &in.lse, nullptr);
+  const double tolerance = c.dtype == DType::bf16 ? 2e-2 : 4e-3;
+  std::vector<bool> written(static_cast<size_t>(in.o.tensor.shape[0] * in.o.tensor.shape[2]), false);
+  for (int64_t b = 0; b < c.batch(); ++b)
+    for (int64_t h = 0; h < c.heads_q; ++h)
+      for (int64_t i = 0; i < c.seq_q[b]; ++i) {
+        const OracleRow want = serving_oracle_row(in, b, h, i);
+        const int64_t batch = c.packed_q ? 0 : b, row = in.q_begin[b] + i;
+        written[batch * in.o.tensor.shape[2] + row] = true;
+        double scale = 1e-30;
+        for (double x : want.out) scale = std::max(scale, std::abs(x));
+        for (int64_t dcol = 0; dcol < c.value_dim; ++dcol) {
+          const double got = element_as_double(in.o.tensor, {batch, h, row, dcol});
+          if (!(std::abs(got - want.out[dcol]) <= tolerance * std::max(scale, 1.0))) {
+            ADD_FAILURE() << "sequence " << b << " head " << h << " row " << i << " column " << dcol << ": " << got
+                          << " vs " << want.out[dcol];
+            return true;
+          }
+        }
+        const double lse = element_as_double(in.lse.tensor, {batch, h, row, 0});
+        if (std::isinf(want.lse) ? !(std::isinf(lse) && lse < 0)
+                                 : !(std::abs(lse - want.lse) <= 1e-3 * std::max(1.0, std::abs(want.lse)))) {
+          ADD_FAILURE() << "lse of sequence " << b << " head " << h << " row " << i << ": " << lse << " vs "
+                        << want.lse;
+          return true;
+        }
+      }
+  for (int64_t batch = 0; batch < in.o.tensor.shape[0]; ++batch)
+    for (int64_t row = 0; row < in.o.tensor.shape[2]; ++row)
+      if (!written[batch * in.o.tensor.shape[2] + row])
+        for (int64_t h = 0; h < c.heads_q; ++h)
+          if (!std::isnan(element_as_double(in.o.tensor, {batch, h, row, 0}))) {
+            ADD_FAILURE() << "row " << row << " of no sequence was written";
+            return true;
+          }
+  return true;
+}
+
+std::vector<int64_t> draw(std::mt19937_64& rng, int64_t count, int64_t lo, int64_t hi) {
+  std::vector<int64_t> v(count);
+  for (int64_t& n : v) n = lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(hi - lo + 1));
+  return v;
+}
+
+// The cases: every form, page size and feature, at the head dims the families route.
+std::vector<ServingCase> serving_cases() {
+  std::mt19937_64 rng(20261202);
+  std::vector<ServingCase> cases;
+  const int64_t dims[][2] = {{64, 64}, {128, 128}, {256, 256}, {320, 320}, {512, 512}, {576, 512}, {1024, 1024}};
+  const int64_t pages[] = {1, 3, 8, 16, 64, 256};
+  uint64_t seed = 1;
+  for (const auto& dim : dims) {
+    for (int form = 0; form < 4; ++form) {
+      ServingCase c;
+      c.seed = seed++;
+      c.dtype = seed % 3 == 0 ? DType::f16 : DType::bf16;
+      c.dim = dim[0], c.value_dim = dim[1];
+      c.value_in_key_rows = dim[0] == 576;
+      c.heads_kv = c.value_in_key_rows ? 1 : 2;
+      c.heads_q = c.heads_kv * (form == 3 ? 8 : 2);
+      c.causal = form == 1 ? Causal::none : Causal::bottom_right;
+      c.packed_q = form != 3;
+      c.keys = form == 0 ? KeyForm::packed : form == 2 ? KeyForm::batched : KeyForm::paged;
+      c.page_size = pages[(seed + static_cast<uint64_t>(form)) % 6];
+      c.cache = static_cast<CacheLayout>(seed % 3);
+      if (c.value_in_key_rows && c.cache == CacheLayout::stacked) c.cache = CacheLayout::nhd;
+      const int64_t count = form == 3 ? 5 : 3;
+      c.seq_q = form == 3 ? std::vector<int64_t>(count, 1) : draw(rng, count, 0, dim[0] >= 512 ? 90 : 150);
+      c.seq_kv = draw(rng, count, 0, 400);
+      c.seqused = form == 0 && seed % 2 == 0;
+      if (form == 1) c.window_left = 70, c.window_right = 20;
+      if (form == 2) c.softcap = 30.0f, c.sinks = true;
+      cases.push_back(c);
+    }
+  }
+  // A mixed batch: one prefill chunk and decode rows over a paged cache.
+  ServingCase mixed;
+  mixed.dtype = DType::bf16;
+  mixed.dim = mixed.value_dim = 512;
+  mixed.heads_q = 8, mixed.heads_kv = 1;
+  mixed.keys = KeyForm::paged;
+  mixed.page_size = 16;
+  mixed.seq_q = {300, 1, 1, 1, 0, 1};
+  mixed.seq_kv = {700, 900, 17, 1, 50, 0};
+  mixed.causal = Causal::bottom_right;
+  cases.push_back(mixed);
+  return cases;
+}
+
+class GpuServing : public ::testing::TestWithParam<ServingCase> {
+ protected:
+  void SetUp() override {
+    if (gpu_unavailable_reason()) GTEST_SKIP() << *gpu_unavailable_reason();
+  }
+};
+
+TEST_P(GpuServing, MatchesTheOracleUnderEveryImpl) {
+  EXPECT_TRUE(run_and_check(GetParam(), Impl::automatic));
+  run_and_check(GetParam(), Impl::sm80_split_d);
+  if (device_runs_sm90()) run_and_check(GetParam(), Impl::sm90_wgmma);
+}
+
+INSTANTIATE_TEST_SUITE_P(Small, GpuServing, ::testing::ValuesIn(serving_cases()),
+                         [](const ::testing::TestParamInfo<ServingCase>& info) {
+                           return "case" + std::to_string(info.index) + "_d" + std::to_string(info.param.dim);
+                         });
+
+class GpuServingSmall : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (gpu_unavailable_reason()) GTEST_SKIP() << *gpu_unavailable_reason();
+  }
+};
+
+// A block id outside the cache in device memory: the plan finds it, the
+// kernels write nothing (the poisoned output stays).
+TEST_F(GpuServingSmall, AFaultyBlockTableWritesNothing) {
+  ServingCase c;
+  c.dtype = DType::bf16;
+  c.dim = c.value_dim = 128;
+  c.keys = KeyForm::paged;
+  c.page_size = 16;
+  c.seq_q = {5, 1};
+  c.seq_kv = {40, 70};
+  ServingInputs in = make_serving_inputs(c);
+  static_cast<int32_t*>(in.table.tensor.data)[1] = 1 << 20;
+  DeviceServing d;
+  ASSERT_NO_FATAL_FAILURE(to_device(in, &d));
+  for (Impl impl : {Impl::sm80_split_d, Impl::sm90_wgmma}) {
+    if (impl == Impl::sm90_wgmma && !device_runs_sm90()) continue;
+    d.params.options.impl = impl;
+    const Status status = forward(d.params);
+    ASSERT_TRUE(status.ok()) << status.message;  // asynchronous: the fault is the plan's
+    FFPA_ASSERT_CUDA(cudaDeviceSynchronize());
+    copy_to_host(*d.o, &in.o, nullptr);
+    const auto* bits = static_cast<const uint16_t*>(in.o.tensor.data);
+    for (int64_t e = 0; e < in.o.numel(); ++e) ASSERT_EQ(bits[e], 0x7FC0u) << "element " << e << " written";
+  }
+}
+
+}  // namespace
+}  // namespace ffpa::testing
