@@ -68,13 +68,18 @@ void backward_unit(const AttentionProblem& p, const double* d_out, const double*
       const int64_t visible = visible_keys(p, i);
       mask_bias(p, b, h, i, visible, u.bias.data());
       double max_score = -std::numeric_limits<double>::infinity();
+      bool nan_score = false;
       for (int64_t j = 0; j < visible; ++j) {
         double dot = 0.0;
         for (int64_t d = 0; d < dim; ++d) dot += u.q[d] * u.k[j * dim + d];
         u.p[j] = scale * dot + u.bias[j];
-        max_score = std::max(max_score, u.p[j]);
+        nan_score |= std::isnan(u.p[j]);
+        max_score = std::max(max_score, u.p[j]);  // a NaN does not count
       }
-      if (max_score == -std::numeric_limits<double>::infinity()) continue;  // no key attended: O = 0, no gradient
+      // No key attended: O = 0, no gradient. A NaN score makes the row's
+      // denominator and so every p_j of it NaN (the forward's NaN row), and
+      // from there dQ_i and the dK, dV rows of every key in its reach.
+      if (max_score == -std::numeric_limits<double>::infinity() && !nan_score) continue;
       double denominator = 0.0;
       for (int64_t j = 0; j < visible; ++j) {
         u.p[j] = std::exp(u.p[j] - max_score);

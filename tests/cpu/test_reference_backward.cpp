@@ -24,6 +24,7 @@
 #include "reference/cpu_attention_backward.hpp"
 #include "reference/score_terms.hpp"
 #include "support/host_tensors.hpp"
+#include "support/nonfinite_expectation.hpp"
 
 namespace ffpa {
 namespace {
@@ -243,6 +244,48 @@ TEST(CpuReferenceBackward, GradientsMatchFiniteDifferences) {
   cases.push_back(scaled);
   uint64_t seed = 11;  // seeds 21, 41, ... have an lse term (seed % 20 == 1), 31, 51, ... none
   for (const Case& c : cases) check_case(c, seed += 10);
+}
+
+// NaN inputs (spec.md, "Non-finite inputs"): a row whose forward is NaN
+// passes it to its dQ and to dK and dV of every key in its reach; a row whose
+// O has a NaN column (a v NaN) to its dQ and those keys' dK (delta is NaN)
+// but not dV; rows masking empties give nothing. Every other gradient element
+// is bit-identical to the run without the NaN.
+TEST(CpuReferenceBackward, NanInputsReachTheGradientsTheyTouch) {
+  const double nan = std::nan("");
+  for (const Causal causal : {Causal::none, Causal::top_left}) {
+    for (const MaskKind mask : {MaskKind::none, MaskKind::boolean}) {
+      for (int which = 0; which < 3; ++which) {
+        Case c{"nan"};
+        c.batch = 2, c.heads_q = 4, c.heads_kv = 2, c.seq_q = 9, c.seq_kv = 11, c.dim = 16;
+        c.causal = causal, c.mask = mask;
+        SCOPED_TRACE(std::string("causal ") + std::to_string(static_cast<int>(causal)) + " mask " +
+                     std::to_string(static_cast<int>(mask)) + " NaN in " + "qkv"[which]);
+        const Inputs clean = make_inputs(c, 77);
+        Inputs in = make_inputs(c, 77);
+        if (which == 0) testing::set_element(in.q.tensor, {1, 3, 4, 2}, nan);
+        if (which == 1) testing::set_element(in.k.tensor, {0, 1, 5, 9}, nan);
+        if (which == 2) testing::set_element(in.v.tensor, {1, 0, 3, 6}, nan);
+        const AttentionProblem& p = in.problem;
+        const testing::ForwardExpectation fwd = testing::expect_forward_nans(p, 0);
+        const testing::BackwardExpectation want = testing::expect_backward_nans(p, fwd, 0);
+        auto run = [&](const Inputs& inputs) {
+          std::vector<double> d_q(in.qd.size()), d_k(in.kd.size()), d_v(in.vd.size());
+          detail::cpu_attention_backward_f64(inputs.problem, inputs.g.data(), nullptr,
+                                             {d_q.data(), d_k.data(), d_v.data()});
+          return std::array<std::vector<double>, 3>{d_q, d_k, d_v};
+        };
+        const auto got = run(in), base = run(clean);
+        int64_t nans = 0;
+        for (const auto* expect : {&want.d_q, &want.d_k, &want.d_v})
+          nans += std::count(expect->begin(), expect->end(), testing::Expect::nan);
+        EXPECT_GT(nans, 0);
+        EXPECT_EQ(testing::count_off(want.d_q, got[0], base[0], "d_q"), 0);
+        EXPECT_EQ(testing::count_off(want.d_k, got[1], base[1], "d_k"), 0);
+        EXPECT_EQ(testing::count_off(want.d_v, got[2], base[2], "d_v"), 0);
+      }
+    }
+  }
 }
 
 TEST(CpuReferenceBackward, ThreadCountDoesNotChangeAnyBit) {

@@ -77,6 +77,24 @@ void check(const BackwardCase& bc) {
   });
 }
 
+// NaN inputs (backward_case.hpp's check_backward_nans): they reach the
+// gradients of the rows and keys they touch; the rest is bit-identical.
+TEST(EmulatedSm80Backward, NanInputsReachTheGradientsTheyTouch) {
+  for (const BackwardCase& bc :
+       {BackwardCase{"nan gqa", shape_case(DType::bf16, 1, 4, 2, 70, 75, 72)},
+        BackwardCase{"nan causal mask", shape_case(DType::f16, 2, 2, 1, 65, 140, 64)
+                                            .with_causal(Causal::top_left)
+                                            .with_mask(DType::f32, MaskShape::batch_rows, true)}}) {
+    check_backward_nans(bc, splitmix64(std::hash<std::string>{}(bc.name)), [](BackwardTensors&, const BackwardProblem& problem) {
+      if (problem.forward.dtype == DType::bf16) {
+        run_emulated<__nv_bfloat16>(problem);
+      } else {
+        run_emulated<__half>(problem);
+      }
+    });
+  }
+}
+
 TEST(EmulatedSm80Backward, MhaOddSizes) { check({"mha", shape_case(DType::bf16, 1, 2, 2, 70, 75, 72)}); }
 
 TEST(EmulatedSm80Backward, GqaCausalTopLeftFp16) {

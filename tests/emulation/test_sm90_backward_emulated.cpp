@@ -87,6 +87,27 @@ void check(const BackwardCase& bc) {
   }
 }
 
+// NaN inputs (backward_case.hpp's check_backward_nans): they reach the
+// gradients of the rows and keys they touch; the rest is bit-identical. One
+// TMA landing; a cluster above D 512.
+template <int kHeadDim>
+void check_nans(const BackwardCase& bc) {
+  check_backward_nans(bc, splitmix64(std::hash<std::string>{}(bc.name)),
+                      [&](BackwardTensors& t, const detail::BackwardProblem& b) {
+                        if (b.forward.dtype == DType::bf16) {
+                          run_all<__nv_bfloat16, kHeadDim>(t, b, TmaLanding::at_wait);
+                        } else {
+                          run_all<__half, kHeadDim>(t, b, TmaLanding::at_wait);
+                        }
+                      });
+}
+
+TEST(EmulatedSm90Backward, NanInputsReachTheGradientsTheyTouch) {
+  check_nans<256>({"nan gqa causal", shape_case(DType::bf16, 1, 4, 2, 70, 150, 128).with_causal(Causal::top_left)});
+  check_nans<1024>({"nan cluster mask", shape_case(DType::f16, 1, 2, 1, 64, 130, 576)
+                                            .with_mask(DType::bf16, MaskShape::batch_rows, true)});
+}
+
 TEST(EmulatedSm90Backward, MhaOddSizes) { check<256>({"mha", shape_case(DType::bf16, 1, 2, 2, 70, 150, 72)}); }
 
 TEST(EmulatedSm90Backward, GqaCausalTopLeftF16D512) {

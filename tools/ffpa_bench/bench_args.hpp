@@ -68,4 +68,14 @@ const char* choice_name(Fp8QkFormat value);
 // the GPU default shape or, for the CPU reference, a small one.
 std::vector<ProblemShape> point_shapes(const BenchArgs& args, bool small_default);
 
+// Without a GPU (and without --impl cpu) a point runs on the CPU reference
+// only up to this many FLOPs a call: the reference computes in fp64 at a few
+// GFLOP/s on two cores, so such a point with its warm-up and timed calls
+// takes seconds; a larger one runs at small_sizes() instead.
+inline constexpr double kCpuFallbackFlops = 1e9;
+
+// `asked` with the small CPU default's batch, heads and sequence lengths;
+// its head dims (D, D_v) kept.
+ProblemShape small_sizes(const ProblemShape& asked);
+
 }  // namespace ffpa::bench

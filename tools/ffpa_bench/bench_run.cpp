@@ -414,15 +414,20 @@ PointResult run_on_device(const BenchArgs& args, const Device& device, cudaStrea
   return result;
 }
 
-// The host's wall time of `iters` calls after `warmup` untimed ones.
+// The host's wall time of `iters` calls after `warmup` untimed ones; a call
+// that takes over a second reports its time on stderr (a long run on the CPU
+// reference shows its progress).
 template <class Call>
 Timing time_on_host(int warmup, int iters, Call&& call) {
-  for (int n = 0; n < warmup; ++n) call();
   std::vector<double> ms;
-  for (int i = 0; i < iters; ++i) {
+  for (int n = 0; n < warmup + iters; ++n) {
     const auto start = std::chrono::steady_clock::now();
     call();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    const double elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (elapsed > 1000.0)
+      std::fprintf(stderr, "  %s call %d/%d: %.1f s\n", n < warmup ? "warm-up" : "timed",
+                   n < warmup ? n + 1 : n - warmup + 1, n < warmup ? warmup : iters, elapsed * 1e-3);
+    if (n >= warmup) ms.push_back(elapsed);
   }
   return summarize(std::move(ms));
 }
@@ -455,6 +460,49 @@ PointResult run_on_host(const BenchArgs& args, PointResult result) {
   return result;
 }
 
+// The forward calls a point makes: the checked one, the warm-up, the timed ones.
+int forward_calls(const BenchArgs& args) { return (args.check_rows > 0 ? 1 : 0) + args.warmup + args.iters; }
+
+// Without a GPU the forward runs on the CPU reference, which the user did not
+// ask for: it must take seconds, so points above kCpuFallbackFlops run at
+// small sizes, and the note says which shape runs instead of which.
+void note_cpu_fallback(std::FILE* text, const std::string& why_no_device, const BenchArgs& args,
+                       std::vector<ProblemShape>* shapes) {
+  double most = 0;
+  const ProblemShape* largest = nullptr;
+  for (const ProblemShape& shape : *shapes) {
+    const double flops = forward_flops(shape, args.causal) * (args.backward ? 2.5 : 1.0);
+    if (flops > most) most = flops, largest = &shape;
+  }
+  const char* elsewhere = "on a machine with a GPU the same command times the GPU kernels on the asked shape";
+  if (most <= kCpuFallbackFlops) {
+    std::fprintf(text, "no GPU: %s. Running the CPU reference on the asked shape instead (seconds); %s.\n",
+                 why_no_device.c_str(), elsewhere);
+    return;
+  }
+  const ProblemShape asked = *largest;
+  for (ProblemShape& shape : *shapes) shape = small_sizes(shape);
+  std::fprintf(text,
+               "no GPU: %s. The asked shape %s (%.3g GFLOP a call, %d calls) would take minutes or more on the "
+               "CPU reference; running the CPU reference on %s instead (the asked head dims, small sizes; "
+               "seconds). --impl cpu runs the asked shape on the CPU reference; %s.\n",
+               why_no_device.c_str(), shape_text(asked).c_str(), most * 1e-9, forward_calls(args),
+               shape_text(small_sizes(asked)).c_str(), elsewhere);
+}
+
+// --impl cpu runs the shape asked, however large: the note gives its work.
+void note_cpu_work(std::FILE* text, const BenchArgs& args, const std::vector<ProblemShape>& shapes) {
+  for (const ProblemShape& shape : shapes) {
+    const double flops = forward_flops(shape, args.causal) * (args.backward ? 2.5 : 1.0);
+    if (flops > kCpuFallbackFlops) {
+      std::fprintf(text,
+                   "note: %s on the CPU reference: %.3g GFLOP a call, %d calls, at a few GFLOP/s; each call "
+                   "taking over a second reports its time on stderr (--warmup 0 --iters 1: one call).\n",
+                   shape_text(shape).c_str(), flops * 1e-9, forward_calls(args));
+    }
+  }
+}
+
 }  // namespace
 
 int run_benchmarks(const BenchArgs& args) {
@@ -465,12 +513,12 @@ int run_benchmarks(const BenchArgs& args) {
     if (!device && (args.impl == Impl::sm80_split_d || args.impl == Impl::sm90_wgmma))
       throw CallFailure("no CUDA device (" + why_no_device + "): --impl " +
                         (args.impl == Impl::sm80_split_d ? "sm80" : "sm90") + " needs one");
-    if (!device)
-      std::fprintf(text,
-                   "no GPU: %s. Running the CPU reference on a small default shape instead (seconds); "
-                   "on a machine with a GPU the same command times the GPU kernels on the real shape.\n",
-                   why_no_device.c_str());
     const bool on_host = !device || args.impl == Impl::cpu_reference;
+    // Without a GPU the shapes start as the ones a GPU would run (the asked
+    // ones); --impl cpu fills what is not given from the small default.
+    std::vector<ProblemShape> shapes = point_shapes(args, args.impl == Impl::cpu_reference);
+    if (!device && args.impl == Impl::automatic) note_cpu_fallback(text, why_no_device, args, &shapes);
+    if (args.impl == Impl::cpu_reference) note_cpu_work(text, args, shapes);
     std::fprintf(text, "ffpa-bench %s on %s\n", version(),
                  on_host ? "the CPU reference (host memory)" : device->summary.c_str());
 
@@ -480,7 +528,6 @@ int run_benchmarks(const BenchArgs& args) {
       BENCH_CUDA(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking));
       stream.reset(created);
     }
-    const std::vector<ProblemShape> shapes = point_shapes(args, on_host);
     std::random_device entropy;
     bool all_passed = true;
     for (size_t i = 0; i < shapes.size(); ++i) {
