@@ -27,10 +27,13 @@ struct SequenceScheduleHeader {
 };
 
 // How the kernels cut each sequence into tiles: the family's tile shape and
-// packing, and the KV split (0 blocks per split: none).
+// packing, and the KV split (0 blocks per split: none). key_blocks: a tile is
+// a block of block_n keys of one KV head instead (the backward's key-stationary
+// kernels: key block fastest, then KV head).
 struct SequenceTiling {
   int block_m = 64, block_n = 128, heads_per_tile = 1;
   int split_blocks = 0;
+  bool key_blocks = false;
 };
 
 FFPA_HOST_DEVICE int64_t sequence_schedule_bytes(int64_t batch) {
@@ -39,6 +42,7 @@ FFPA_HOST_DEVICE int64_t sequence_schedule_bytes(int64_t batch) {
 
 // The tiles of one sequence (its rows, splits and head groups).
 FFPA_HOST_DEVICE int64_t sequence_tiles(const AttentionProblem& p, const Sequence& seq, const SequenceTiling& tiling) {
+  if (tiling.key_blocks) return (seq.seq_kv + tiling.block_n - 1) / tiling.block_n * p.heads_kv;
   const int rows = tiling.block_m / tiling.heads_per_tile;
   const int64_t row_blocks = (seq.seq_q + rows - 1) / rows;
   int64_t splits = 1;
