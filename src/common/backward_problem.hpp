@@ -28,6 +28,11 @@ struct BackwardProblem {
   // The gradient of the sinks (forward.sinks), f32 [Hq] (null: not requested).
   float* d_sinks = nullptr;
   int64_t d_sinks_stride = 0;
+  // A sequence batch on the GPU: its plans (kernels/serving/plan.hpp) in the
+  // workspace, written before the kernels run: the query-stationary kernels'
+  // tiles and the key-stationary ones' (sm80_backward/arguments.cuh).
+  const void* query_plan = nullptr;
+  const void* key_plan = nullptr;
 };
 
 // Where a call's query rows lie in q, o, d_o, lse, d_lse and the backward's

@@ -599,12 +599,7 @@ namespace {
 
 // What the GPU backward kernels do not serve yet, which the CPU reference computes.
 Status gpu_backward_serves(const BackwardProblem& problem, Impl requested) {
-  const AttentionProblem& p = problem.forward;
-  const char* what = p.sequences.active      ? "a sequence batch"
-                     : p.has_window()        ? "a sliding window"
-                     : p.softcap > 0.0f      ? "a logit softcap"
-                     : problem.d_sinks       ? "the sinks' gradient"
-                                             : nullptr;
+  const char* what = problem.forward.softcap > 0.0f ? "a logit softcap" : nullptr;
   if (what == nullptr) return {};
   return {StatusCode::impl_unavailable, std::string("impl ") + impl_name(requested) + ": the GPU backward does not serve " +
                                             what + " yet (impl cpu_reference does)"};
