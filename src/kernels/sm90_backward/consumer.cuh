@@ -56,12 +56,16 @@ struct Consumer {
     if (!cta.p.sequences.active) return;
     const int rows = cta.streamed_rows(j);
     if (rows >= Traits::kBlockN) return;
-    unsigned char* const base = Cta<Traits>::smem() + Traits::kRingOffset + stage * kStageBytes;
-    const int first = rows > 0 ? rows : 0, segments = (Traits::kBlockN - first) * (kSwizzleRowBytes / 16);
-    for (int e = thread(); e < kStageTiles * segments; e += 128) {
-      const int box = e / segments, segment = e % segments;  // 16 bytes of a 128-byte row: the swizzle keeps rows
-      *reinterpret_cast<uint4*>(base + box * kTileBytes + first * kSwizzleRowBytes + segment * 16) = uint4{0, 0, 0, 0};
-    }
+    // Thread t: 16-byte segment t % 8 of rows t / 8, t / 8 + 16, ... of each
+    // box (the 128-byte swizzle permutes segments within a row, never rows).
+    unsigned char* const base =
+        Cta<Traits>::smem() + Traits::kRingOffset + stage * kStageBytes + thread() * 16;
+#pragma unroll
+    for (int pass = 0; pass < Traits::kBlockN / 16; ++pass)
+      if (thread() / 8 + 16 * pass >= rows)
+#pragma unroll
+        for (int box = 0; box < kStageTiles; ++box)
+          *reinterpret_cast<uint4*>(base + box * kTileBytes + pass * 16 * kSwizzleRowBytes) = uint4{0, 0, 0, 0};
     sm90_wgmma::fence_proxy_async();             // the generic writes, seen by the wgmmas' reads
     sm90_wgmma::named_barrier_sync(2 + w, 128);  // every thread's, before any wgmma of the warpgroup
   }
@@ -185,7 +189,7 @@ struct Consumer {
     const int buffer = j % kWBuffers;
     if (j >= kWBuffers) sm90_wgmma::mbarrier_wait(cta.w_empty(buffer), (j / kWBuffers - 1) & 1);
     const TileCoordinates tile = cta.block_tile(j);
-    const TileSequence seq = cta.plan()->seq;
+    const TileSequence& seq = cta.plan()->seq;  // read where used (shared memory)
     const unsigned tid = static_cast<unsigned>(thread());
     if constexpr (Traits::kWithDp) {
       // In a cluster both CTAs form the same dS: rank 0 alone sums it into the mask's gradient.

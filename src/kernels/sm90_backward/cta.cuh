@@ -30,6 +30,10 @@ struct BlockPlan {
   // query head kv_head x group + j / row_blocks (the row blocks that attend a
   // stationary key, for each query head of the group).
   int first_row_block, row_blocks;
+  // Streamed block 0's first row in its tensor (its sequence's first row
+  // plus the block's): the producer's TMA coordinate, read from here so that
+  // the producer's 24 registers hold no more than a dense call's.
+  int streamed_row0;
   int idle;  // a sequence batch's CTA past its plan's tiles: nothing to load, compute or store
 };
 
@@ -128,6 +132,7 @@ struct Cta {
           plan_->seq = tile_sequence(p, plan_->tile.batch);
         }
         plan_->blocks = plan_->tile.kv_blocks;
+        plan_->streamed_row0 = plan_->seq.kv_begin + plan_->tile.kv_first * Traits::kBlockN;
       } else {
         int key_block = 0, kv_head = 0, batch = 0;
         if (p.sequences.active) {
@@ -155,6 +160,7 @@ struct Cta {
             rows.end > rows.first ? static_cast<int>((rows.end + Traits::kBlockN - 1) / Traits::kBlockN) - plan_->first_row_block
                                   : 0;
         plan_->blocks = static_cast<int>(p.group_size()) * plan_->row_blocks;
+        plan_->streamed_row0 = plan_->seq.q_begin + plan_->first_row_block * Traits::kBlockN;
       }
       sm90_wgmma::mbarrier_init(stationary_full(), 1);
       for (int f = 0; f < kFull; ++f) sm90_wgmma::mbarrier_init(full(f), 1);

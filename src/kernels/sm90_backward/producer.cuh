@@ -19,10 +19,10 @@ struct Producer {
   const Cta<Traits>& cta;
   int position = 0;  // the next ring position
   // Read once (run): the plan lives in shared memory, which every asm
-  // volatile of a load would otherwise make the producer read again. The
-  // streamed rows' batch entry and first row (their sequence's: keys for dq,
-  // query rows for dk and dv).
-  int batch = 0, row0 = 0, col0 = 0;
+  // volatile of a load would otherwise make the producer read again. batch:
+  // the streamed rows' batch entry (their sequence's: keys for dq, query rows
+  // for dk and dv).
+  int batch = 0, col0 = 0;
 
   // Waits until the stage of the next position is free, and announces its bytes.
   __device__ __forceinline__ int acquire(uint32_t bytes) {
@@ -46,10 +46,11 @@ struct Producer {
     }
   }
 
-  // Streamed block j's rows in its tensor: keys of the KV head (dq) or query
-  // rows of a head of the group, from its sequence's first row.
+  // Streamed block j's first row in its tensor: keys of the KV head (dq) or
+  // query rows of a head of the group, from its sequence's first row.
   __device__ __forceinline__ int block_row(int j) const {
-    return row0 + (Traits::kQueryStationary ? cta.block_key0(j) : cta.block_tile(j).q0);
+    const BlockPlan* plan = cta.plan();
+    return plan->streamed_row0 + (Traits::kQueryStationary ? j : j % plan->row_blocks) * Traits::kBlockN;
   }
   __device__ __forceinline__ int block_head(int j) const {
     return Traits::kQueryStationary ? cta.plan()->tile.kv_head : cta.block_tile(j).head;
@@ -78,7 +79,6 @@ struct Producer {
     for (const CUtensorMap* map : maps) sm90_wgmma::prefetch_tensor_map(map);
     const TileSequence& seq = plan->seq;
     batch = Traits::kQueryStationary ? seq.kv_batch : seq.q_batch;
-    row0 = Traits::kQueryStationary ? seq.kv_begin : seq.q_begin;
     col0 = cta.col0();
     // Q and dO at the tile's rows (dq), K and V at the stationary keys (dk), K (dv).
     const int row = Traits::kQueryStationary ? seq.q_begin + plan->tile.q0 : seq.kv_begin + plan->key0;
