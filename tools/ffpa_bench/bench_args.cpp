@@ -176,7 +176,8 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   BenchArgs& args = parsed.args;
   const std::map<std::string, Handler> options = value_options(&args);
   const std::map<std::string, bool*> flags = {
-      {"--lse", &args.lse}, {"--backward", &args.backward}, {"--json", &args.json}, {"--help", &args.help},
+      {"--lse", &args.lse}, {"--backward", &args.backward}, {"--packed", &args.packed}, {"--json", &args.json},
+      {"--help", &args.help},
       {"-h", &args.help},
       {"--device-inputs", &args.device_inputs},
       {"--version", &args.version}};
@@ -211,6 +212,8 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   if (args.device_inputs && args.check_rows > 0 && !args.backward) {
     parsed.error = "--device-inputs: the reference check needs the inputs on the host; pass --check-rows 0";
   }
+  if (args.packed && !args.backward) parsed.error = "--packed times the backward of a sequence batch: add --backward";
+  if (args.packed) args.layout = Layout::bnhd;  // the packed rows are a [B, N, H, D] buffer
   return parsed;
 }
 
@@ -301,6 +304,10 @@ Data and options
                          from the forward's o and lse, o standing in for dO);
                          FLOPs 2.5x the forward's; one input set; not checked
                          against the reference (the test suites check gradients)
+  --packed               with --backward: the same tokens as a sequence batch
+                         (packed training: B sequences of Nq queries and Nkv
+                         keys packed back to back with cu_seqlens; --layout
+                         bnhd), against the dense point's time at equal tokens
   --impl auto|cpu|sm80|sm90  implementation (default auto); cpu runs the CPU
                          reference on host memory, on the sizes given (the
                          small default shape for the others)

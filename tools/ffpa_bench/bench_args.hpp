@@ -37,6 +37,9 @@ struct BenchArgs {
   // --backward: time ffpa::backward (dQ, dK, dV from the forward's o and lse)
   // instead of the forward; FLOPs 2.5x the forward's; no reference check.
   bool backward = false;
+  // --packed: with --backward, the same tokens as a sequence batch (B packed
+  // sequences of Nq queries and Nkv keys, cu_seqlens; --layout bnhd).
+  bool packed = false;
   int warmup = 3;
   int iters = 10;
   int64_t check_rows = 16;  // 0: no check
