@@ -245,6 +245,12 @@ typedef struct ffpa_backward_params {
   void* stream; /* cudaStream_t */
   void* workspace;
   size_t workspace_bytes;
+  /* The forward's sequence batch (NULL: a dense call): packed or batched keys,
+   * no block table; the gradients take q's, k's and v's packed layouts, rows
+   * no sequence uses are not written. */
+  const ffpa_sequence_batch* sequences;
+  ffpa_tensor sinks;   /* the forward's f32 [Hq] sink logits; data NULL: none */
+  ffpa_tensor d_sinks; /* f32 [Hq], their gradient; data NULL: not requested */
 } ffpa_backward_params;
 
 FFPA_API ffpa_status ffpa_backward(const ffpa_backward_params* params, char* message, size_t message_size);

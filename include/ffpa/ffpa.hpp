@@ -297,9 +297,14 @@ FFPA_API Status fp8_quantize_kv_workspace_size(const Fp8QuantizeKvParams& params
 // The gradients of a forward call (docs/spec.md, "Backward"): dq, dk, dv of
 // sum(o * d_o) for the forward's q, k, v, mask and options (the same scale,
 // causal alignment and dropout (seed, offset), so the backward redraws the
-// forward's keep mask), from its o and lse. Host pointers: the CPU
-// reference; device pointers: the portable backward kernels (impl auto or
-// sm80_split_d).
+// forward's keep mask; the same window and softcap), from its o and lse. Host
+// pointers: the CPU reference; device pointers: the GPU backward kernels.
+// A sequence batch (packed training, docs/serving.md) takes the forward's
+// packed or batched layouts: q, o, d_o [1, Hq, total_q, D or Dv], lse and
+// d_lse [1, Hq, total_q], k, v [1, Hkv, total_k, D or Dv] (or their batched
+// forms), the gradients laid out like q, k and v; rows of d_q, d_k and d_v
+// that no sequence uses (past cu_seqlens' last offset, keys past a
+// sequence's seqused_k) are not written. A paged cache has no backward.
 struct BackwardParams {
   Tensor q, k, v;  // the forward's inputs
   Tensor o;        // the forward's output
@@ -317,6 +322,14 @@ struct BackwardParams {
   cudaStream_t stream = nullptr;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // The forward call's sequence batch (null: a dense call); packed or
+  // batched keys (a block table is refused: invalid_option).
+  const SequenceBatch* sequences = nullptr;
+  // The forward's attention sinks (f32 [Hq], data null: none) and, optional
+  // with them, their gradient d_sinks (f32 [Hq], written whole: the sum over
+  // every attending row of -exp(sink - lse_i) (d_o_i . o_i - d_lse_i)).
+  Tensor sinks;
+  Tensor d_sinks;
 };
 
 FFPA_API Status backward(const BackwardParams& params);

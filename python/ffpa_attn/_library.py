@@ -208,6 +208,9 @@ class FfpaBackwardParams(ctypes.Structure):
         ("stream", ctypes.c_void_p),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_size_t),
+        ("sequences", ctypes.POINTER(FfpaSequenceBatch)),  # NULL: a dense call (packed / batched keys only)
+        ("sinks", FfpaTensor),  # the forward's f32 [Hq]; data NULL: none
+        ("d_sinks", FfpaTensor),  # f32 [Hq]; data NULL: not requested
     ]
 
 

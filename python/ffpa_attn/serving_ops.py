@@ -220,19 +220,19 @@ def _serving_backward(ctx, d_o: Optional[torch.Tensor], d_lse: Optional[torch.Te
         )
     if table is not None:
         raise NotImplementedError("flash_attn_varlen_func's backward: a paged call (block_table) has no gradients")
-    if sinks is not None and ctx.needs_input_grad[_SINKS]:
-        raise NotImplementedError("flash_attn_varlen_func's backward: the ffpa library gives no gradient of the sinks")
     max_q, max_k, scale, causal, window_left, window_right, softcap, impl, return_lse = ctx.options
     if not return_lse:
         raise RuntimeError("ffpa_attn::serving_forward: autograd needs the forward's lse (call it with return_lse)")
     if d_o is None:
         d_o = torch.zeros_like(o)
-    d_q, d_k, d_v = torch.ops.ffpa_attn.serving_backward(
-        q, k, v, o, lse, d_o, d_lse, cu_q, cu_k, used_k, max_q, max_k, scale, causal, window_left, window_right,
-        softcap, impl,
+    d_q, d_k, d_v, d_sinks = torch.ops.ffpa_attn.serving_backward(
+        q, k, v, o, lse, d_o, d_lse, cu_q, cu_k, used_k, sinks, max_q, max_k, scale, causal, window_left,
+        window_right, softcap, impl,
     )  # fmt: skip
     grads = [None] * ctx.argument_count
     grads[_Q], grads[_K], grads[_V] = d_q, d_k, d_v
+    if sinks is not None:
+        grads[_SINKS] = d_sinks
     return tuple(grads)
 
 
@@ -251,6 +251,7 @@ def serving_backward(
     cu_seqlens_q: Optional[torch.Tensor],
     cu_seqlens_k: Optional[torch.Tensor],
     seqused_k: Optional[torch.Tensor],
+    sinks: Optional[torch.Tensor],
     max_seqlen_q: int,
     max_seqlen_k: int,
     scale: float,
@@ -259,13 +260,15 @@ def serving_backward(
     window_right: int,
     softcap: float,
     impl: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """d_q, d_k, d_v (each in its input's memory order) of a packed or batched serving call: one
-    ffpa_backward with the sequence batch. Raises FFPAError when the library refuses the call."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """d_q, d_k, d_v (each in its input's memory order) and d_sinks (f32 [Hq]; [0] without sinks) of a
+    packed or batched serving call: one ffpa_backward with the sequence batch. Raises FFPAError when
+    the library refuses the call."""
     if not BACKWARD_TAKES_SEQUENCES:
         raise NotImplementedError("ffpa_attn::serving_backward: this ffpa build's backward takes no sequence batch")
     q, k, v, o, d_o = (ops.readable_by_library(t) for t in (q, k, v, o, d_o))
     d_q, d_k, d_v = ops.new_output(q), ops.new_output(k), ops.new_output(v)
+    d_sinks = torch.empty(sinks.shape[0] if sinks is not None else 0, dtype=torch.float32, device=q.device)
     batch = sequence_batch(cu_seqlens_q, cu_seqlens_k, None, seqused_k, max_seqlen_q, max_seqlen_k)
     params = _library.FfpaBackwardParams(
         q=describe("q", q),
@@ -281,9 +284,11 @@ def serving_backward(
         options=options(scale, causal, window_left, window_right, softcap, impl),
     )
     params.sequences = ctypes.pointer(batch)  # the field the header gains (BACKWARD_TAKES_SEQUENCES)
+    if sinks is not None:
+        params.sinks, params.d_sinks = describe("sinks", sinks), describe("d_sinks", d_sinks)
     if not q.is_cuda:
         _library.backward(params)
-        return d_q, d_k, d_v
+        return d_q, d_k, d_v, d_sinks
     with torch.cuda.device(q.device):
         params.stream = ops.raw_stream(q.get_device())
         workspace_bytes = _library.backward_workspace_size(params)
@@ -291,12 +296,13 @@ def serving_backward(
         if workspace is not None:
             params.workspace, params.workspace_bytes = workspace.data_ptr(), workspace_bytes
         _library.backward(params)
-    return d_q, d_k, d_v
+    return d_q, d_k, d_v, d_sinks
 
 
 @serving_backward.register_fake
 def _serving_backward_fake(
-    q, k, v, o, lse, d_o, d_lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, scale, causal,
-    window_left, window_right, softcap, impl,
+    q, k, v, o, lse, d_o, d_lse, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks, max_seqlen_q, max_seqlen_k, scale,
+    causal, window_left, window_right, softcap, impl,
 ):  # fmt: skip
-    return ops.new_output(q), ops.new_output(k), ops.new_output(v)
+    d_sinks = q.new_empty(sinks.shape[0] if sinks is not None else 0, dtype=torch.float32)
+    return ops.new_output(q), ops.new_output(k), ops.new_output(v), d_sinks

@@ -285,6 +285,38 @@ def test_varlen_gradients(rng, causal):
     torch.autograd.gradcheck(attention, (q, k, v))
 
 
+@pytest.mark.skipif(
+    not serving_ops.BACKWARD_TAKES_SEQUENCES,
+    reason="the ffpa library's backward takes no sequence batch yet (ffpa_backward_params.sequences)",
+)
+@pytest.mark.parametrize("extras", ["window", "sinks", "softcap"])
+def test_varlen_gradients_of_the_serving_options(rng, extras):
+    # Against autograd through the float64 semantics: a window, sinks (their gradient: s_aux.grad) and
+    # the softcap (the CPU reference's backward serves each).
+    lengths_k = random_lengths(rng, 3, 1, 11)
+    lengths_q = [rng.randint(1, n) for n in lengths_k]
+    cu_q, cu_k = cumulative(lengths_q), cumulative(lengths_k)
+    q = torch.randn(int(cu_q[-1]), 4, 16, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(int(cu_k[-1]), 2, 16, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(int(cu_k[-1]), 2, 8, dtype=torch.float64, requires_grad=True)
+    sinks = torch.randn(4, requires_grad=True) if extras == "sinks" else None
+    window = (rng.randint(0, 4), rng.randint(0, 2)) if extras == "window" else (-1, -1)
+    softcap = 2.5 if extras == "softcap" else 0.0
+    weights = torch.randn(int(cu_q[-1]), 4, 8, dtype=torch.float64)
+
+    out = flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lengths_q), max(lengths_k), causal=True,
+                                 window_size=window, softcap=softcap, s_aux=sinks)  # fmt: skip
+    got = torch.autograd.grad((out * weights).sum(), [t for t in (q, k, v, sinks) if t is not None])
+    reference_sinks = sinks.detach().double().requires_grad_() if sinks is not None else None
+    expected_o, _ = packed_attention(q, k, v, cu_q, cu_k, causal=True, window=window, softcap=softcap,
+                                     sinks=reference_sinks)  # fmt: skip
+    expected = torch.autograd.grad(
+        (expected_o * weights).sum(), [t for t in (q, k, v, reference_sinks) if t is not None]
+    )
+    for name, g, e in zip(("d_q", "d_k", "d_v", "d_sinks"), got, expected):
+        assert_close(g.double(), e, 1e-5, name)
+
+
 def test_opcheck(rng):
     lengths = random_lengths(rng, 3, 1, 9)
     cu = cumulative(lengths)

@@ -13,6 +13,7 @@ from ffpa_attn._library import (
     Accumulation,
     DType,
     FFPAError,
+    FfpaBackwardParams,
     FfpaFp8Options,
     FfpaForwardParams,
     FfpaOptions,
@@ -62,6 +63,9 @@ def test_the_structs_have_the_c_layout():
     assert (FfpaForwardParams.options.offset, FfpaForwardParams.stream.offset) == (480, 592)
     assert FfpaForwardParams.fp8_kv_cache.offset == 616
     assert (FfpaForwardParams.sinks.offset, FfpaForwardParams.sequences.offset) == (624, 864)
+    assert (FfpaBackwardParams.options.offset, FfpaBackwardParams.stream.offset) == (960, 1072)
+    assert (FfpaBackwardParams.sequences.offset, FfpaBackwardParams.sinks.offset) == (1096, 1104)
+    assert (FfpaBackwardParams.d_sinks.offset, ctypes.sizeof(FfpaBackwardParams)) == (1184, 1264)
 
 
 def test_the_enums_are_the_c_values():

@@ -221,7 +221,7 @@ ffpa::Fp8QuantizeKvParams to_cpp(const ffpa_fp8_quantize_kv_params& c) {
   return p;
 }
 
-ffpa::BackwardParams to_cpp(const ffpa_backward_params& c) {
+ffpa::BackwardParams to_cpp(const ffpa_backward_params& c, ffpa::SequenceBatch* sequences) {
   ffpa::BackwardParams p;
   p.q = to_cpp(c.q);
   p.k = to_cpp(c.k);
@@ -239,6 +239,12 @@ ffpa::BackwardParams to_cpp(const ffpa_backward_params& c) {
   p.stream = static_cast<cudaStream_t>(c.stream);
   p.workspace = c.workspace;
   p.workspace_bytes = c.workspace_bytes;
+  if (c.sequences != nullptr) {
+    *sequences = to_cpp(*c.sequences);
+    p.sequences = sequences;
+  }
+  p.sinks = to_cpp(c.sinks);
+  p.d_sinks = to_cpp(c.d_sinks);
   return p;
 }
 
@@ -336,7 +342,8 @@ ffpa_status ffpa_backward(const ffpa_backward_params* params, char* message, siz
       write_message(message, message_size, "", "params is null");
       return FFPA_NULL_POINTER;
     }
-    return to_c(ffpa::backward(to_cpp(*params)), message, message_size);
+    ffpa::SequenceBatch sequences;
+    return to_c(ffpa::backward(to_cpp(*params, &sequences)), message, message_size);
   });
 }
 
@@ -347,7 +354,8 @@ ffpa_status ffpa_backward_workspace_size(const ffpa_backward_params* params, siz
       write_message(message, message_size, "", params ? "bytes is null" : "params is null");
       return FFPA_NULL_POINTER;
     }
-    return to_c(ffpa::backward_workspace_size(to_cpp(*params), bytes), message, message_size);
+    ffpa::SequenceBatch sequences;
+    return to_c(ffpa::backward_workspace_size(to_cpp(*params, &sequences), bytes), message, message_size);
   });
 }
 

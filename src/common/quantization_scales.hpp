@@ -6,6 +6,7 @@
 // the scheme.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "common/ceil_div.hpp"
@@ -94,10 +95,44 @@ FFPA_HOST_DEVICE float quantization_scale(float amax, float format_max) {
 // which rounding or saturation takes exactly to it.
 FFPA_HOST_DEVICE float quantization_inverse(float scale) { return 1.0f / scale; }
 
+// --- Non-finite inputs ------------------------------------------------------
+// A NaN or infinite value to quantize (the input, less its mean) must reach
+// exactly the rows the input reaches (spec.md, "Non-finite inputs"), and no
+// other element's code: it is left out of the means and of its group's
+// amax, and coded as a NaN. e4m3 has one (kE4m3NaN), which the tensor cores
+// carry into S or O; int8 has none, so such a value gets code -128
+// (kInt8NonFinite: outside the symmetric range, never a value's code), its
+// K group's stored scale is negated (flag_nonfinite: the main loop reads the
+// magnitude) and the pre-pass tells each query row whether a non-finite Q or K
+// element reaches it (row_nan, reference/fp8_quantization.hpp).
+inline constexpr uint8_t kInt8NonFinite = 0x80;
+
+FFPA_HOST_DEVICE bool finite_value(float x) {
+#if defined(__CUDA_ARCH__)
+  return isfinite(x);
+#else
+  return std::isfinite(x);
+#endif
+}
+
+// What x adds to a mean's sum, and |x| to its group's amax.
+FFPA_HOST_DEVICE float mean_term(float x) { return finite_value(x) ? x : 0.0f; }
+FFPA_HOST_DEVICE float amax_term(float x) { return finite_value(x) ? fabsf(x) : 0.0f; }
+
+// A K group's stored scale: negated when the group holds a non-finite value
+// (int8 codes); what the main loop multiplies by is its magnitude.
+FFPA_HOST_DEVICE float flag_nonfinite(float scale, bool nonfinite) { return nonfinite ? -scale : scale; }
+FFPA_HOST_DEVICE bool flags_nonfinite(float stored_scale) { return stored_scale < 0.0f; }
+FFPA_HOST_DEVICE float scale_magnitude(float stored_scale) { return fabsf(stored_scale); }
+
 // The code of x in a group whose quantization_inverse is `inverse`: x *
 // inverse in fp32 (a lone multiply: nothing to contract), then the format's
-// rounding.
-FFPA_HOST_DEVICE uint8_t quantize_e4m3(float x, float inverse) { return float_to_e4m3_bits(x * inverse); }
-FFPA_HOST_DEVICE int8_t quantize_int8(float x, float inverse) { return float_to_int8_symmetric(x * inverse); }
+// rounding; a non-finite x gets the format's NaN code.
+FFPA_HOST_DEVICE uint8_t quantize_e4m3(float x, float inverse) {
+  return finite_value(x) ? float_to_e4m3_bits(x * inverse) : kE4m3NaN;
+}
+FFPA_HOST_DEVICE uint8_t quantize_int8(float x, float inverse) {
+  return finite_value(x) ? static_cast<uint8_t>(float_to_int8_symmetric(x * inverse)) : kInt8NonFinite;
+}
 
 }  // namespace ffpa::detail

@@ -618,6 +618,14 @@ Status backward_memory_space(const BackwardProblem& b, MemorySpace* space) {
 
 namespace {
 
+// What the GPU backward kernels do not serve yet, which the CPU reference computes.
+Status gpu_backward_serves(const BackwardProblem& problem, Impl requested) {
+  const char* what = problem.forward.softcap > 0.0f ? "a logit softcap" : nullptr;
+  if (what == nullptr) return {};
+  return {StatusCode::impl_unavailable, std::string("impl ") + impl_name(requested) + ": the GPU backward does not serve " +
+                                            what + " yet (impl cpu_reference does)"};
+}
+
 // plan_backward's choice for a call on device tensors, on the current device
 // `info` (its compute capability read): the portable kernels where they run,
 // and in their place the sm90 kernels where those serve the call (impl
@@ -626,6 +634,7 @@ namespace {
 Status plan_backward_on_device(const BackwardProblem& problem, Impl requested, const DeviceInfo& info,
                                BackwardChoice* choice) {
   if (Status status = sm80_capability(info); !status.ok()) return status;
+  if (Status status = gpu_backward_serves(problem, requested); !status.ok()) return status;
   if (Status status = sm80_backward::check(problem); !status.ok()) return status;
   if (Status status = sm80_backward::runnable(problem.forward.dtype, info.device); !status.ok()) return status;
   choice->impl = Impl::sm80_split_d;
@@ -699,6 +708,7 @@ size_t backward_workspace_bytes(const BackwardProblem& problem, const BackwardCh
 Status run_backward(const BackwardProblem& problem, const BackwardChoice& choice, void* workspace,
                     size_t workspace_size, cudaStream_t stream) {
   if (choice.impl == Impl::cpu_reference) {
+    if (Status status = check_sequence_data(problem.forward); !status.ok()) return status;
     try {
       cpu_attention_backward(problem);
     } catch (const std::bad_alloc&) {

@@ -1,9 +1,11 @@
 // Validation of a backward call: its forward call as validate_forward sees
-// it, then d_o, the gradients and their overlaps.
+// it (a sequence batch's tensors and shapes included), then what the backward
+// does not serve, d_o, the gradients and their overlaps.
 #include <cstdint>
 
 #include "host/validate.hpp"
 #include "host/validate_checks.hpp"
+#include "host/validate_sequences.hpp"
 
 namespace ffpa::detail {
 namespace {
@@ -46,17 +48,20 @@ Status validate_backward(const BackwardParams& p, BackwardProblem* problem) {
   forward.stream = p.stream;
   forward.workspace = p.workspace;
   forward.workspace_bytes = p.workspace_bytes;
+  forward.sinks = p.sinks;
+  forward.sequences = p.sequences;
   if (!p.lse.data)
-    return fail(StatusCode::null_pointer, "lse.data is null; the backward needs the forward's lse [B, Hq, Nq]");
+    return fail(StatusCode::null_pointer, "lse.data is null; the backward needs the forward's lse (",
+                p.sequences && p.sequences->cu_seqlens_q.data ? "[1, Hq, total_q]" : "[B, Hq, Nq]", ")");
   AttentionProblem forward_problem;
   FFPA_RETURN_IF_ERROR(validate_forward(forward, &forward_problem));
   if (p.options.precision != Precision::input)
     return fail(StatusCode::invalid_option, "options.precision = ", static_cast<int32_t>(p.options.precision),
                 "; the backward runs in the inputs' precision only");
-  if (forward_problem.has_window() || forward_problem.softcap > 0.0f)
-    return fail(StatusCode::invalid_option, "options.window_left = ", p.options.window_left, ", window_right = ",
-                p.options.window_right, ", softcap = ", p.options.softcap,
-                "; the backward serves no window or softcap yet");
+  if (p.sequences && p.sequences->block_table.data)
+    return fail(StatusCode::invalid_option,
+                "sequences.block_table is given: a paged cache has no backward (a training call passes k and v "
+                "packed, with cu_seqlens_k, or batched)");
   if (forward_problem.kv_e4m3)
     return fail(StatusCode::unsupported_dtype, "k.dtype = e4m3; the backward runs on 16-bit k and v");
   if (p.options.accumulation != Accumulation::f32)
@@ -65,7 +70,7 @@ Status validate_backward(const BackwardParams& p, BackwardProblem* problem) {
 
   const Arg q{p.q, "q"}, k{p.k, "k"}, v{p.v, "v"}, o{p.o, "o"}, mask{p.mask, "mask"}, lse{p.lse, "lse"};
   const Arg d_o{p.d_o, "d_o"}, d_q{p.d_q, "d_q"}, d_k{p.d_k, "d_k"}, d_v{p.d_v, "d_v"}, d_mask{p.d_mask, "d_mask"};
-  const Arg d_lse{p.d_lse, "d_lse"};
+  const Arg d_lse{p.d_lse, "d_lse"}, sinks{p.sinks, "sinks"}, d_sinks{p.d_sinks, "d_sinks"};
   FFPA_RETURN_IF_ERROR(check_like(d_o, o));
   if (p.d_lse.data) {
     FFPA_RETURN_IF_ERROR(check_like(d_lse, lse));
@@ -97,16 +102,34 @@ Status validate_backward(const BackwardParams& p, BackwardProblem* problem) {
       return fail(StatusCode::misaligned, "d_mask.data = ", p.d_mask.data, " is not aligned to its elements");
   }
 
+  if (p.d_sinks.data) {
+    if (!p.sinks.data)
+      return fail(StatusCode::invalid_option, "d_sinks is given but sinks.data is null; only sinks have a gradient");
+    FFPA_RETURN_IF_ERROR(check_like(d_sinks, sinks));
+    if (!aligned(p.d_sinks.data, 4))
+      return fail(StatusCode::misaligned, "d_sinks.data = ", p.d_sinks.data, " is not 4-byte aligned");
+    if (p.d_sinks.shape[0] > 1 && p.d_sinks.stride[0] == 0)
+      return fail(StatusCode::invalid_stride, "d_sinks.stride[0] = 0 with shape [", p.d_sinks.shape[0],
+                  "]: an output must not alias itself");
+  }
+
   // Outputs: none aliases itself, and none overlaps another tensor of the call.
   for (Arg a : {d_q, d_k, d_v, d_mask}) FFPA_RETURN_IF_ERROR(check_self_aliasing(a, a.t.shape[3]));
-  const Arg inputs[] = {q, k, v, o, mask, lse, d_o, d_lse};
-  const Arg outputs[] = {d_q, d_k, d_v, d_mask};
-  ByteRange in_ranges[8], out_ranges[4];
-  for (int i = 0; i < 8; ++i) FFPA_RETURN_IF_ERROR(byte_range(inputs[i], &in_ranges[i]));
-  for (int i = 0; i < 4; ++i) FFPA_RETURN_IF_ERROR(byte_range(outputs[i], &out_ranges[i]));
-  for (int i = 0; i < 4; ++i) {
-    for (int j = 0; j < 8; ++j) FFPA_RETURN_IF_ERROR(check_overlap(outputs[i].name, out_ranges[i], inputs[j].name, in_ranges[j]));
-    for (int j = i + 1; j < 4; ++j)
+  const SequenceBatch no_sequences;
+  const SequenceBatch& batch = p.sequences ? *p.sequences : no_sequences;
+  const Arg inputs[] = {q, k, v, o, mask, lse, d_o, d_lse, sinks,
+                        Arg{batch.cu_seqlens_q, "sequences.cu_seqlens_q"},
+                        Arg{batch.cu_seqlens_k, "sequences.cu_seqlens_k"},
+                        Arg{batch.seqused_k, "sequences.seqused_k"}};
+  const Arg outputs[] = {d_q, d_k, d_v, d_mask, d_sinks};
+  constexpr int kInputs = sizeof inputs / sizeof inputs[0], kOutputs = sizeof outputs / sizeof outputs[0];
+  ByteRange in_ranges[kInputs], out_ranges[kOutputs];
+  for (int i = 0; i < kInputs; ++i) FFPA_RETURN_IF_ERROR(byte_range(inputs[i], &in_ranges[i]));
+  for (int i = 0; i < kOutputs; ++i) FFPA_RETURN_IF_ERROR(byte_range(outputs[i], &out_ranges[i]));
+  for (int i = 0; i < kOutputs; ++i) {
+    for (int j = 0; j < kInputs; ++j)
+      FFPA_RETURN_IF_ERROR(check_overlap(outputs[i].name, out_ranges[i], inputs[j].name, in_ranges[j]));
+    for (int j = i + 1; j < kOutputs; ++j)
       FFPA_RETURN_IF_ERROR(check_overlap(outputs[i].name, out_ranges[i], outputs[j].name, out_ranges[j]));
   }
 
@@ -130,6 +153,10 @@ Status validate_backward(const BackwardParams& p, BackwardProblem* problem) {
   if (p.d_lse.data) {
     b.d_lse = static_cast<const float*>(p.d_lse.data);
     copy_strides(p.d_lse, b.d_lse_stride);
+  }
+  if (p.d_sinks.data) {
+    b.d_sinks = static_cast<float*>(p.d_sinks.data);
+    b.d_sinks_stride = p.d_sinks.stride[0];
   }
   *problem = b;
   return {};

@@ -80,19 +80,26 @@ void convert_row(DType dtype, const void* base, int64_t first, int64_t n, Kv* ds
 // weights over [0, visible_max) (0 for excluded and dropped keys): keys
 // before `first` (a window's left bound) and masked ones are excluded; the
 // head's sink logit joins the denominator. Returns the row's lse (-inf when
-// no key is attended and there is no sink, leaving every weight 0).
+// no key is attended and there is no sink, leaving every weight 0), and in
+// *attends whether the row attends a key (its O is 0 otherwise, whatever V
+// holds). A row whose softmax is NaN (a NaN score, from q, k or the mask, or
+// exp(inf - inf)) gets lse NaN and NaN weights: spec.md, "Non-finite inputs".
 double softmax_weights(const AttentionProblem& p, int64_t b, int64_t h, int64_t i, int64_t first,
-                       int64_t visible, int64_t visible_max, double* w, double* bias) {
+                       int64_t visible, int64_t visible_max, double* w, double* bias, bool* attends) {
   mask_bias(p, b, h, i, visible, bias);
   double max_score = kNegInf;
+  bool nan_score = false;
   for (int64_t j = 0; j < visible; ++j) {
     w[j] = j < first ? kNegInf : w[j] + bias[j];
-    max_score = std::max(max_score, w[j]);
+    nan_score |= std::isnan(w[j]);
+    max_score = std::max(max_score, w[j]);  // a NaN does not count
   }
+  std::fill(w + visible, w + visible_max, 0.0);
+  *attends = nan_score || max_score != kNegInf;
   const double sink = p.sinks != nullptr ? static_cast<double>(p.sinks[h * p.sinks_stride]) : kNegInf;
   const double base = std::max(max_score, sink);
-  if (base == kNegInf) {
-    std::fill(w, w + visible_max, 0.0);
+  if (base == kNegInf && !nan_score) {
+    std::fill(w, w + visible, 0.0);
     return kNegInf;
   }
   double denominator = 0.0;
@@ -101,7 +108,10 @@ double softmax_weights(const AttentionProblem& p, int64_t b, int64_t h, int64_t 
     denominator += w[j];
   }
   if (sink != kNegInf) denominator += std::exp(sink - base);
-  std::fill(w + visible, w + visible_max, 0.0);
+  if (nan_score || std::isnan(denominator)) {
+    std::fill(w, w + visible, std::numeric_limits<double>::quiet_NaN());
+    return std::numeric_limits<double>::quiet_NaN();
+  }
   if (p.has_dropout()) {
     const double factor = static_cast<double>(p.dropout_scale) / denominator;
     const uint64_t head_word = dropout_head_word(p.dropout_offset, static_cast<uint64_t>(b * p.heads_q + h),
@@ -175,20 +185,37 @@ void attend_row_group(const AttentionProblem& p, int64_t b, int64_t h, const Kv*
     w2[j] = scaled_score(p, scale, a2);
     w3[j] = scaled_score(p, scale, a3);
   }
+  // The keys whose V rows each row adds, weight 0 or not (0 * NaN is NaN):
+  // its keys in reach [first, visible), none for a row with no attended key
+  // (O = 0).
+  int64_t end[kRowGroup];
   for (int r = 0; r < kRowGroup; ++r) {
     double* const w = w0 + r * nkv;
-    lse[r] = softmax_weights(p, b, h, rows[r], first[r], visible[r], visible_max, w, s.bias.data());
+    bool attends = false;
+    lse[r] = softmax_weights(p, b, h, rows[r], first[r], visible[r], visible_max, w, s.bias.data(), &attends);
+    end[r] = attends ? visible[r] : first[r];
     if (v_scale != 1.0)
       for (int64_t j = 0; j < visible_max; ++j) w[j] *= v_scale;
   }
 
+  // Keys every row adds go four lanes at a time, the others lane by lane,
+  // each lane's in key order. Adding a weight 0 times a finite V changes no
+  // bit: the accumulators start at +0, so they are never -0, and adding +-0
+  // to a value other than -0 leaves it.
   std::fill(s.out.begin(), s.out.end(), 0.0);
-  for (int64_t j = 0; j < visible_max; ++j) {
+  const int64_t shared_first = *std::max_element(first, first + kRowGroup);
+  const int64_t shared_end = std::max(shared_first, *std::min_element(end, end + kRowGroup));
+  auto add_lane = [&](int r, int64_t from, int64_t to) {
+    const double* w = w0 + r * nkv;
+    for (int64_t j = from; j < to; ++j) {
+      const Kv* vj = v + j * dv;
+      double* o = s.out.data() + r;
+      for (int64_t d = 0; d < dv; ++d, o += kRowGroup) *o += w[j] * vj[d];
+    }
+  };
+  for (int r = 0; r < kRowGroup; ++r) add_lane(r, first[r], std::min(end[r], shared_first));
+  for (int64_t j = shared_first; j < shared_end; ++j) {
     const double c0 = w0[j], c1 = w1[j], c2 = w2[j], c3 = w3[j];
-    // Skipping a key whose four weights are 0 changes no bit (V finite): the
-    // accumulators start at +0, so they are never -0, and adding +-0 to a value
-    // other than -0 leaves it as it is.
-    if (c0 == 0.0 && c1 == 0.0 && c2 == 0.0 && c3 == 0.0) continue;
     const Kv* vj = v + j * dv;
     double* o = s.out.data();
     for (int64_t d = 0; d < dv; ++d, o += kRowGroup) {
@@ -199,6 +226,7 @@ void attend_row_group(const AttentionProblem& p, int64_t b, int64_t h, const Kv*
       o[3] += c3 * x;
     }
   }
+  for (int r = 0; r < kRowGroup; ++r) add_lane(r, std::max(first[r], shared_end), end[r]);
 }
 
 // Writes lane `lane` of s.out (row i, position r in the row selection).

@@ -46,8 +46,8 @@ std::vector<float> load_rows(const void* base, const int64_t (&stride)[3], DType
 
 // The per-channel mean of x [n][dim] in the pre-pass's order (the codes
 // depend on its bits): each block of kQuantKeyBlock rows summed in fp32 in
-// row order, the block sums added in fp32 in block order, the total divided
-// by float(n). Without rows, 0.
+// row order (a non-finite value adds 0: mean_term), the block sums added in
+// fp32 in block order, the total divided by float(n). Without rows, 0.
 std::vector<float> channel_mean(const std::vector<float>& x, int64_t n, int64_t dim) {
   std::vector<float> mean(count(dim), 0.0f);
   if (n == 0) return mean;
@@ -55,7 +55,7 @@ std::vector<float> channel_mean(const std::vector<float>& x, int64_t n, int64_t 
     float total = 0.0f;
     for (int64_t first = 0; first < n; first += kQuantKeyBlock) {
       float block = 0.0f;
-      for (int64_t j = first; j < std::min(n, first + kQuantKeyBlock); ++j) block += x[count(j * dim + c)];
+      for (int64_t j = first; j < std::min(n, first + kQuantKeyBlock); ++j) block += mean_term(x[count(j * dim + c)]);
       total += block;
     }
     mean[count(c)] = total / static_cast<float>(n);
@@ -79,26 +79,66 @@ void smooth(std::vector<float>& x, float* means, int64_t n, int64_t dim) {
 }
 
 // Codes and scales of x [n][dim], whose element (r, c) belongs to scale group
-// group_of(r, c) of `groups`: each group's amax (fmax, so that a NaN element
-// does not count, as with fmaxf on the GPU; a group without elements has amax
-// 0), its scale, then every element's code.
+// group_of(r, c) of `groups`: each group's amax over its finite values
+// (amax_term; a group without any has amax 0), its scale, then every
+// element's code (non-finite values: the format's NaN code). With
+// flag_groups, a group holding a non-finite value stores its scale negated
+// (int8 K: flag_nonfinite).
 template <class GroupOf>
 void quantize_groups(const std::vector<float>& x, int64_t n, int64_t dim, int64_t groups, const GroupOf& group_of,
-                     bool int8_codes, float* scales, uint8_t* codes) {
+                     bool int8_codes, bool flag_groups, float* scales, uint8_t* codes) {
   std::vector<float> amax(count(groups), 0.0f);
+  std::vector<bool> nonfinite(count(groups), false);
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t c = 0; c < dim; ++c) {
-      float& a = amax[count(group_of(r, c))];
-      a = std::fmax(a, std::fabs(x[count(r * dim + c)]));
+      const int64_t g = group_of(r, c);
+      const float value = x[count(r * dim + c)];
+      amax[count(g)] = std::fmax(amax[count(g)], amax_term(value));
+      if (!finite_value(value)) nonfinite[count(g)] = true;
     }
   }
   const float format_max = int8_codes ? kInt8Max : kE4m3Max;
-  for (int64_t g = 0; g < groups; ++g) scales[g] = quantization_scale(amax[count(g)], format_max);
+  std::vector<float> inverse(count(groups));
+  for (int64_t g = 0; g < groups; ++g) {
+    const float scale = quantization_scale(amax[count(g)], format_max);
+    inverse[count(g)] = quantization_inverse(scale);
+    scales[g] = flag_groups ? flag_nonfinite(scale, nonfinite[count(g)]) : scale;
+  }
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t c = 0; c < dim; ++c) {
-      const float value = x[count(r * dim + c)], inverse = quantization_inverse(scales[group_of(r, c)]);
-      codes[r * dim + c] =
-          int8_codes ? static_cast<uint8_t>(quantize_int8(value, inverse)) : quantize_e4m3(value, inverse);
+      const float value = x[count(r * dim + c)], group_inverse = inverse[count(group_of(r, c))];
+      codes[r * dim + c] = int8_codes ? quantize_int8(value, group_inverse) : quantize_e4m3(value, group_inverse);
+    }
+  }
+}
+
+// Whether a row of codes holds an int8 non-finite marker.
+bool holds_nonfinite_marker(const uint8_t* codes, int64_t dim) {
+  return std::find(codes, codes + dim, kInt8NonFinite) != codes + dim;
+}
+
+// int8 Q/K: QuantizedInputs::row_nan from the codes' markers. The first key
+// of each kv head with a non-finite K value reaches every row whose causal
+// reach includes it; a non-finite Q value its own row, if any key is in reach.
+void mark_nan_rows(const AttentionProblem& p, QuantizedInputs& z) {
+  const int64_t dim = p.head_dim, nkv = p.seq_kv;
+  z.row_nan.assign(count(p.batch * p.heads_q * z.rows), 0.0f);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      const int64_t kv_head = b * p.heads_kv + h / p.group_size();
+      int64_t first_key = nkv;
+      for (int64_t j = 0; j < nkv && first_key == nkv; ++j) {
+        if (holds_nonfinite_marker(z.k_codes.data() + (kv_head * nkv + j) * dim, dim)) first_key = j;
+      }
+      const int64_t head = b * p.heads_q + h;
+      for (int64_t r = 0; r < z.rows; ++r) {
+        // As the pre-pass: a window's left bound is not looked at.
+        const KeyRange keys = attended_keys(p, z.first_row + r, p.seq_q, p.seq_kv);
+        const bool q_nonfinite = holds_nonfinite_marker(z.q_codes.data() + (head * z.rows + r) * dim, dim);
+        if ((q_nonfinite && keys.end > keys.first) || keys.end > first_key) {
+          z.row_nan[count(head * z.rows + r)] = std::numeric_limits<float>::quiet_NaN();
+        }
+      }
     }
   }
 }
@@ -150,7 +190,7 @@ KeyValueBlock decode_key_values(const AttentionProblem& p, const QuantizedInputs
     const uint8_t* codes = z.k_codes.data() + head * nkv * dim;
     const float* scales = z.k_scales.data() + head * z.k_scales_per_head();
     for (int64_t e = 0; e < nkv * dim; ++e) kv.key[count(e)] = qk_code_value(codes[e], o.qk_format);
-    for (int64_t j = 0; j < nkv; ++j) kv.key_scale[count(j)] = scales[k_scale_index(j, o.qk_granularity)];
+    for (int64_t j = 0; j < nkv; ++j) kv.key_scale[count(j)] = scale_magnitude(scales[k_scale_index(j, o.qk_granularity)]);
   }
   if (o.pv_format == PvFormat::unquantized) {
     const std::vector<float> v = load_rows(p.v, p.v_stride, p.dtype, b, kv_head, 0, nkv, dim);
@@ -203,14 +243,18 @@ double attend_row(const AttentionProblem& p, const QuantizedInputs& z, const Key
   const int64_t visible = visible_keys(p, i);
   mask_bias(p, b, h, i, visible, s.bias.data());
   double row_max = kNegInf;
+  bool nan_score = false;  // e4m3 NaN codes carry a non-finite Q or K value here
   for (int64_t j = 0; j < visible; ++j) {
     const double* key = kv.key.data() + j * dim;
     double dot = 0.0;
     for (int64_t d = 0; d < dim; ++d) dot += s.query[count(d)] * key[d];
     s.score[count(j)] = dot * (q_scale * kv.key_scale[count(j)]) * static_cast<double>(p.scale) + s.bias[count(j)];
-    row_max = std::max(row_max, s.score[count(j)]);
+    nan_score |= std::isnan(s.score[count(j)]);
+    row_max = std::max(row_max, s.score[count(j)]);  // a NaN does not count
   }
-  if (row_max == kNegInf) {
+  // int8 codes cannot carry a NaN: the pre-pass's row_nan says where one reaches.
+  const bool marked = !z.row_nan.empty() && std::isnan(z.row_nan[count((b * p.heads_q + h) * z.rows + r)]);
+  if (row_max == kNegInf && !nan_score && !marked) {  // no attended key: O = 0 whatever V holds
     std::fill(out_row, out_row + dim, 0.0);
     return kNegInf;
   }
@@ -218,6 +262,10 @@ double attend_row(const AttentionProblem& p, const QuantizedInputs& z, const Key
   // exponentials before converting P), relative to the final maximum.
   double row_sum = 0.0;
   for (int64_t j = 0; j < visible; ++j) row_sum += std::exp(s.score[count(j)] - row_max);
+  if (nan_score || marked || std::isnan(row_sum)) {  // the row's softmax is NaN: its O and LSE too
+    std::fill(out_row, out_row + dim, std::numeric_limits<double>::quiet_NaN());
+    return std::numeric_limits<double>::quiet_NaN();
+  }
 
   // P V weights, KV block by KV block in the main loop's order: block n's P is
   // exp(s - m_n) against the running maximum m_n (over blocks 0..n),
@@ -250,10 +298,11 @@ double attend_row(const AttentionProblem& p, const QuantizedInputs& z, const Key
     }
   }
 
+  // Every key in reach adds its V row, weight 0 or not (a NaN code in V
+  // times a masked or dropped weight is NaN, as in the kernel's P V).
   std::fill(s.out.begin(), s.out.end(), 0.0);
   for (int64_t j = 0; j < visible; ++j) {
     const double w = s.score[count(j)];
-    if (w == 0.0) continue;
     const double* value = kv.value.data() + j * dim;
     for (int64_t c = 0; c < dim; ++c) s.out[count(c)] += w * value[c];
   }
@@ -319,14 +368,14 @@ QuantizedInputs quantize_key_values(const AttentionProblem& p, const Quantizatio
       if (o.smooth_k) smooth(k, z.k_mean.data() + head * dim, nkv, dim);
       if (qk_codes) {
         quantize_groups(k, nkv, dim, z.k_scales_per_head(),
-                        [&](int64_t j, int64_t) { return k_scale_index(j, qk_granularity); }, int8_codes,
+                        [&](int64_t j, int64_t) { return k_scale_index(j, qk_granularity); }, int8_codes, int8_codes,
                         z.k_scales.data() + head * z.k_scales_per_head(), z.k_codes.data() + head * nkv * dim);
       }
       std::vector<float> v = load_rows(p.v, p.v_stride, p.dtype, b, kv_head, 0, nkv, dim);
       if (o.smooth_v) smooth(v, z.v_mean.data() + head * dim, nkv, dim);
       if (pv_codes) {
         quantize_groups(v, nkv, dim, z.v_scales_per_head(),
-                        [&](int64_t j, int64_t c) { return v_scale_index(j, c, v_granularity); }, false,
+                        [&](int64_t j, int64_t c) { return v_scale_index(j, c, v_granularity); }, false, false,
                         z.v_scales.data() + head * z.v_scales_per_head(), z.v_codes.data() + head * nkv * dim);
       }
     }
@@ -347,10 +396,11 @@ QuantizedInputs quantize_attention_inputs(const AttentionProblem& p, const Quant
       const std::vector<float> q = load_rows(p.q, p.q_stride, p.dtype, b, h, z.first_row, z.rows, dim);
       quantize_groups(q, z.rows, dim, z.q_scales_per_head(),
                       [&](int64_t r, int64_t) { return q_scale_index(r, qk_granularity); },
-                      o.qk_format == QkFormat::int8, z.q_scales.data() + head * z.q_scales_per_head(),
+                      o.qk_format == QkFormat::int8, false, z.q_scales.data() + head * z.q_scales_per_head(),
                       z.q_codes.data() + head * z.rows * dim);
     }
   }
+  if (o.qk_format == QkFormat::int8) mark_nan_rows(p, z);
   return z;
 }
 

@@ -36,9 +36,14 @@ struct QuantizedInputs {
 
   std::vector<uint8_t> q_codes;  // [B][Hq][rows][D]; row r is query row first_row + r
   std::vector<float> q_scales;   // [B][Hq][q_scale_count(rows)]
+  // int8 Q/K only (empty otherwise): per quantized row, NaN where a non-finite
+  // Q or K value reaches the row (its own Q row with a key in reach, or a K
+  // row within its causal reach; int8 codes cannot carry the NaN), else 0.
+  // Added to the row's O factor and LSE. e4m3 carries NaN in its codes.
+  std::vector<float> row_nan;    // [B][Hq][rows]
   std::vector<float> k_mean;     // [B][Hkv][D]; all 0 without smooth_k
   std::vector<uint8_t> k_codes;  // [B][Hkv][Nkv][D], of K - k_mean
-  std::vector<float> k_scales;   // [B][Hkv][k_scale_count(Nkv)]
+  std::vector<float> k_scales;   // [B][Hkv][k_scale_count(Nkv)]; int8: negated for a group with a non-finite value
   std::vector<float> v_mean;     // [B][Hkv][D]; all 0 without smooth_v
   std::vector<uint8_t> v_codes;  // [B][Hkv][Nkv][D], of V - v_mean
   std::vector<float> v_scales;   // [B][Hkv][v_scale_count(Nkv, D)]

@@ -92,6 +92,10 @@ static_assert(offsetof(ffpa_forward_params, fp8_kv_cache) == 616 && offsetof(ffp
                   offsetof(ffpa_forward_params, sequences) == 864 &&
                   offsetof(ffpa_forward_params, sequence_plan) == 872 && sizeof(ffpa_forward_params) == 880,
               "ffpa_forward_params: FfpaForwardParams' trailing fields and size");
+static_assert(offsetof(ffpa_backward_params, options) == 960 && offsetof(ffpa_backward_params, stream) == 1072 &&
+                  offsetof(ffpa_backward_params, sequences) == 1096 && offsetof(ffpa_backward_params, sinks) == 1104 &&
+                  offsetof(ffpa_backward_params, d_sinks) == 1184 && sizeof(ffpa_backward_params) == 1264,
+              "ffpa_backward_params: FfpaBackwardParams' layout");
 static_assert(offsetof(ffpa_sequence_batch, max_seqlen_q) == 320 && sizeof(ffpa_sequence_batch) == 336,
               "ffpa_sequence_batch: FfpaSequenceBatch's layout");
 static_assert(sizeof(ffpa_fp8_kv_cache) == 480 && offsetof(ffpa_fp8_kv_cache, v_codes) == 240,

@@ -568,10 +568,12 @@ TEST(Fp8KvCacheForward, TheWorkspaceHoldsOnlyTheQueries) {
   const QuantizationOptions& o = problem.quantization;
   const size_t with_cache = ffpa::detail::fp8_workspace_bytes(problem, o, &view);
   const size_t without = ffpa::detail::fp8_workspace_bytes(problem, o);
-  // Q's codes (rows of 64 bytes), scales (32 per 64 rows) and LSE terms, each region 256-byte aligned.
+  // Q's codes (rows of 64 bytes), scales (32 per 64 rows), LSE terms and
+  // (int8 codes) row_nan marks, each region 256-byte aligned.
+  ASSERT_EQ(o.qk_format, ffpa::detail::QkFormat::int8);
   const size_t q_heads = static_cast<size_t>(call.batch * call.heads_q), rows = static_cast<size_t>(call.seq_q);
   auto aligned = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
-  EXPECT_EQ(with_cache, aligned(q_heads * rows * 64) + aligned(q_heads * 2 * 32 * 4) + aligned(q_heads * rows * 4));
+  EXPECT_EQ(with_cache, aligned(q_heads * rows * 64) + aligned(q_heads * 2 * 32 * 4) + 2 * aligned(q_heads * rows * 4));
   EXPECT_LT(with_cache, without);
   const ffpa::detail::fp8_prepass::WorkspaceLayout layout = ffpa::detail::fp8_prepass::WorkspaceLayout::of(
       problem, o, ffpa::detail::fp8_prepass::Regions::queries);

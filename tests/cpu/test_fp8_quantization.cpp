@@ -7,11 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "common/attention_problem.hpp"
@@ -23,6 +25,7 @@
 #include "support/accuracy_inputs.hpp"
 #include "support/error_metrics.hpp"
 #include "support/host_tensors.hpp"
+#include "support/nonfinite_expectation.hpp"
 
 namespace ffpa::detail {
 namespace {
@@ -546,6 +549,97 @@ TEST(Fp8Model, MatchesANaiveEvaluationOfItsFormula) {
   }
   EXPECT_LT(largest_difference, 1e-12);
   EXPECT_GT(rows_whose_max_moved, c.seq_q / 2);
+}
+
+// Non-finite inputs (quantization_scales.hpp, "Non-finite inputs"; spec.md):
+// a NaN or infinity is left out of the means and its group's amax (the other
+// codes are those of the same inputs with a 0 there), coded as a NaN (e4m3)
+// or -128 (int8, its K group's scale negated, row_nan marking the rows it
+// reaches), and the model's output is NaN on exactly the rows and columns the
+// spec's rules say (expect_forward_nans), finite elsewhere.
+TEST(Fp8Model, NonFiniteInputsReachExactlyTheRowsTheyTouch) {
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (const QkFormat format : {QkFormat::int8, QkFormat::e4m3}) {
+    for (const QkScaleGranularity granularity : {QkScaleGranularity::per_thread_group, QkScaleGranularity::per_block}) {
+      for (const Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right}) {
+        AccuracyCase c = shaped_case(4, 2, 130, 300, 64);
+        c.causal = causal;
+        SCOPED_TRACE(std::string(format == QkFormat::int8 ? "int8 " : "e4m3 ") +
+                     (granularity == QkScaleGranularity::per_block ? "per block " : "per thread group ") +
+                     "causal " + std::to_string(static_cast<int>(causal)));
+        AccuracyInputs clean = testing::make_accuracy_inputs(c), in = testing::make_accuracy_inputs(c);
+        // The clean run holds 0 where the poisoned one holds NaN or inf: the
+        // same codes elsewhere, the same means and scales.
+        const std::array<std::array<int64_t, 4>, 2> q_at = {{{0, 3, 70, 5}, {0, 0, 1, 2}}};
+        const std::array<int64_t, 4> k_at = {0, 1, 200, 9}, k_inf_at = {0, 0, 260, 7}, v_at = {0, 0, 40, 3};
+        for (AccuracyInputs* inputs : {&clean, &in}) {
+          const bool poison = inputs == &in;
+          testing::set_element(inputs->q.tensor, q_at[0], poison ? nan : 0.0);
+          testing::set_element(inputs->q.tensor, q_at[1], poison ? -inf : 0.0);
+          testing::set_element(inputs->k.tensor, k_at, poison ? nan : 0.0);
+          testing::set_element(inputs->k.tensor, k_inf_at, poison ? inf : 0.0);
+          testing::set_element(inputs->v.tensor, v_at, poison ? nan : 0.0);
+        }
+        QuantizationOptions o;
+        o.qk_format = format;
+        o.qk_granularity = granularity;
+        const QuantizedInputs z = quantize_attention_inputs(in.problem, o), zc = quantize_attention_inputs(clean.problem, o);
+        EXPECT_EQ(z.k_mean, zc.k_mean);
+        EXPECT_EQ(z.v_scales, zc.v_scales);
+        EXPECT_EQ(z.q_scales, zc.q_scales);
+        const uint8_t marker = format == QkFormat::int8 ? kInt8NonFinite : kE4m3NaN;
+        const int64_t dim = c.dim, rows = z.rows, nkv = c.seq_kv;
+        auto q_code = [&](const QuantizedInputs& x, const std::array<int64_t, 4>& at) {
+          return x.q_codes[static_cast<size_t>(((at[0] * c.heads_q + at[1]) * rows + at[2]) * dim + at[3])];
+        };
+        auto k_code = [&](const QuantizedInputs& x, const std::array<int64_t, 4>& at) {
+          return x.k_codes[static_cast<size_t>(((at[0] * c.heads_kv + at[1]) * nkv + at[2]) * dim + at[3])];
+        };
+        EXPECT_EQ(q_code(z, q_at[0]), marker);
+        EXPECT_EQ(q_code(z, q_at[1]), marker);
+        EXPECT_EQ(k_code(z, k_at), marker);
+        EXPECT_EQ(k_code(z, k_inf_at), marker);
+        EXPECT_EQ(z.v_codes[static_cast<size_t>(40 * dim + 3)], kE4m3NaN);
+        size_t codes_changed = 0;
+        for (size_t e = 0; e < z.k_codes.size(); ++e) codes_changed += z.k_codes[e] != zc.k_codes[e] ? 1 : 0;
+        EXPECT_EQ(codes_changed, 2u) << "only the non-finite values' codes";
+        for (size_t g = 0; g < z.k_scales.size(); ++g) {
+          const int64_t head = static_cast<int64_t>(g) / z.k_scales_per_head(), group = static_cast<int64_t>(g) % z.k_scales_per_head();
+          const bool flagged = format == QkFormat::int8 &&
+                               ((head == 1 && group == k_scale_index(200, granularity)) ||
+                                (head == 0 && group == k_scale_index(260, granularity)));
+          EXPECT_EQ(z.k_scales[g], flagged ? -zc.k_scales[g] : zc.k_scales[g]) << "k scale " << g;
+        }
+        // The spec's rules read NaNs; FP8 quantizes an infinity as one.
+        testing::ForwardExpectation want_with_inf;
+        {
+          AccuracyInputs as_nan = testing::make_accuracy_inputs(c);
+          testing::set_element(as_nan.q.tensor, q_at[0], nan);
+          testing::set_element(as_nan.q.tensor, q_at[1], nan);
+          testing::set_element(as_nan.k.tensor, k_at, nan);
+          testing::set_element(as_nan.k.tensor, k_inf_at, nan);
+          testing::set_element(as_nan.v.tensor, v_at, nan);
+          want_with_inf = testing::expect_forward_nans(as_nan.problem, 0);
+        }
+        if (format == QkFormat::int8) {
+          for (int64_t bh = 0; bh < c.batch * c.heads_q; ++bh)
+            for (int64_t r = 0; r < rows; ++r)
+              EXPECT_EQ(std::isnan(z.row_nan[static_cast<size_t>(bh * rows + r)]),
+                        want_with_inf.lse[static_cast<size_t>(bh * c.seq_q + r)] == testing::Expect::nan)
+                  << "row_nan of head " << bh << " row " << r;
+        } else {
+          EXPECT_TRUE(z.row_nan.empty());
+        }
+        std::vector<double> out(out_elements(in.problem), kNaN), lse(lse_elements(in.problem), kNaN);
+        cpu_attention_quantized_f64(in.problem, z, out.data(), lse.data());
+        for (size_t e = 0; e < out.size(); ++e)
+          EXPECT_EQ(std::isnan(out[e]), want_with_inf.o[e] == testing::Expect::nan) << "o element " << e;
+        for (size_t e = 0; e < lse.size(); ++e)
+          EXPECT_EQ(std::isnan(lse[e]), want_with_inf.lse[e] == testing::Expect::nan) << "lse row " << e;
+        EXPECT_GT(want_with_inf.nan_rows, 0);
+      }
+    }
+  }
 }
 
 TEST(Fp8Model, RefusesWhatItDoesNotDefine) {

@@ -22,6 +22,7 @@
 #include "common/philox.hpp"
 #include "reference/cpu_attention.hpp"
 #include "support/host_tensors.hpp"
+#include "support/nonfinite_expectation.hpp"
 
 namespace ffpa {
 namespace {
@@ -449,6 +450,72 @@ TEST(CpuReference, CustomScaleAndNoLse) {
       }
     }
   }
+}
+
+// NaN inputs (spec.md, "Non-finite inputs"): a NaN in q row i reaches row i;
+// in k row j every row with key j in its causal reach (masked or not: the
+// mask is added, and NaN + -inf is NaN); in v (j, c) column c of those rows
+// that attend any key; in the mask its row. A row that masking alone empties
+// stays O = 0, LSE = -inf; everything else is bit-identical to the run without
+// the NaNs. A q NaN in a row the boolean mask empties reaches it (NaN + -inf);
+// a v NaN of a key the row does not attend reaches it where the row attends
+// other keys (0 x NaN), not where masking empties it.
+TEST(CpuReference, NanInputsReachTheRowsTheyTouch) {
+  const double nan = std::nan("");
+  int64_t nan_rows = 0;
+  for (const Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right}) {
+    for (const MaskKind kind : {MaskKind::none, MaskKind::boolean, MaskKind::additive_f32}) {
+      for (const float dropout : {0.0f, 0.25f}) {
+        Case c;
+        c.causal = causal;
+        c.mask = kind;
+        c.dropout_p = dropout;
+        c.seq_q = 9;
+        c.seq_kv = 33;
+        c.seed = 7000 + static_cast<uint64_t>(causal) * 10 + static_cast<uint64_t>(kind) * 2 + (dropout > 0);
+        SCOPED_TRACE(c.describe());
+        Inputs clean = make_inputs(c), in = make_inputs(c);
+        testing::set_element(in.q.tensor, {1, 1, 2, 3}, nan);
+        testing::set_element(in.k.tensor, {0, 1, 30, 5}, nan);  // bottom_right: rows 6.. reach key 30
+        testing::set_element(in.v.tensor, {1, 0, 9, 7}, nan);
+        if (kind != MaskKind::none) {
+          // Row (0, 3, 6) masked whole, with a q NaN; row (1, 0, 5) masked
+          // whole, with the v NaN among its keys; a mask NaN in row (0, 0, 4).
+          for (Inputs* inputs : {&clean, &in}) {
+            for (int64_t j = 0; j < c.seq_kv; ++j) {
+              testing::set_element(inputs->mask.tensor, {0, 3, 6, j}, kind == MaskKind::boolean ? 0.0 : kNegInf);
+              testing::set_element(inputs->mask.tensor, {1, 0, 5, j}, kind == MaskKind::boolean ? 0.0 : kNegInf);
+            }
+          }
+          testing::set_element(in.q.tensor, {0, 3, 6, 0}, nan);
+          if (kind != MaskKind::boolean) testing::set_element(in.mask.tensor, {0, 0, 4, 3}, nan);
+        }
+        const testing::ForwardExpectation want = testing::expect_forward_nans(in.problem, 0);
+        EXPECT_GT(want.nan_rows, 0);
+        std::vector<double> got_o(want.o.size()), got_lse(want.lse.size());
+        std::vector<double> clean_o(want.o.size()), clean_lse(want.lse.size());
+        detail::cpu_attention_forward_f64(in.problem, {}, got_o.data(), got_lse.data());
+        detail::cpu_attention_forward_f64(clean.problem, {}, clean_o.data(), clean_lse.data());
+        EXPECT_EQ(testing::count_off(want.o, got_o, clean_o, "o"), 0);
+        EXPECT_EQ(testing::count_off(want.lse, got_lse, clean_lse, "lse"), 0);
+        // The dtype entry point writes the same, rounded.
+        detail::cpu_attention_forward(in.problem);
+        std::vector<double> written_o, written_lse;
+        for (int64_t b = 0; b < c.batch; ++b)
+          for (int64_t h = 0; h < c.heads_q; ++h)
+            for (int64_t i = 0; i < c.seq_q; ++i) {
+              written_lse.push_back(testing::element_as_double(in.lse.tensor, {b, h, i}));
+              for (int64_t d = 0; d < c.dim; ++d) written_o.push_back(testing::element_as_double(in.o.tensor, {b, h, i, d}));
+            }
+        for (size_t e = 0; e < written_o.size(); ++e) clean_o[e] = round_to(c.dtype, clean_o[e]);
+        for (size_t e = 0; e < written_lse.size(); ++e) clean_lse[e] = static_cast<float>(clean_lse[e]);
+        EXPECT_EQ(testing::count_off(want.o, written_o, clean_o, "o (dtype)"), 0);
+        EXPECT_EQ(testing::count_off(want.lse, written_lse, clean_lse, "lse (dtype)"), 0);
+        nan_rows += want.nan_rows;
+      }
+    }
+  }
+  EXPECT_GT(nan_rows, 0);
 }
 
 // Output strides with gaps: everything between the rows stays poisoned.

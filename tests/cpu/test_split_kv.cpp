@@ -194,7 +194,7 @@ WholeRow combine(const std::vector<PartialRow>& partials) {
   }
   WholeRow r;
   r.lse = log_sum_exp(merged);
-  r.o.assign(o.begin(), o.end());
+  for (const float x : o) r.o.push_back(combined_output(x, merged));
   return r;
 }
 
@@ -232,6 +232,34 @@ TEST(SplitKv, CombinedPartialRowsEqualTheWholeRow) {
     EXPECT_NEAR(merged.lse, whole.lse, 1e-6 * std::max(1.0, std::fabs(whole.lse)));
     for (size_t c = 0; c < columns; ++c) EXPECT_NEAR(merged.o[c], whole.o[c], 2e-5);
   }
+}
+
+// NaN in partial rows (spec.md, "Non-finite inputs"): a split whose sum is
+// NaN (a NaN score) makes the whole row and its LSE NaN; a split's NaN O
+// element reaches the row's column whatever the split's weight (a NaN V of a
+// key times P = 0, as in one tile), also from a split the row does not
+// attend; a row with no attended key stays O = 0, LSE = -inf whatever its
+// splits' O rows hold.
+TEST(SplitKv, NanPartialRowsReachTheRowAsOneTileWould) {
+  const float nan = std::nanf("");
+  const PartialRow attended{{3.0f, 2.5f}, {0.5f, -1.0f, 2.0f}};
+  const PartialRow far_below{{-200.0f, 1.0f}, {0.25f, nan, 1.0f}};  // weight exp2(-203) = 0: still NaN
+  const PartialRow unattended{{-INFINITY, 0.0f}, {0.0f, 0.0f, nan}};
+  const PartialRow nan_sum{{1.0f, nan}, {nan, 0.0f, 1.0f}};
+
+  WholeRow r = combine({attended, far_below, unattended});
+  EXPECT_FALSE(std::isnan(r.lse));
+  EXPECT_FALSE(std::isnan(r.o[0]));
+  EXPECT_TRUE(std::isnan(r.o[1]));
+  EXPECT_TRUE(std::isnan(r.o[2]));
+
+  r = combine({attended, nan_sum});
+  EXPECT_TRUE(std::isnan(r.lse));
+  for (double x : r.o) EXPECT_TRUE(std::isnan(x));
+
+  r = combine({unattended, unattended});
+  EXPECT_EQ(r.lse, -INFINITY);
+  for (double x : r.o) EXPECT_EQ(x, 0.0);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // the 128-byte swizzle a bijection that spreads 8 rows over distinct banks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <set>
@@ -161,6 +162,46 @@ TEST(TileSchedule, PackedHeadsCoverEveryRowOnce) {
     }
     EXPECT_EQ(static_cast<int64_t>(rows_seen.size()), p.batch * p.heads_q * p.seq_q);
     for (const auto& [row, count] : rows_seen) EXPECT_EQ(count, 1);
+  }
+}
+
+// The backward's key-stationary rows (attending_row_range): every row that
+// attends a key of the block, by the reference's rule (attended_keys: causal
+// in both alignments, windows on either side), lies in the range; without a
+// window the range is exactly theirs (no row block streamed for nothing).
+TEST(TileSchedule, TheRowsAttendingAKeyBlock) {
+  using ffpa::detail::attended_keys;
+  using ffpa::detail::attending_row_range;
+  using ffpa::detail::TileSequence;
+  std::mt19937 rng(20261202);
+  for (int trial = 0; trial < 3000; ++trial) {
+    AttentionProblem p = problem(1, 1, 1, 1, 1, static_cast<Causal>(rng() % 3));
+    p.window_left = rng() % 3 == 0 ? -1 : static_cast<int64_t>(rng() % 40);
+    p.window_right = rng() % 3 == 0 ? -1 : static_cast<int64_t>(rng() % 40);
+    const TileSequence seq{static_cast<int>(rng() % 120), static_cast<int>(1 + rng() % 120), 0, 0, 0, 0};
+    const int keys = 1 << (rng() % 7), key0 = keys * static_cast<int>(rng() % ((seq.seq_kv + keys - 1) / keys));
+    const ffpa::detail::KeyRange range = attending_row_range(p, seq, key0, keys);
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": Nq " + std::to_string(seq.seq_q) + " Nkv " +
+                 std::to_string(seq.seq_kv) + " keys [" + std::to_string(key0) + ", +" + std::to_string(keys) +
+                 ") window (" + std::to_string(p.window_left) + ", " + std::to_string(p.window_right) + ")");
+    ASSERT_LE(0, range.first);
+    ASSERT_LE(range.first, range.end);
+    ASSERT_LE(range.end, seq.seq_q);
+    int first = seq.seq_q, end = 0;
+    for (int i = 0; i < seq.seq_q; ++i) {
+      const ffpa::detail::KeyRange attended = attended_keys(p, i, seq.seq_q, seq.seq_kv);
+      if (std::max<int64_t>(attended.first, key0) < std::min<int64_t>(attended.end, key0 + keys)) {
+        first = std::min(first, i);
+        end = std::max(end, i + 1);
+      }
+    }
+    if (end == 0) continue;  // no row attends the block: any range, empty or not, streams nothing wrong
+    EXPECT_LE(range.first, first);
+    EXPECT_GE(range.end, end);
+    if (p.window_left < 0 && p.window_right < 0) {
+      EXPECT_EQ(range.first, first);
+      EXPECT_EQ(range.end, end);
+    }
   }
 }
 

@@ -2,8 +2,12 @@
 // emulator (sm80_emulator.hpp) against the CPU reference's gradients in
 // double: their fragment layouts, ring, indexing, masking, dropout and
 // epilogue, on small odd shapes (the emulation runs a CTA's 256 threads as
-// fibers: seconds a case). The same kernel source the GPU runs, compiled as
-// host code; tests/gpu/test_gpu_backward.cpp checks the GPU.
+// fibers: seconds a case); and on sequence batches (packed training: packed
+// and batched sequences, empty ones, windows, sinks and their gradient, GQA,
+// D_qk != D_v; the plans computed on the host, kernels/serving/plan.hpp),
+// where rows of no sequence must stay NaN and their NaN d_o must not leak.
+// The same kernel source the GPU runs, compiled as host code;
+// tests/gpu/test_gpu_backward.cpp checks the GPU.
 #include "emulation/device_shim.hpp"  // first: the CUDA built-ins as the emulator's
 
 #include <gtest/gtest.h>
@@ -16,8 +20,10 @@
 
 #include "ffpa/ffpa.hpp"
 #include "gpu/backward_case.hpp"
+#include "kernels/serving/plan.hpp"
 #include "kernels/sm80_backward/arguments.cuh"
 #include "kernels/sm80_backward/kernels.cuh"
+#include "support/serving_backward.hpp"
 
 namespace ffpa::detail::sm80_backward {
 // The kernels' dynamic shared memory (an extern array on the GPU).
@@ -30,19 +36,33 @@ namespace {
 using detail::BackwardProblem;
 namespace bwd = detail::sm80_backward;
 
-// Runs the preprocess and both kernels of a validated host problem, CTA by CTA.
+// Runs the preprocess and both kernels of a validated host problem, CTA by
+// CTA (a sequence batch: its plans on the host first, the sinks' gradient
+// after the preprocess), every CTA of the launches' bounds.
 template <class Element>
-void run_emulated(const BackwardProblem& b) {
+void run_emulated(const BackwardProblem& unplanned) {
   using T = bwd::Traits<Element, bwd::kSliceCols>;
   static_assert(T::kSmemBytes <= sizeof bwd::backward_smem);
-  const bwd::WorkspaceLayout layout = bwd::workspace_layout(b);
-  std::vector<float> workspace((layout.bytes + sizeof(float) - 1) / sizeof(float), 0.0f);
-  float* const delta = workspace.data() + layout.delta / sizeof(float);
-  float* const d_mask_sum = workspace.data() + layout.d_mask_sum / sizeof(float);
+  const bwd::WorkspaceLayout layout = bwd::workspace_layout(unplanned);
+  std::vector<uint64_t> workspace((layout.bytes + sizeof(uint64_t) - 1) / sizeof(uint64_t), 0);
+  auto* const base = reinterpret_cast<unsigned char*>(workspace.data());
+  const BackwardProblem b = bwd::planned_problem(unplanned, base);
+  if (b.forward.sequences.active) {
+    detail::serving::plan_on_host(b.forward, bwd::query_tiling(), base + layout.query_plan);
+    detail::serving::plan_on_host(b.forward, bwd::key_tiling(), base + layout.key_plan);
+  }
+  float* const delta = reinterpret_cast<float*>(base + layout.delta);
+  float* const d_mask_sum = reinterpret_cast<float*>(base + layout.d_mask_sum);
   const bwd::PreprocessArgs preprocess = bwd::preprocess_args(b, delta);
   for (int64_t block = 0; block < bwd::preprocess_blocks(b); ++block)
     emulation::run_cta({static_cast<unsigned>(block), 0, 0}, 32 * bwd::kPreprocessRows, nullptr,
                        [&] { bwd::preprocess_kernel<Element>(preprocess); });
+  if (b.d_sinks != nullptr) {
+    const bwd::SinkGradientArgs sinks = bwd::sink_gradient_args(b, delta);
+    for (int64_t head = 0; head < b.forward.heads_q; ++head)
+      emulation::run_cta({static_cast<unsigned>(head), 0, 0}, bwd::kSinkThreads, nullptr,
+                         [&] { bwd::sink_gradient_kernel<bwd::kSinkThreads>(sinks); });
+  }
   const bwd::Args args = bwd::kernel_args(b, delta, d_mask_sum);
   for (int64_t cta = 0; cta < bwd::dkdv_ctas<T>(b.forward); ++cta)
     emulation::run_cta({static_cast<unsigned>(cta), 0, 0}, T::kThreads, bwd::backward_smem,
@@ -75,6 +95,24 @@ void check(const BackwardCase& bc) {
       run_emulated<__half>(problem);
     }
   });
+}
+
+// NaN inputs (backward_case.hpp's check_backward_nans): they reach the
+// gradients of the rows and keys they touch; the rest is bit-identical.
+TEST(EmulatedSm80Backward, NanInputsReachTheGradientsTheyTouch) {
+  for (const BackwardCase& bc :
+       {BackwardCase{"nan gqa", shape_case(DType::bf16, 1, 4, 2, 70, 75, 72)},
+        BackwardCase{"nan causal mask", shape_case(DType::f16, 2, 2, 1, 65, 140, 64)
+                                            .with_causal(Causal::top_left)
+                                            .with_mask(DType::f32, MaskShape::batch_rows, true)}}) {
+    check_backward_nans(bc, splitmix64(std::hash<std::string>{}(bc.name)), [](BackwardTensors&, const BackwardProblem& problem) {
+      if (problem.forward.dtype == DType::bf16) {
+        run_emulated<__nv_bfloat16>(problem);
+      } else {
+        run_emulated<__half>(problem);
+      }
+    });
+  }
 }
 
 TEST(EmulatedSm80Backward, MhaOddSizes) { check({"mha", shape_case(DType::bf16, 1, 2, 2, 70, 75, 72)}); }
@@ -174,6 +212,79 @@ TEST(EmulatedSm80Backward, RandomCases) {
               (bc.with_d_lse ? " d_lse" : "") + (bc.with_d_mask ? " d_mask" : "");
     check(bc);
   }
+}
+
+// --- sequence batches ---------------------------------------------------------
+
+void check_serving(const ServingCase& c, bool with_d_lse) {
+  SCOPED_TRACE(c.describe());
+  ServingBackward s;
+  ASSERT_NO_FATAL_FAILURE(make_serving_backward(c, with_d_lse, c.sinks, &s));
+  const ServingGradients want = serving_reference_gradients(s);
+  BackwardProblem problem;
+  {
+    const Status status = detail::validate_backward(s.params, &problem);
+    ASSERT_TRUE(status.ok()) << status.message;
+  }
+  if (c.dtype == DType::bf16) {
+    run_emulated<__nv_bfloat16>(problem);
+  } else {
+    run_emulated<__half>(problem);
+  }
+  check_serving_gradients(s, want, c.dtype == DType::bf16 ? 5e-3 : 1e-3, "emulated bwd serving");
+}
+
+ServingCase serving_case(uint64_t seed, DType dtype, int64_t dim, int64_t value_dim) {
+  ServingCase c;
+  c.seed = seed;
+  c.dtype = dtype;
+  c.dim = dim, c.value_dim = value_dim;
+  c.causal = Causal::bottom_right;
+  return c;
+}
+
+// Sequences shorter and longer than a block, an empty one and one without
+// keys, packed back to back: each block's rows past its sequence are the
+// next sequence's in memory.
+TEST(EmulatedSm80Backward, PackedSequences) {
+  ServingCase c = serving_case(1, DType::bf16, 64, 64);
+  c.seq_q = {70, 0, 5, 130, 9};
+  c.seq_kv = {70, 9, 200, 130, 0};
+  check_serving(c, true);
+  c = serving_case(2, DType::f16, 40, 72);
+  c.causal = Causal::none;
+  c.heads_q = 6, c.heads_kv = 3;
+  c.seq_q = {33, 64, 1};
+  c.seq_kv = {17, 64, 80};
+  c.seqused = true;  // keys past seqused_k: no gradient, not written
+  check_serving(c, false);
+}
+
+TEST(EmulatedSm80Backward, SequencesWithWindowsAndSinks) {
+  ServingCase c = serving_case(3, DType::bf16, 96, 96);
+  c.seq_q = {100, 3, 66};
+  c.seq_kv = {130, 70, 66};
+  c.window_left = 40;
+  c.sinks = true;
+  check_serving(c, true);
+  c = serving_case(4, DType::f16, 64, 64);
+  c.causal = Causal::none;
+  c.window_left = 20, c.window_right = 5;
+  c.seq_q = {90, 50};
+  c.seq_kv = {90, 150};
+  check_serving(c, false);
+}
+
+TEST(EmulatedSm80Backward, BatchedSequencesTopLeftD520) {
+  ServingCase c = serving_case(5, DType::bf16, 520, 136);
+  c.packed_q = false;
+  c.keys = KeyForm::batched;
+  c.causal = Causal::top_left;
+  c.heads_q = 2, c.heads_kv = 1;
+  c.seq_q = {20, 20};
+  c.seq_kv = {75, 3};
+  c.sinks = true;
+  check_serving(c, true);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <random>
 #include <string>
@@ -65,11 +66,11 @@ void run_emulated(const detail::AttentionProblem& problem, int value_splits, int
   if (splits.count > 1) combine_on_host(problem, partial_o, states, splits.count);
 }
 
-// Runs the kernel of instance kOutCols (value splits as routing would give
-// them) on the case and compares o and lse with the fp64 reference.
+// The kernel of instance kOutCols (value splits as routing would give them)
+// for the case's dtype and accumulation.
 template <int kOutCols>
-void check(const std::string& name, const ForwardCase& c, int64_t value_dim = 0, int wanted_splits = 1) {
-  check_forward(name, c, value_dim, [&](const detail::AttentionProblem& problem) {
+std::function<void(const detail::AttentionProblem&)> runner(const ForwardCase& c, int wanted_splits) {
+  return [c, wanted_splits](const detail::AttentionProblem& problem) {
     const int64_t dv = problem.dv();
     const int value_splits = static_cast<int>((dv + kOutCols - 1) / kOutCols);
     if (c.dtype == DType::bf16) {
@@ -79,7 +80,13 @@ void check(const std::string& name, const ForwardCase& c, int64_t value_dim = 0,
     } else {
       run_emulated<TileTraits<__half, false, kOutCols>>(problem, value_splits, wanted_splits);
     }
-  });
+  };
+}
+
+// Runs the kernel on the case and compares o and lse with the fp64 reference.
+template <int kOutCols>
+void check(const std::string& name, const ForwardCase& c, int64_t value_dim = 0, int wanted_splits = 1) {
+  check_forward(name, c, value_dim, runner<kOutCols>(c, wanted_splits));
 }
 
 TEST(EmulatedSm80Forward, Out64OneWarpColumn) { check<64>("out64", shape_case(DType::bf16, 1, 2, 1, 70, 77, 64)); }
@@ -124,6 +131,24 @@ TEST(EmulatedSm80Forward, SplitKvDecodeAndShortPrefill) {
                                      .with_mask(DType::boolean, MaskShape::batch_keys, false).with_f16_accumulation(),
             0, 3);
   check<512>("split mla decode", shape_case(DType::bf16, 1, 16, 1, 1, 600, 576), 512, 5);
+}
+
+// NaN inputs (forward_check.hpp's check_forward_nans): q, k, v and mask NaNs
+// reach the rows they touch, masking alone still empties rows to 0, the rest
+// is bit-identical; through value splits, f16 accumulation and split-KV too.
+TEST(EmulatedSm80Forward, NanInputsReachTheRowsTheyTouch) {
+  ForwardCase c = shape_case(DType::bf16, 1, 2, 1, 70, 150, 128).with_causal(Causal::top_left);
+  check_forward_nans("nan causal", c, 0, runner<128>(c, 1));
+  c = shape_case(DType::f16, 2, 2, 2, 40, 140, 96).with_mask(DType::f32, MaskShape::batch_rows, true).with_dropout(0.2f);
+  check_forward_nans("nan mask dropout", c, 0, runner<128>(c, 1));
+  c = shape_case(DType::f16, 1, 2, 2, 65, 90, 120).with_causal(Causal::bottom_right).with_f16_accumulation();
+  check_forward_nans("nan f16acc", c, 0, runner<128>(c, 1));
+  c = shape_case(DType::bf16, 1, 4, 2, 33, 140, 96).with_causal(Causal::top_left);
+  check_forward_nans("nan value splits", c, 1000, runner<512>(c, 1));
+  c = shape_case(DType::bf16, 1, 8, 2, 1, 700, 128).with_mask(DType::bf16, MaskShape::full, true);
+  check_forward_nans("nan split-KV decode", c, 0, runner<128>(c, 4));
+  c = shape_case(DType::f16, 1, 2, 2, 40, 500, 64).with_causal(Causal::bottom_right);
+  check_forward_nans("nan split-KV causal", c, 0, runner<64>(c, 3));
 }
 
 TEST(EmulatedSm80Forward, NarrowValueDim) {

@@ -86,6 +86,35 @@ void check(const std::string& name, const ForwardCase& c, int heads_per_tile = 1
   }
 }
 
+// NaN inputs (forward_check.hpp's check_forward_nans) through one landing of
+// TMA: plain, masked (mask-in-S), causal, a cluster above D 512, split-KV
+// with GQA packing.
+template <int kHeadDim>
+void check_nans(const std::string& name, const ForwardCase& c, int heads_per_tile = 1, int wanted_splits = 1) {
+  check_forward_nans(name, c, 0, [&](const detail::AttentionProblem& problem) {
+    sm90::TileLaunch tiles;
+    tiles.heads_per_tile = heads_per_tile;
+    auto run = [&](auto* traits) {
+      run_traits<std::remove_pointer_t<decltype(traits)>>(problem, tiles, wanted_splits, TmaLanding::at_wait);
+    };
+    if (c.dtype == DType::bf16) {
+      sm90::with_instance_traits<kHeadDim, __nv_bfloat16>(problem, run);
+    } else {
+      sm90::with_instance_traits<kHeadDim, __half>(problem, run);
+    }
+  });
+}
+
+TEST(EmulatedSm90Forward, NanInputsReachTheRowsTheyTouch) {
+  check_nans<256>("nan d128 causal", shape_case(DType::bf16, 1, 2, 2, 70, 200, 128).with_causal(Causal::top_left));
+  check_nans<256>("nan d256 mask-in-s", shape_case(DType::f16, 1, 2, 1, 64, 256, 256)
+                                            .with_mask(DType::bf16, MaskShape::batch_rows, true));
+  check_nans<640>("nan d640 cluster causal", shape_case(DType::bf16, 1, 2, 1, 70, 200, 640)
+                                                 .with_causal(Causal::bottom_right)
+                                                 .with_mask(DType::f32, MaskShape::full, true));
+  check_nans<512>("nan d512 packed split-KV", shape_case(DType::bf16, 1, 8, 2, 1, 400, 512), 4, 3);
+}
+
 TEST(EmulatedSm90Forward, D128Plain) { check<256>("d128", shape_case(DType::bf16, 1, 2, 2, 70, 200, 128)); }
 
 TEST(EmulatedSm90Forward, D512CausalBottomRightF16) {

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <iostream>
@@ -21,6 +22,7 @@
 #include "reference/cpu_attention_backward.hpp"
 #include "support/error_metrics.hpp"
 #include "support/host_tensors.hpp"
+#include "support/nonfinite_expectation.hpp"
 
 namespace ffpa::testing {
 
@@ -45,12 +47,14 @@ struct BackwardTensors : ForwardTensors {
   BackwardParams params;
 };
 
-// The tensors: q, k, v, d_o, d_lse random; o and lse from the CPU reference's
-// forward; the gradients NaN.
-inline void make_backward_tensors(const BackwardCase& bc, uint64_t seed, BackwardTensors* t) {
+// The tensors: q, k, v, d_o, d_lse random (with_nans: put_nans() into q, k,
+// v and the mask); o and lse from the CPU reference's forward; the
+// gradients NaN.
+inline void make_backward_tensors(const BackwardCase& bc, uint64_t seed, BackwardTensors* t, bool with_nans = false) {
   const ForwardCase& c = bc.shape;
   const int64_t dv = bc.value_dim > 0 ? bc.value_dim : c.head_dim;
   static_cast<ForwardTensors&>(*t) = make_forward_tensors(c, bc.value_dim, seed);
+  if (with_nans) put_nans(t->q.view, t->k.view, t->v.view, &t->mask.view);
   t->d_o = make_input(c.dtype, {c.batch, c.heads_q, c.seq_q, dv}, c, derive_seed(seed, seed_d_o), -1.0f, 1.0f);
   if (bc.with_d_lse) {
     t->d_lse = make_lse(c);
@@ -171,6 +175,33 @@ void check_backward(const BackwardCase& bc, uint64_t seed, const char* label, do
   const ErrorMetrics mm = error_metrics(logical_values(t.d_mask.view), want_mask);
   std::cout << "[ " << label << " ] " << bc.name << " d_mask relative L2 " << mm.relative_l2 << "\n";
   EXPECT_LE(mm.relative_l2, 2 * tolerance) << "d_mask";
+}
+
+// The NaN check of a backward (spec.md, "Non-finite inputs"): the case run
+// clean, then with put_nans() in q, k, v and the mask (o and lse the CPU
+// reference's forward of them); every gradient element of the second run NaN
+// where a NaN must reach it, bit-identical to the first where none may
+// (expect_backward_nans, with a kernel's key window).
+template <class Run>
+void check_backward_nans(const BackwardCase& bc, uint64_t seed, Run&& run) {
+  SCOPED_TRACE(bc.name + " (NaN inputs, seed " + std::to_string(seed) + ")");
+  BackwardTensors clean, poisoned;
+  ASSERT_NO_FATAL_FAILURE(make_backward_tensors(bc, seed, &clean));
+  ASSERT_NO_FATAL_FAILURE(make_backward_tensors(bc, seed, &poisoned, true));
+  detail::BackwardProblem clean_problem, problem;
+  ASSERT_TRUE(detail::validate_backward(clean.params, &clean_problem).ok());
+  ASSERT_TRUE(detail::validate_backward(poisoned.params, &problem).ok());
+  const ForwardExpectation fwd = expect_forward_nans(problem.forward, 0);  // o and lse: the reference's
+  const BackwardExpectation want = expect_backward_nans(problem.forward, fwd, kKernelKeyWindow);
+  ASSERT_NO_FATAL_FAILURE(run(clean, clean_problem));
+  ASSERT_NO_FATAL_FAILURE(run(poisoned, problem));
+  int64_t nans = 0;
+  for (const auto* expect : {&want.d_q, &want.d_k, &want.d_v})
+    nans += std::count(expect->begin(), expect->end(), Expect::nan);
+  EXPECT_GT(nans, 0);
+  EXPECT_EQ(count_off(want.d_q, logical_values(poisoned.d_q.view), logical_values(clean.d_q.view), "d_q"), 0);
+  EXPECT_EQ(count_off(want.d_k, logical_values(poisoned.d_k.view), logical_values(clean.d_k.view), "d_k"), 0);
+  EXPECT_EQ(count_off(want.d_v, logical_values(poisoned.d_v.view), logical_values(clean.d_v.view), "d_v"), 0);
 }
 
 }  // namespace ffpa::testing

@@ -29,6 +29,7 @@
 #include "reference/fp8_quantization.hpp"
 #include "support/accuracy_inputs.hpp"
 #include "support/fp8_kv_cache.hpp"
+#include "support/nonfinite_expectation.hpp"
 
 namespace {
 
@@ -276,6 +277,7 @@ struct CacheForwardCase {
   Fp8Options fp8;  // early_rows: unset = the default (256 with causal)
   bool kv_null = true;  // k and v data null (only where no hybrid rows need them)
   bool with_means = true;
+  bool with_nans = false;  // put_nans() into q, k and v: the cache carries them as the workspace does
 };
 
 std::vector<CacheForwardCase> forward_cases() {
@@ -323,6 +325,16 @@ std::vector<CacheForwardCase> forward_cases() {
   add("d512_f16_pad8_no_lse", shape_case(DType::f16, 1, 2, 2, 150, 150, 512).with_row_pad(8).without_lse(), none);
   add("d1024_q130_kv200", shape_case(DType::bf16, 1, 2, 1, 130, 200, 1024), none);
   add("d512_q64_kv8192", shape_case(DType::bf16, 1, 1, 1, 64, 8192, 512), none);
+  add("d512_top_left_nans", d512.with_causal(Causal::top_left), none);
+  all.back().with_nans = true;
+  o = none;
+  o.qk_format = Fp8QkFormat::e4m3;
+  add("d320_e4m3_nans_mask", shape_case(DType::bf16, 1, 2, 1, 130, 300, 320).with_mask(DType::f32, MaskShape::full, true), o);
+  all.back().with_nans = true;
+  o = none;
+  o.qk_scales = Fp8QkScales::per_block;
+  add("d512_int8_per_block_bottom_right_nans", d512.with_causal(Causal::bottom_right), o);
+  all.back().with_nans = true;
   return all;
 }
 
@@ -355,7 +367,8 @@ class Fp8KvCacheForwardGpu : public ::testing::TestWithParam<CacheForwardCase> {
 TEST_P(Fp8KvCacheForwardGpu, IsBitIdenticalToTheForwardWithoutACache) {
   if (gpu_unavailable_reason()) GTEST_SKIP() << *gpu_unavailable_reason();
   const CacheForwardCase& c = GetParam();
-  const HostProblem host = make_host_problem(c.shape, name_seed(c.name));
+  HostProblem host = make_host_problem(c.shape, name_seed(c.name));
+  if (c.with_nans) put_nans(host.q.view, host.k.view, host.v.view, &host.mask.view);
   DeviceProblem plain, cached;
   ASSERT_NO_FATAL_FAILURE(plain.mirror(host));
   ASSERT_NO_FATAL_FAILURE(cached.mirror(host));

@@ -2,7 +2,7 @@
 // (reference/fp8_quantization.hpp: quantize_attention_inputs), byte for byte:
 // every code, scale and mean, V transposed with its padding zeroed, for each
 // knob setting, both dtypes and layouts, odd sizes, GQA, hybrid rows, and
-// inputs with zeros, infinities and NaNs. The workspace is poisoned first, so
+// inputs with zeros, infinities and NaNs (int8: the rows they reach, row_nan). The workspace is poisoned first, so
 // a region left unwritten shows.
 #include <gtest/gtest.h>
 
@@ -105,6 +105,15 @@ std::vector<PrepassCase> cases() {
   o.qk_format = QkFormat::e4m3;
   o.v_granularity = VScaleGranularity::per_block;
   all.push_back({"special_values_e4m3_v_per_block", c, o, true});
+  // Non-finite K values past some rows' causal reach: row_nan marks the others.
+  c.causal = Causal::bottom_right;
+  all.push_back({"special_values_bottom_right", c, defaults, true});
+  o = defaults;
+  o.qk_granularity = QkScaleGranularity::per_block;
+  o.smooth_v = true;
+  c.causal = Causal::top_left;
+  c.seq_q = 300;
+  all.push_back({"special_values_top_left_int8_per_block_smooth_v", c, o, true});
   return all;
 }
 
@@ -203,6 +212,10 @@ TEST_P(Fp8Prepass, WritesTheModelsCodesAndScales) {
   expect_same_bits(from_device<float>(base, layout.k_scales, model.k_scales.size()), model.k_scales, "k_scales");
   expect_same_bits(from_device<float>(base, layout.v_mean, model.v_mean.size()), model.v_mean, "v_mean");
   expect_same_bits(from_device<float>(base, layout.v_scales, model.v_scales.size()), model.v_scales, "v_scales");
+  // int8 Q and K: the rows a non-finite value reaches (from K's flagged scales).
+  ASSERT_EQ(layout.row_nan == fp8_prepass::WorkspaceLayout::kAbsent, model.row_nan.empty());
+  if (!model.row_nan.empty())
+    expect_same_bits(from_device<float>(base, layout.row_nan, model.row_nan.size()), model.row_nan, "row_nan");
   // smooth-K's LSE term: fp32 dot products against the model's mean in double.
   const std::vector<float> lse_shift = from_device<float>(base, layout.lse_shift, q_rows);
   for (int64_t b = 0; b < p.batch; ++b)
@@ -212,6 +225,7 @@ TEST_P(Fp8Prepass, WritesTheModelsCodesAndScales) {
         double dot = 0.0, magnitude = 0.0;
         for (int64_t d = 0; d < p.head_dim; ++d) {
           const double q_value = ffpa::testing::element_as_double(in.q.tensor, {b, h, model.first_row + r, d});
+          if (!std::isfinite(q_value)) continue;  // the pre-pass sums q's finite values
           dot += q_value * mean[d];
           magnitude += std::fabs(q_value * mean[d]);
         }

@@ -202,6 +202,28 @@ TEST_P(GpuBackward, TheRouteQueryAgreesWithWhatThePlanRuns) {
             StatusCode::invalid_option);
 }
 
+// NaN inputs (backward_case.hpp's check_backward_nans; spec.md, "Non-finite
+// inputs"): under the portable and (where served) the Hopper kernels, a NaN in
+// q, k, v or the mask reaches the gradients of the rows and keys it touches;
+// every other element is bit-identical to the run without it.
+TEST(GpuBackwardNans, ReachTheGradientsTheyTouch) {
+  if (const auto& reason = gpu_unavailable_reason()) GTEST_SKIP() << *reason;
+  const BackwardCase nan_cases[] = {
+      {"nan_gqa_causal_d128", shape_case(DType::bf16, 1, 4, 2, 130, 200, 128).with_causal(Causal::top_left)},
+      {"nan_mask_empty_rows_d320",
+       shape_case(DType::f16, 2, 2, 1, 100, 150, 320).with_mask(DType::f32, MaskShape::batch_rows, true)},
+      {"nan_cluster_d1024_bottom_right", shape_case(DType::bf16, 1, 2, 2, 70, 140, 1024).with_causal(Causal::bottom_right)},
+  };
+  for (const BackwardCase& bc : nan_cases) {
+    for (Impl impl : {Impl::sm80_split_d, Impl::sm90_wgmma}) {
+      if (impl == Impl::sm90_wgmma && !serves(bc, impl)) continue;
+      SCOPED_TRACE(impl == Impl::sm80_split_d ? "sm80" : "sm90");
+      check_backward_nans(bc, case_seed(bc),
+                          [impl](BackwardTensors& t, const detail::BackwardProblem&) { run_on_device(t, impl); });
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, GpuBackward, ::testing::ValuesIn(cases()),
                          [](const ::testing::TestParamInfo<BackwardCase>& info) { return info.param.name; });
 

@@ -1,7 +1,8 @@
 // Split-KV's combine kernel (kernels/split_kv/combine.cu) on the GPU against
 // the same merge on the host (kernels/common/split_kv.hpp): random partial
 // rows, including splits a row does not attend, rows with no attended split,
-// 1 to 128 splits, head dims from 40 to 1000, dropout's scale, LSE.
+// NaN states and O elements, 1 to 128 splits, head dims from 40 to 1000,
+// dropout's scale, LSE.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -52,6 +53,20 @@ TEST_P(SplitKvCombine, MatchesTheHostMerge) {
       state = {100.0f * (unit(rng) - 0.5f), 1.0f + 100.0f * unit(rng)};
       for (int64_t d = 0; d < c.dim; ++d) o[static_cast<size_t>((s * rows + r) * c.dim + d)] = state.sum * (2.0f * unit(rng) - 1.0f);
     }
+  // NaN partials (spec.md, "Non-finite inputs"): row 0 attends nothing, and
+  // stays 0 with a NaN in a split's O; row 1's split 0 has a NaN sum (a NaN
+  // score): the whole row is NaN; row 2's last split attends nothing but holds
+  // a NaN in column 3 (a key's NaN V times P = 0): that column is NaN.
+  auto o_at = [&](int s, int64_t r, int64_t d) -> float& { return o[static_cast<size_t>((s * rows + r) * c.dim + d)]; };
+  const float nan = std::nanf("");
+  o_at(0, 0, 1) = nan;
+  if (rows > 2 && c.splits > 1) {
+    states[static_cast<size_t>(1)] = {5.0f, nan};
+    states[static_cast<size_t>(2)] = {1.0f, 2.0f};
+    states[static_cast<size_t>((c.splits - 1) * rows + 2)] = {-INFINITY, 0.0f};
+    for (int64_t d = 0; d < c.dim; ++d) o_at(c.splits - 1, 2, d) = 0.0f;
+    o_at(c.splits - 1, 2, 3) = nan;
+  }
   AttentionProblem p;
   p.batch = c.batch, p.heads_q = p.heads_kv = c.heads, p.seq_q = c.seq_q, p.seq_kv = 1, p.head_dim = c.dim;
   p.dtype = c.dtype;
@@ -85,7 +100,9 @@ TEST_P(SplitKvCombine, MatchesTheHostMerge) {
     const RowSoftmaxState merged = merge_split_states(states.data() + r, rows, c.splits);
     const float expected_lse = log_sum_exp(merged);
     SCOPED_TRACE("row " + std::to_string(r));
-    if (expected_lse == -INFINITY) {
+    if (std::isnan(expected_lse)) {
+      EXPECT_TRUE(std::isnan(lse[static_cast<size_t>(r)]));
+    } else if (expected_lse == -INFINITY) {
       EXPECT_EQ(lse[static_cast<size_t>(r)], -INFINITY);
     } else {
       EXPECT_NEAR(lse[static_cast<size_t>(r)], expected_lse, 1e-5 * std::max(1.0f, std::fabs(expected_lse)));
@@ -96,9 +113,14 @@ TEST_P(SplitKvCombine, MatchesTheHostMerge) {
         const size_t at = static_cast<size_t>(s * rows + r);
         expected += static_cast<double>(o[at * c.dim + d]) * split_weight(states[at], merged) * keep_scale;
       }
+      expected = combined_output(expected, merged);
       const uint16_t bits = out[static_cast<size_t>(r * c.dim + d)];
       const double got = c.dtype == DType::bf16 ? bf16_bits_to_float(bits) : half_bits_to_float(bits);
-      ASSERT_NEAR(got, expected, tolerance * std::max(1.0, std::fabs(expected))) << "column " << d;
+      if (std::isnan(expected)) {
+        ASSERT_TRUE(std::isnan(got)) << "column " << d;
+      } else {
+        ASSERT_NEAR(got, expected, tolerance * std::max(1.0, std::fabs(expected))) << "column " << d;
+      }
     }
   }
 }

@@ -176,7 +176,8 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   BenchArgs& args = parsed.args;
   const std::map<std::string, Handler> options = value_options(&args);
   const std::map<std::string, bool*> flags = {
-      {"--lse", &args.lse}, {"--backward", &args.backward}, {"--json", &args.json}, {"--help", &args.help},
+      {"--lse", &args.lse}, {"--backward", &args.backward}, {"--packed", &args.packed}, {"--json", &args.json},
+      {"--help", &args.help},
       {"-h", &args.help},
       {"--device-inputs", &args.device_inputs},
       {"--version", &args.version}};
@@ -211,6 +212,8 @@ ParsedArgs parse_args(int argc, const char* const* argv) {
   if (args.device_inputs && args.check_rows > 0 && !args.backward) {
     parsed.error = "--device-inputs: the reference check needs the inputs on the host; pass --check-rows 0";
   }
+  if (args.packed && !args.backward) parsed.error = "--packed times the backward of a sequence batch: add --backward";
+  if (args.packed) args.layout = Layout::bnhd;  // the packed rows are a [B, N, H, D] buffer
   return parsed;
 }
 
@@ -240,13 +243,22 @@ std::vector<ProblemShape> point_shapes(const BenchArgs& args, bool small_default
   return shapes;
 }
 
+ProblemShape small_sizes(const ProblemShape& asked) {
+  ProblemShape shape = kCpuDefault;
+  shape.head_dim = asked.head_dim;
+  shape.value_dim = asked.value_dim;
+  return shape;
+}
+
 std::string usage_text() {
   return R"(usage: ffpa-bench [options]
 
 Runs one attention forward through ffpa (or a sweep over D) and prints its
 time, TFLOP/s, the kernel that ran, its error against the CPU reference on
 sampled rows and the device memory it used beyond its inputs and outputs.
-Without a CUDA device it runs the CPU reference on a small default shape.
+Without a CUDA device it runs the CPU reference instead, in seconds: on the
+asked shape where that is small, else on a small one (B 1, Hq 2, Nq 128, the
+asked D) that it names; --impl cpu runs the asked shape there however long.
 
 Shape: q [B,Hq,Nq,D], k [B,Hkv,Nkv,D], v [B,Hkv,Nkv,Dv], o [B,Hq,Nq,Dv]
   --batch B              batch size (default 1)
@@ -292,8 +304,13 @@ Data and options
                          from the forward's o and lse, o standing in for dO);
                          FLOPs 2.5x the forward's; one input set; not checked
                          against the reference (the test suites check gradients)
+  --packed               with --backward: the same tokens as a sequence batch
+                         (packed training: B sequences of Nq queries and Nkv
+                         keys packed back to back with cu_seqlens; --layout
+                         bnhd), against the dense point's time at equal tokens
   --impl auto|cpu|sm80|sm90  implementation (default auto); cpu runs the CPU
-                         reference on host memory, on the small default shape
+                         reference on host memory, on the sizes given (the
+                         small default shape for the others)
   --kv-splits N          split the keys into about N ranges (1: unsplit) instead
                          of the library's plan (sm90 family only): measures the
                          split rule against other counts

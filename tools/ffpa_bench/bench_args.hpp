@@ -37,6 +37,9 @@ struct BenchArgs {
   // --backward: time ffpa::backward (dQ, dK, dV from the forward's o and lse)
   // instead of the forward; FLOPs 2.5x the forward's; no reference check.
   bool backward = false;
+  // --packed: with --backward, the same tokens as a sequence batch (B packed
+  // sequences of Nq queries and Nkv keys, cu_seqlens; --layout bnhd).
+  bool packed = false;
   int warmup = 3;
   int iters = 10;
   int64_t check_rows = 16;  // 0: no check
@@ -67,5 +70,15 @@ const char* choice_name(Fp8QkFormat value);
 // The shape of each point to run, in order: the given sizes, the others from
 // the GPU default shape or, for the CPU reference, a small one.
 std::vector<ProblemShape> point_shapes(const BenchArgs& args, bool small_default);
+
+// Without a GPU (and without --impl cpu) a point runs on the CPU reference
+// only up to this many FLOPs a call: the reference computes in fp64 at a few
+// GFLOP/s on two cores, so such a point with its warm-up and timed calls
+// takes seconds; a larger one runs at small_sizes() instead.
+inline constexpr double kCpuFallbackFlops = 1e9;
+
+// `asked` with the small CPU default's batch, heads and sequence lengths;
+// its head dims (D, D_v) kept.
+ProblemShape small_sizes(const ProblemShape& asked);
 
 }  // namespace ffpa::bench

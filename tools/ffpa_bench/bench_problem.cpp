@@ -76,6 +76,12 @@ int64_t element_count(const Tensor& t) {
   return n;
 }
 
+std::string shape_text(const ProblemShape& s) {
+  return "B=" + std::to_string(s.batch) + " Hq=" + std::to_string(s.heads_q) + " Hkv=" + std::to_string(s.heads_kv) +
+         " Nq=" + std::to_string(s.seq_q) + " Nkv=" + std::to_string(s.seq_kv) + " D=" + std::to_string(s.head_dim) +
+         (s.dv() != s.head_dim ? " Dv=" + std::to_string(s.dv()) : std::string());
+}
+
 double attended_pairs(const ProblemShape& shape, Causal causal) {
   if (causal == Causal::none) return static_cast<double>(shape.seq_q) * static_cast<double>(shape.seq_kv);
   const int64_t shift = causal == Causal::bottom_right ? shape.seq_kv - shape.seq_q : 0;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "ffpa/ffpa.hpp"
 #include "support/host_tensors.hpp"
@@ -23,6 +24,9 @@ struct ProblemShape {
   int64_t value_dim = 0;  // v's and o's head dim (D_v); 0: the head dim
   int64_t dv() const { return value_dim > 0 ? value_dim : head_dim; }
 };
+
+// "B=1 Hq=32 Hkv=32 Nq=8192 Nkv=8192 D=512" (and " Dv=..." when it differs).
+std::string shape_text(const ProblemShape& shape);
 
 // Number of (i, j) pairs the causal alignment lets attend, per batch and head
 // (masks are not counted: they do not change the work of the kernels).

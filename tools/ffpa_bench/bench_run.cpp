@@ -255,6 +255,51 @@ BackwardParams make_backward_params(const ForwardParams& f, void* d_q, void* d_k
   return b;
 }
 
+// --packed: the backward of the same tokens as a sequence batch. The
+// [B, N, H, D] buffers (--layout bnhd) seen as packed [1, H, B N, D] rows
+// with cu_seqlens {0, N, 2 N, ...}, and the lse [B, H, N] laid out as the
+// packed [1, H, B N] (strides N, B N, 1), so that the dense forward writes
+// what the packed backward reads.
+struct PackedSequences {
+  std::vector<int32_t> offsets;  // cu_seqlens_q, then cu_seqlens_k: [B + 1] each
+  SequenceBatch batch;
+};
+
+void lse_as_packed(Tensor* lse) {
+  lse->stride[2] = 1;
+  lse->stride[0] = lse->shape[2];
+  lse->stride[1] = lse->shape[0] * lse->shape[2];
+}
+
+// A [B, H, N, ...] view of rows n at stride[2] with stride[0] = N stride[2]
+// (a bnhd buffer, or the lse above) as [1, H, B N, ...].
+Tensor packed_rows(Tensor t) {
+  if (t.stride[0] != t.shape[2] * t.stride[2]) throw CallFailure("--packed: the rows of a batch entry must follow the last one's");
+  t.shape[2] *= t.shape[0];
+  t.shape[0] = 1;
+  t.stride[0] = t.shape[2] * t.stride[2];
+  return t;
+}
+
+// The packed call of the dense backward `dense` (its lse laid out by
+// lse_as_packed), its offsets in `packed` (to copy where the call's tensors
+// live: `offsets` when not null, else the host vector).
+BackwardParams packed_backward(const BackwardParams& dense, PackedSequences* packed, int32_t* offsets) {
+  const int64_t batch = dense.q.shape[0], seq_q = dense.q.shape[2], seq_kv = dense.k.shape[2];
+  packed->offsets.clear();
+  for (int64_t b = 0; b <= batch; ++b) packed->offsets.push_back(static_cast<int32_t>(b * seq_q));
+  for (int64_t b = 0; b <= batch; ++b) packed->offsets.push_back(static_cast<int32_t>(b * seq_kv));
+  int32_t* const cu = offsets != nullptr ? offsets : packed->offsets.data();
+  packed->batch.cu_seqlens_q = make_tensor(cu, DType::i32, {batch + 1});
+  packed->batch.cu_seqlens_k = make_tensor(cu + batch + 1, DType::i32, {batch + 1});
+  packed->batch.max_seqlen_q = seq_q;
+  packed->batch.max_seqlen_k = seq_kv;
+  BackwardParams p = dense;
+  for (Tensor* t : {&p.q, &p.k, &p.v, &p.o, &p.lse, &p.d_o, &p.d_q, &p.d_k, &p.d_v}) *t = packed_rows(*t);
+  p.sequences = &packed->batch;
+  return p;
+}
+
 // The described tensors and their random inputs in host memory.
 struct HostInputs {
   PointTensors tensors;
@@ -298,12 +343,21 @@ std::vector<double> time_on_stream(cudaStream_t stream, int iters, size_t* lowes
 }
 
 // --backward on the GPU: the forward once (o, lse), then the backward timed.
-PointResult time_backward_on_device(const BenchArgs& args, cudaStream_t stream, const ForwardParams& forward_params,
+PointResult time_backward_on_device(const BenchArgs& args, cudaStream_t stream, ForwardParams forward_params,
                                     PointResult result) {
+  if (args.packed) lse_as_packed(&forward_params.lse);
   check_ffpa(ffpa::forward(forward_params), "ffpa::forward");
   const DeviceMemory d_q = device_alloc(buffer_bytes(forward_params.q)), d_k = device_alloc(buffer_bytes(forward_params.k)),
                      d_v = device_alloc(buffer_bytes(forward_params.v));
   BackwardParams params = make_backward_params(forward_params, d_q.get(), d_k.get(), d_v.get());
+  PackedSequences packed;
+  DeviceMemory offsets;
+  if (args.packed) {
+    offsets = device_alloc(2 * (static_cast<size_t>(params.q.shape[0]) + 1) * sizeof(int32_t));
+    params = packed_backward(params, &packed, static_cast<int32_t*>(offsets.get()));
+    BENCH_CUDA(cudaMemcpy(offsets.get(), packed.offsets.data(), packed.offsets.size() * sizeof(int32_t),
+                          cudaMemcpyHostToDevice));
+  }
   MemoryResult memory;
   check_ffpa(backward_workspace_size(params, &memory.workspace), "ffpa::backward_workspace_size");
   const DeviceMemory workspace = device_alloc(memory.workspace);
@@ -311,7 +365,7 @@ PointResult time_backward_on_device(const BenchArgs& args, cudaStream_t stream, 
   // The forward's choice (padded D, splits) says nothing of the backward's kernels.
   result.kernel = KernelChoice{};
   result.kernel.impl = args.impl;
-  result.kernel.kernel = "ffpa::backward";
+  result.kernel.kernel = args.packed ? "ffpa::backward (packed sequences)" : "ffpa::backward";
   result.input_sets = 1;
   for (int n = 0; n < args.warmup; ++n) check_ffpa(ffpa::backward(params), "ffpa::backward (warm-up)");
   BENCH_CUDA(cudaStreamSynchronize(stream));
@@ -414,15 +468,20 @@ PointResult run_on_device(const BenchArgs& args, const Device& device, cudaStrea
   return result;
 }
 
-// The host's wall time of `iters` calls after `warmup` untimed ones.
+// The host's wall time of `iters` calls after `warmup` untimed ones; a call
+// that takes over a second reports its time on stderr (a long run on the CPU
+// reference shows its progress).
 template <class Call>
 Timing time_on_host(int warmup, int iters, Call&& call) {
-  for (int n = 0; n < warmup; ++n) call();
   std::vector<double> ms;
-  for (int i = 0; i < iters; ++i) {
+  for (int n = 0; n < warmup + iters; ++n) {
     const auto start = std::chrono::steady_clock::now();
     call();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    const double elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    if (elapsed > 1000.0)
+      std::fprintf(stderr, "  %s call %d/%d: %.1f s\n", n < warmup ? "warm-up" : "timed",
+                   n < warmup ? n + 1 : n - warmup + 1, n < warmup ? warmup : iters, elapsed * 1e-3);
+    if (n >= warmup) ms.push_back(elapsed);
   }
   return summarize(std::move(ms));
 }
@@ -437,10 +496,14 @@ PointResult run_on_host(const BenchArgs& args, PointResult result) {
                                            args, Impl::cpu_reference, nullptr);
   check_ffpa(select_kernel(params, &result.kernel), "ffpa::select_kernel");
   if (args.backward) {  // the CPU reference's backward: the reference itself, nothing to check against
-    check_ffpa(forward(params), "ffpa::forward");
+    ForwardParams forward_params = params;
+    if (args.packed) lse_as_packed(&forward_params.lse);
+    check_ffpa(forward(forward_params), "ffpa::forward");
     const HostBuffer d_q(buffer_bytes(params.q)), d_k(buffer_bytes(params.k)), d_v(buffer_bytes(params.v));
-    const BackwardParams backward_params = make_backward_params(params, d_q.get(), d_k.get(), d_v.get());
-    result.kernel.kernel = "ffpa::backward (CPU reference)";
+    PackedSequences packed;
+    BackwardParams backward_params = make_backward_params(forward_params, d_q.get(), d_k.get(), d_v.get());
+    if (args.packed) backward_params = packed_backward(backward_params, &packed, nullptr);
+    result.kernel.kernel = args.packed ? "ffpa::backward (CPU reference, packed sequences)" : "ffpa::backward (CPU reference)";
     result.timing = time_on_host(args.warmup, args.iters,
                                  [&] { check_ffpa(backward(backward_params), "ffpa::backward"); });
     return result;
@@ -455,6 +518,49 @@ PointResult run_on_host(const BenchArgs& args, PointResult result) {
   return result;
 }
 
+// The forward calls a point makes: the checked one, the warm-up, the timed ones.
+int forward_calls(const BenchArgs& args) { return (args.check_rows > 0 ? 1 : 0) + args.warmup + args.iters; }
+
+// Without a GPU the forward runs on the CPU reference, which the user did not
+// ask for: it must take seconds, so points above kCpuFallbackFlops run at
+// small sizes, and the note says which shape runs instead of which.
+void note_cpu_fallback(std::FILE* text, const std::string& why_no_device, const BenchArgs& args,
+                       std::vector<ProblemShape>* shapes) {
+  double most = 0;
+  const ProblemShape* largest = nullptr;
+  for (const ProblemShape& shape : *shapes) {
+    const double flops = forward_flops(shape, args.causal) * (args.backward ? 2.5 : 1.0);
+    if (flops > most) most = flops, largest = &shape;
+  }
+  const char* elsewhere = "on a machine with a GPU the same command times the GPU kernels on the asked shape";
+  if (most <= kCpuFallbackFlops) {
+    std::fprintf(text, "no GPU: %s. Running the CPU reference on the asked shape instead (seconds); %s.\n",
+                 why_no_device.c_str(), elsewhere);
+    return;
+  }
+  const ProblemShape asked = *largest;
+  for (ProblemShape& shape : *shapes) shape = small_sizes(shape);
+  std::fprintf(text,
+               "no GPU: %s. The asked shape %s (%.3g GFLOP a call, %d calls) would take minutes or more on the "
+               "CPU reference; running the CPU reference on %s instead (the asked head dims, small sizes; "
+               "seconds). --impl cpu runs the asked shape on the CPU reference; %s.\n",
+               why_no_device.c_str(), shape_text(asked).c_str(), most * 1e-9, forward_calls(args),
+               shape_text(small_sizes(asked)).c_str(), elsewhere);
+}
+
+// --impl cpu runs the shape asked, however large: the note gives its work.
+void note_cpu_work(std::FILE* text, const BenchArgs& args, const std::vector<ProblemShape>& shapes) {
+  for (const ProblemShape& shape : shapes) {
+    const double flops = forward_flops(shape, args.causal) * (args.backward ? 2.5 : 1.0);
+    if (flops > kCpuFallbackFlops) {
+      std::fprintf(text,
+                   "note: %s on the CPU reference: %.3g GFLOP a call, %d calls, at a few GFLOP/s; each call "
+                   "taking over a second reports its time on stderr (--warmup 0 --iters 1: one call).\n",
+                   shape_text(shape).c_str(), flops * 1e-9, forward_calls(args));
+    }
+  }
+}
+
 }  // namespace
 
 int run_benchmarks(const BenchArgs& args) {
@@ -465,12 +571,12 @@ int run_benchmarks(const BenchArgs& args) {
     if (!device && (args.impl == Impl::sm80_split_d || args.impl == Impl::sm90_wgmma))
       throw CallFailure("no CUDA device (" + why_no_device + "): --impl " +
                         (args.impl == Impl::sm80_split_d ? "sm80" : "sm90") + " needs one");
-    if (!device)
-      std::fprintf(text,
-                   "no GPU: %s. Running the CPU reference on a small default shape instead (seconds); "
-                   "on a machine with a GPU the same command times the GPU kernels on the real shape.\n",
-                   why_no_device.c_str());
     const bool on_host = !device || args.impl == Impl::cpu_reference;
+    // Without a GPU the shapes start as the ones a GPU would run (the asked
+    // ones); --impl cpu fills what is not given from the small default.
+    std::vector<ProblemShape> shapes = point_shapes(args, args.impl == Impl::cpu_reference);
+    if (!device && args.impl == Impl::automatic) note_cpu_fallback(text, why_no_device, args, &shapes);
+    if (args.impl == Impl::cpu_reference) note_cpu_work(text, args, shapes);
     std::fprintf(text, "ffpa-bench %s on %s\n", version(),
                  on_host ? "the CPU reference (host memory)" : device->summary.c_str());
 
@@ -480,7 +586,6 @@ int run_benchmarks(const BenchArgs& args) {
       BENCH_CUDA(cudaStreamCreateWithFlags(&created, cudaStreamNonBlocking));
       stream.reset(created);
     }
-    const std::vector<ProblemShape> shapes = point_shapes(args, on_host);
     std::random_device entropy;
     bool all_passed = true;
     for (size_t i = 0; i < shapes.size(); ++i) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 
 #include "common/attention_problem.hpp"
 #include "kernels/common/math_constants.hpp"
@@ -10,14 +11,22 @@
 
 namespace ffpa::detail {
 
-// O's row factor from the row's softmax denominator; a row with no attended
-// key (sum 0) gives O = 0, never NaN.
+// O's row factor from the row's softmax denominator: keep_scale / row_sum; 0
+// for a row with no attended key (sum 0), NaN for a row whose softmax is NaN
+// (a NaN score: spec.md, "Non-finite inputs").
 __device__ __forceinline__ float output_row_scale(float row_sum, float keep_scale) {
-  return row_sum > 0.0f ? keep_scale / row_sum : 0.0f;
+  return row_sum == 0.0f ? 0.0f : keep_scale / row_sum;
+}
+
+// A pair of O elements as stored (packed, their dtype's bits), from their
+// row's factor: 0 in a row with no attended key whatever the accumulator held
+// (a masked key's NaN V times P = 0 is NaN), else the packed products.
+__device__ __forceinline__ uint32_t output_pair(uint32_t packed, float row_scale) {
+  return row_scale == 0.0f ? 0u : packed;
 }
 
 // Natural-log LSE of a row from its log2-domain maximum and its denominator;
-// -inf for a row with no attended key.
+// -inf for a row with no attended key, NaN for a row whose softmax is NaN.
 __device__ __forceinline__ float row_log_sum_exp(float row_max_log2, float row_sum) {
   return log_sum_exp(RowSoftmaxState{row_max_log2, row_sum});
 }

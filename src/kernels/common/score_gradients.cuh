@@ -1,7 +1,8 @@
 // The middle of the backward, the same for every family, per block pair
-// (query rows of one head x kBlockK keys): the softmax P recomputed from the forward's LSE (the
-// limits, causal alignment, mask and dropout of the forward, from the shared
-// attention pieces), then
+// (query rows of one head x kBlockK keys of one sequence: a dense call's batch
+// entry or a sequence batch's sequence): the softmax P recomputed from the
+// forward's LSE (the limits, causal alignment, window, mask and dropout of the
+// forward, from the shared attention pieces; a sink is in the LSE), then
 //   Pd = P z            (z = dropout_scale where kept, 0 where dropped; 1 without dropout)
 //   dS = P (z dP - delta)
 // written as 16-bit [kBlockQ][kBlockK] tiles (128-byte swizzled rows) for the
@@ -13,6 +14,7 @@
 #include <cstdint>
 
 #include "common/attention_problem.hpp"
+#include "common/backward_problem.hpp"
 #include "kernels/common/dropout.cuh"
 #include "kernels/common/element.cuh"
 #include "kernels/common/math_constants.hpp"
@@ -72,7 +74,9 @@ __device__ __forceinline__ void add_to_mask_gradient(const float (&ds)[Layout::k
 // and keys (w % kScoreWarpsN) kScoreWarpKeys..: the mma.sync and wgmma
 // accumulator layouts are the same per warp).
 // s and dp: this thread's raw Q K^T and dO V^T sums of the pair (ScoreLayout);
-// k0 the pair's first key. Writes Pd to pd_tile (when not null) and dS to
+// k0 the pair's first key; seq the pair's sequence (its lengths, and where its
+// rows lie in lse and delta: delta is [entries][Hq][rows] over q's extent,
+// backward_problem.hpp). Writes Pd to pd_tile (when not null) and dS to
 // ds_tile, visible to the other warps after the caller's next barrier, and
 // adds dS to d_mask_sum (when not null: add_to_mask_gradient). kWithDs =
 // false: Pd alone (a dV kernel), dp and delta unread, ds_tile unwritten.
@@ -80,9 +84,10 @@ template <class Traits, bool kWithDs = true>
 __device__ __forceinline__ void write_score_gradients(float (&s)[Traits::ScoreLayout::kElements],
                                                       const float (&dp)[Traits::ScoreLayout::kElements],
                                                       const AttentionProblem& p, const float* delta,
-                                                      const TileCoordinates& tile, int k0, float scale_log2,
-                                                      unsigned char* pd_tile, unsigned char* ds_tile, unsigned tid,
-                                                      float* d_mask_sum = nullptr, const int64_t* mask_shape = nullptr) {
+                                                      const TileCoordinates& tile, const TileSequence& seq, int k0,
+                                                      float scale_log2, unsigned char* pd_tile, unsigned char* ds_tile,
+                                                      unsigned tid, float* d_mask_sum = nullptr,
+                                                      const int64_t* mask_shape = nullptr) {
   using Layout = typename Traits::ScoreLayout;
   using Element = typename Traits::Element;
   const int lane = static_cast<int>(tid % 32), warp = static_cast<int>(tid / 32);
@@ -93,23 +98,24 @@ __device__ __forceinline__ void write_score_gradients(float (&s)[Traits::ScoreLa
 
 #pragma unroll
   for (int i = 0; i < Layout::kElements; ++i) s[i] *= scale_log2;
-  const KeyLimits limits(p, tile);
+  const KeyLimits limits(static_cast<int>(seq.seq_kv), tile_key_bounds(p, tile, seq), tile);
   if (limits.block_needs_masking(k0, Traits::kBlockK)) mask_outside_limits<Layout>(s, limits, coords, key0);
   if (p.mask_kind != MaskKind::none) add_mask<Layout>(s, p, tile, coords, key0);
 
-  // The row's log2-domain LSE and delta; a row past Nq, or one that attends
-  // no key (LSE -inf), gets +inf: every P of it is exp2(-inf) = 0.
-  const int seq_q = static_cast<int>(p.seq_q);
+  // The row's log2-domain LSE and delta; a row past the sequence's Nq, or one
+  // that attends no key (LSE -inf), gets +inf: every P of it is exp2(-inf) = 0.
+  const int64_t delta_rows = query_extent(p).rows;
   float lse_log2[2], row_delta[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int i = tile.query_row(coords.row(r));
     lse_log2[r] = INFINITY;
     row_delta[r] = 0.0f;
-    if (i < seq_q) {
-      const float lse = p.lse[tile.batch * p.lse_stride[0] + tile.head * p.lse_stride[1] + i * p.lse_stride[2]];
+    if (i < seq.seq_q) {
+      const int64_t row = static_cast<int64_t>(seq.q_begin) + i;
+      const float lse = p.lse[seq.q_batch * p.lse_stride[0] + tile.head * p.lse_stride[1] + row * p.lse_stride[2]];
       if (lse != -INFINITY) lse_log2[r] = lse * kLog2e;
-      if constexpr (kWithDs) row_delta[r] = delta[(static_cast<int64_t>(tile.batch) * p.heads_q + tile.head) * p.seq_q + i];
+      if constexpr (kWithDs) row_delta[r] = delta[(static_cast<int64_t>(seq.q_batch) * p.heads_q + tile.head) * delta_rows + row];
     }
   }
 

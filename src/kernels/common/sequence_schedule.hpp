@@ -22,15 +22,17 @@ namespace ffpa::detail {
 // How the kernels cut each sequence into tiles: the family's tile shape and
 // GQA packing, and (split_slots > 0) the KV split on for a kernel that fills
 // split_slots CTA slots (SMs / CTAs a tile): the plan chooses its blocks per
-// split.
+// split. key_blocks: a tile is a block of block_n keys of one KV head instead
+// (the backward's key-stationary kernels: key block fastest, then KV head).
 struct SequenceTiling {
   int block_m = 64, block_n = 128, heads_per_tile = 1;
   int split_slots = 0;
+  bool key_blocks = false;
 };
 
 FFPA_HOST_DEVICE bool operator==(const SequenceTiling& a, const SequenceTiling& b) {
   return a.block_m == b.block_m && a.block_n == b.block_n && a.heads_per_tile == b.heads_per_tile &&
-         a.split_slots == b.split_slots;
+         a.split_slots == b.split_slots && a.key_blocks == b.key_blocks;
 }
 
 // The plan's verdict and totals, at the start of its buffer (its arrays
@@ -82,6 +84,7 @@ FFPA_HOST_DEVICE int64_t sequence_splits(const Sequence& seq, int block_n, int64
 // The tiles of one sequence (its row blocks, splits and head groups).
 FFPA_HOST_DEVICE int64_t sequence_tiles(const AttentionProblem& p, const Sequence& seq, const SequenceTiling& tiling,
                                         int64_t split_blocks) {
+  if (tiling.key_blocks) return (seq.seq_kv + tiling.block_n - 1) / tiling.block_n * p.heads_kv;
   const int rows = tiling.block_m / tiling.heads_per_tile;
   const int64_t row_blocks = (seq.seq_q + rows - 1) / rows;
   return row_blocks * sequence_splits(seq, tiling.block_n, split_blocks) * (p.heads_q / tiling.heads_per_tile);

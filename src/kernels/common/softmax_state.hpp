@@ -41,9 +41,11 @@ FFPA_HOST_DEVICE MergedRowState merge_row_states(RowSoftmaxState a, RowSoftmaxSt
   return m;
 }
 
-// Natural-log LSE of a row; -inf for a row with no attended key.
+// Natural-log LSE of a row; -inf for a row with no attended key (sum 0), NaN
+// for one whose sum is NaN (a NaN score reached it: spec.md, "Non-finite
+// inputs"). The maxima never hold the NaN: fmaxf drops it, the sums keep it.
 FFPA_HOST_DEVICE float log_sum_exp(RowSoftmaxState s) {
-  return s.sum > 0.0f ? s.max_log2 * kLn2 + logf(s.sum) : -INFINITY;
+  return s.sum == 0.0f ? -INFINITY : s.max_log2 * kLn2 + logf(s.sum);
 }
 
 }  // namespace ffpa::detail

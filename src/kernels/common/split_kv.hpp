@@ -104,10 +104,20 @@ FFPA_HOST_DEVICE RowSoftmaxState merge_split_states(const RowSoftmaxState* state
 }
 
 // What a split's unnormalized O row is multiplied by in the normalized output
-// row: exp2(max_s - max) / sum; 0 for a row with no attended key (O = 0, the
-// spec's rule, with LSE = log_sum_exp(merged) = -inf).
+// row: exp2(max_s - max) / sum, NaN where a split's sum is NaN (a NaN score
+// reached the row). Every split's O row is added, its weight 0 or not: a NaN
+// there is a key's NaN V times P, and reaches the row as it does in one tile
+// (0 x NaN is NaN).
 FFPA_HOST_DEVICE float split_weight(RowSoftmaxState split, RowSoftmaxState merged) {
-  return merged.sum > 0.0f ? rescale_factor(split.max_log2, merged.max_log2) / merged.sum : 0.0f;
+  return merged.sum == 0.0f ? 0.0f : rescale_factor(split.max_log2, merged.max_log2) / merged.sum;
+}
+
+// An output element from its splits' weighted sum: 0 for a row with no
+// attended key (the spec's rule, with LSE = log_sum_exp(merged) = -inf),
+// whatever its splits' O rows hold.
+template <class T>
+FFPA_HOST_DEVICE T combined_output(T weighted_sum, RowSoftmaxState merged) {
+  return merged.sum == 0.0f ? T(0) : weighted_sum;
 }
 
 }  // namespace ffpa::detail

@@ -102,14 +102,25 @@ FFPA_HOST_DEVICE int attended_kv_end(const AttentionProblem& p, int q0, int bloc
   return p.causal == Causal::none ? seq_kv : (clipped > 0 ? clipped : 0);
 }
 
-// The first block of block_m query rows (of one head) with a row that attends
-// key0: causal, row i sees key0 once i + shift >= key0. Every block from it
-// on attends some key of a key block starting at key0 (the backward's
-// key-stationary kernels stream them).
-FFPA_HOST_DEVICE int first_attending_row_block(const AttentionProblem& p, int key0, int block_m) {
-  if (p.causal == Causal::none) return 0;
-  const int first_row = key0 - static_cast<int>(p.causal_shift());
-  return (first_row > 0 ? first_row : 0) / block_m;
+// The query rows [first, end) of a sequence among which are all those that
+// attend a key of [key0, key0 + keys) (the backward's key-stationary kernels
+// stream their blocks): row i's attended keys (attended_keys) end past key0
+// from the first row whose causal limit and window's right bound reach key0
+// on, and start at or before the last key up to the last row whose window's
+// left bound reaches it. Empty past Nkv.
+FFPA_HOST_DEVICE KeyRange attending_row_range(const AttentionProblem& p, const TileSequence& seq, int key0, int keys) {
+  const int64_t last_key = (key0 + keys < seq.seq_kv ? key0 + keys : seq.seq_kv) - 1;
+  if (last_key < key0) return {0, 0};
+  const int64_t shift = static_cast<int64_t>(seq.seq_kv) - seq.seq_q;  // row i's position is i + shift
+  int64_t first = 0, end = seq.seq_q;
+  if (p.causal != Causal::none) {
+    const int64_t row = key0 - (p.causal == Causal::bottom_right ? shift : 0);
+    first = row > first ? row : first;
+  }
+  if (p.window_right >= 0 && key0 - p.window_right - shift > first) first = key0 - p.window_right - shift;
+  if (p.window_left >= 0 && last_key + p.window_left - shift + 1 < end) end = last_key + p.window_left - shift + 1;
+  if (first > seq.seq_q) first = seq.seq_q;
+  return {first, end > first ? end : first};
 }
 
 // The rows of one head in a tile of block_m rows holding heads_per_tile heads.

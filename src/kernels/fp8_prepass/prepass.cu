@@ -1,12 +1,15 @@
 // The FP8 pre-pass kernels (prepass.hpp). Each step is the CPU model's
 // (reference/fp8_quantization.cpp) in the same fp32 operations, so that codes
 // and scales agree bit for bit: block sums in key order and block totals in
-// block order for the means, x - mean, fmaxf of |x| for a group's amax (a NaN
-// does not count; the max of non-negative floats is order-free, so threads
-// combine theirs with an integer atomicMax on the bits), amax / format_max and
-// 1 / scale as IEEE divisions (nvcc's default -prec-div=true), x times that
-// (no multiply-add anywhere to contract), then the format's rounding
-// (common/fp8_e4m3.hpp; e4m3 two values per instruction).
+// block order for the means, x - mean, fmaxf of |x| for a group's amax (the
+// max of non-negative floats is order-free, so threads combine theirs with an
+// integer atomicMax on the bits), amax / format_max and 1 / scale as IEEE
+// divisions (nvcc's default -prec-div=true), x times that (no multiply-add
+// anywhere to contract), then the format's rounding (common/fp8_e4m3.hpp;
+// e4m3 two values per instruction). Non-finite values stay out of the means
+// and amaxes and get NaN codes; with int8 codes their K groups' scales are
+// negated and quantize_q marks the rows they reach (row_nan):
+// common/quantization_scales.hpp, "Non-finite inputs".
 //
 // The steps, in stream order (a mean or a per-channel scale reduces over all
 // keys before any code can use it):
@@ -18,7 +21,8 @@
 //   quantize_kv       per (kv head, 128-key block): K codes with their block's
 //                     or thread groups' scales; V^T codes through shared memory
 //   quantize_q        per (query head, 64 quantized rows): Q codes and scales,
-//                     and each row's LSE term scale * (q . k_mean) (smooth-K)
+//                     each row's LSE term scale * (q . k_mean) (smooth-K) and,
+//                     int8, its row_nan from Q and from K's flagged groups
 // The forward's pre-pass runs them all; fp8_quantize_kv the K/V steps into an
 // FP8 KV cache; a forward with a cache quantize_q alone (k_mean the cache's).
 // Every thread reads 8 channels (16 bytes) per load. Rows of codes are padded
@@ -70,11 +74,17 @@ __device__ __forceinline__ const Element* row_of(const void* base, const int64_t
   return static_cast<const Element*>(base) + b * stride[0] + h * stride[1] + n * stride[2];
 }
 
-// float_to_int8_symmetric in four instructions: NaN to 0, saturate to
+// quantize_int8 in five instructions: the non-finite marker, else saturate to
 // [-127, 127], round half to even (exact: the same code).
-__device__ __forceinline__ uint32_t int8_code(float x) {
-  const float clamped = fminf(fmaxf(x == x ? x : 0.0f, -kInt8Max), kInt8Max);
-  return static_cast<uint32_t>(__float2int_rn(clamped)) & 0xFFu;
+__device__ __forceinline__ uint32_t int8_code(float value, float inverse) {
+  const float clamped = fminf(fmaxf(value * inverse, -kInt8Max), kInt8Max);
+  return finite_value(value) ? static_cast<uint32_t>(__float2int_rn(clamped)) & 0xFFu : kInt8NonFinite;
+}
+
+// What an e4m3 conversion takes for `value` (quantize_e4m3): value * inverse,
+// a NaN for a non-finite value (saturation would turn an infinity into 448).
+__device__ __forceinline__ float e4m3_input(float value, float inverse) {
+  return finite_value(value) ? value * inverse : __int_as_float(0x7FFFFFFF);
 }
 
 // Eight codes of x - mean in a group whose quantization_inverse is `inverse`,
@@ -83,10 +93,19 @@ __device__ __forceinline__ void codes_of(const float (&x)[kChunk], const float (
                                          bool int8_codes, uint32_t (&packed)[2]) {
 #pragma unroll
   for (int e = 0; e < kChunk; e += 2) {
-    const float lo = (x[e] - mean[e]) * inverse, hi = (x[e + 1] - mean[e + 1]) * inverse;
-    const uint32_t pair = int8_codes ? int8_code(lo) | int8_code(hi) << 8 : float2_to_e4m3x2_bits(lo, hi);
+    const float lo = x[e] - mean[e], hi = x[e + 1] - mean[e + 1];
+    const uint32_t pair = int8_codes ? int8_code(lo, inverse) | int8_code(hi, inverse) << 8
+                                     : float2_to_e4m3x2_bits(e4m3_input(lo, inverse), e4m3_input(hi, inverse));
     packed[e / 4] |= pair << (8 * (e % 4));
   }
+}
+
+// Whether any of eight values is non-finite.
+__device__ __forceinline__ bool any_nonfinite(const float (&x)[kChunk], const float (&mean)[kChunk]) {
+  bool any = false;
+#pragma unroll
+  for (int e = 0; e < kChunk; ++e) any |= !finite_value(x[e] - mean[e]);
+  return any;
 }
 
 // The per-channel means of a chunk (zeros where not smoothing: x - 0 = x).
@@ -104,7 +123,7 @@ __device__ __forceinline__ void store_codes(uint8_t* row, int64_t c, int64_t dim
 }
 
 // fmaxf of a group's |x| into shared memory: the bits of non-negative floats
-// order as the floats do (a NaN never gets here: fmaxf dropped it).
+// order as the floats do (a non-finite value never gets here: amax_term).
 __device__ __forceinline__ void group_max(unsigned* group_amax, float amax) {
   atomicMax(group_amax, __float_as_uint(amax));
 }
@@ -145,13 +164,13 @@ __global__ void column_partials(AttentionProblem p, QuantizedBuffers z, bool k_s
       if (k_sums) {
         load_chunk(row_of<Element>(p.k, p.k_stride, b, h, j), c, x);
 #pragma unroll
-        for (int e = 0; e < kChunk; ++e) k_sum[e] += x[e];
+        for (int e = 0; e < kChunk; ++e) k_sum[e] += mean_term(x[e]);
       }
       if (v_partial != VPartial::none) {
         load_chunk(row_of<Element>(p.v, p.v_stride, b, h, j), c, x);
 #pragma unroll
         for (int e = 0; e < kChunk; ++e) {
-          v_acc[e] = v_partial == VPartial::sum ? v_acc[e] + x[e] : fmaxf(v_acc[e], fabsf(x[e] - mean[e]));
+          v_acc[e] = v_partial == VPartial::sum ? v_acc[e] + mean_term(x[e]) : fmaxf(v_acc[e], amax_term(x[e] - mean[e]));
         }
       }
     }
@@ -208,6 +227,7 @@ constexpr int kTransposeRowWords = kQuantKeyBlock / 4 + 1;
 template <typename Element>
 __global__ void __launch_bounds__(kKvThreads) quantize_kv(AttentionProblem p, QuantizedBuffers z, QuantizationOptions o) {
   __shared__ unsigned k_amax[kKeyGroupsPerBlock];
+  __shared__ unsigned k_nonfinite[kKeyGroupsPerBlock];  // int8: the group's scale is flagged
   __shared__ float k_inverse[kKeyGroupsPerBlock];
   __shared__ unsigned v_amax;
   __shared__ uint32_t transpose[kTransposeChannels][kTransposeRowWords];
@@ -221,7 +241,7 @@ __global__ void __launch_bounds__(kKvThreads) quantize_kv(AttentionProblem p, Qu
   const bool int8_qk = o.qk_format == QkFormat::int8;
   const bool k_per_block = o.qk_granularity == QkScaleGranularity::per_block;
   const bool v_per_block = o.v_granularity == VScaleGranularity::per_block;
-  if (tid < kKeyGroupsPerBlock) k_amax[tid] = 0u;
+  if (tid < kKeyGroupsPerBlock) k_amax[tid] = k_nonfinite[tid] = 0u;
   if (tid == 0) v_amax = 0u;
   __syncthreads();
 
@@ -231,21 +251,26 @@ __global__ void __launch_bounds__(kKvThreads) quantize_kv(AttentionProblem p, Qu
     const Element* k_row = row_of<Element>(p.k, p.k_stride, b, h, first + key);
     const Element* v_row = row_of<Element>(p.v, p.v_stride, b, h, first + key);
     float k_max = 0.0f, v_max = 0.0f;
+    bool k_bad = false;
     for (int64_t c = static_cast<int64_t>(lane) * kChunk; c < dim; c += 32 * kChunk) {
       float x[kChunk], mean[kChunk];
       load_chunk(k_row, c, x);
       load_mean(k_mean, c, mean);
+      k_bad |= any_nonfinite(x, mean);
 #pragma unroll
-      for (int e = 0; e < kChunk; ++e) k_max = fmaxf(k_max, fabsf(x[e] - mean[e]));
+      for (int e = 0; e < kChunk; ++e) k_max = fmaxf(k_max, amax_term(x[e] - mean[e]));
       if (v_per_block) {
         load_chunk(v_row, c, x);
         load_mean(v_mean, c, mean);
 #pragma unroll
-        for (int e = 0; e < kChunk; ++e) v_max = fmaxf(v_max, fabsf(x[e] - mean[e]));
+        for (int e = 0; e < kChunk; ++e) v_max = fmaxf(v_max, amax_term(x[e] - mean[e]));
       }
     }
     k_max = warp_max(k_max);
-    if (lane == 0) group_max(&k_amax[k_per_block ? 0 : static_cast<int>(k_scale_index(key, o.qk_granularity))], k_max);
+    k_bad = __any_sync(0xFFFFFFFFu, k_bad);
+    const int group = k_per_block ? 0 : static_cast<int>(k_scale_index(key, o.qk_granularity));
+    if (lane == 0) group_max(&k_amax[group], k_max);
+    if (lane == 0 && k_bad) k_nonfinite[group] = 1u;
     if (v_per_block) {
       v_max = warp_max(v_max);
       if (lane == 0) group_max(&v_amax, v_max);
@@ -257,7 +282,7 @@ __global__ void __launch_bounds__(kKvThreads) quantize_kv(AttentionProblem p, Qu
   if (tid < k_groups) {
     const float scale = quantization_scale(__uint_as_float(k_amax[tid]), int8_qk ? kInt8Max : kE4m3Max);
     k_inverse[tid] = quantization_inverse(scale);
-    z.k_scales[k_scale_base + tid] = scale;
+    z.k_scales[k_scale_base + tid] = flag_nonfinite(scale, int8_qk && k_nonfinite[tid] != 0u);
   }
   float v_block_inverse = 1.0f;
   if (v_per_block) {
@@ -304,7 +329,8 @@ __global__ void __launch_bounds__(kKvThreads) quantize_kv(AttentionProblem p, Qu
         load_chunk(row_of<Element>(p.v, p.v_stride, b, h, first + key), c, x);
 #pragma unroll
         for (int e = 0; e < kChunk; e += 2) {
-          const uint32_t pair = float2_to_e4m3x2_bits((x[e] - mean[e]) * inverse[e], (x[e + 1] - mean[e + 1]) * inverse[e + 1]);
+          const uint32_t pair = float2_to_e4m3x2_bits(e4m3_input(x[e] - mean[e], inverse[e]),
+                                                      e4m3_input(x[e + 1] - mean[e + 1], inverse[e + 1]));
           words[e] |= (pair & 0xFFu) << (8 * k);
           words[e + 1] |= (pair >> 8) << (8 * k);
         }
@@ -331,6 +357,40 @@ __global__ void __launch_bounds__(kKvThreads) quantize_kv(AttentionProblem p, Qu
 constexpr int kQThreads = 256;
 static_assert(kQThreads == 32 * kRowWarps && kKvThreads == 32 * kRowWarps, "a warp per row, kRowWarps rows at once");
 
+// int8 Q/K: the first key of kv head `kv_head` (b x Hkv + h) holding a
+// non-finite value, or Nkv: the first 128-key block with a flagged K scale,
+// then the least key of it with a non-finite code. A CTA's threads together
+// (barriers inside); every thread gets the key.
+__device__ int64_t first_nonfinite_key(const AttentionProblem& p, const QuantizedBuffers& z,
+                                       const QuantizationOptions& o, int64_t kv_head) {
+  __shared__ int first_group, first_key;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int64_t groups = k_scale_count(p.seq_kv, o.qk_granularity);
+  const float* scales = z.k_scales + kv_head * groups;
+  if (tid == 0) first_group = first_key = INT_MAX;
+  __syncthreads();
+  for (int64_t g = tid; g < groups; g += blockDim.x) {
+    if (flags_nonfinite(scales[g])) {  // a thread's groups ascend: its first is its least
+      atomicMin(&first_group, static_cast<int>(g));
+      break;
+    }
+  }
+  __syncthreads();
+  if (first_group == INT_MAX) return p.seq_kv;
+  const int64_t groups_per_block = o.qk_granularity == QkScaleGranularity::per_block ? 1 : kKeyGroupsPerBlock;
+  const int64_t first = first_group / groups_per_block * kQuantKeyBlock;
+  const int64_t keys = first + kQuantKeyBlock < p.seq_kv ? kQuantKeyBlock : p.seq_kv - first;
+  const int64_t words = p.head_dim / 4;  // the codes of a key, 4 to a word
+  for (int64_t item = tid; item < keys * words; item += blockDim.x) {
+    const int64_t key = first + item / words;
+    const uint32_t word =
+        *reinterpret_cast<const uint32_t*>(z.k_codes + (kv_head * p.seq_kv + key) * z.code_pitch + 4 * (item % words));
+    if (__vcmpeq4(word, 0x01010101u * kInt8NonFinite) != 0u) atomicMin(&first_key, static_cast<int>(key));
+  }
+  __syncthreads();
+  return first_key;
+}
+
 template <typename Element>
 __global__ void __launch_bounds__(kQThreads) quantize_q(AttentionProblem p, QuantizedBuffers z, QuantizationOptions o) {
   __shared__ unsigned amax_of[kQueryGroupsPerBlock];
@@ -343,32 +403,46 @@ __global__ void __launch_bounds__(kQThreads) quantize_q(AttentionProblem p, Quan
   const bool int8_qk = o.qk_format == QkFormat::int8;
   const bool per_block = o.qk_granularity == QkScaleGranularity::per_block;
   const int groups = per_block ? 1 : static_cast<int>(kQueryGroupsPerBlock);
-  const float* k_mean = z.k_mean + (b * p.heads_kv + h / p.group_size()) * dim;
+  const int64_t kv_head = b * p.heads_kv + h / p.group_size();
+  const float* k_mean = z.k_mean + kv_head * dim;
+  const int64_t first_bad_key = int8_qk ? first_nonfinite_key(p, z, o, kv_head) : p.seq_kv;
   if (tid < groups) amax_of[tid] = 0u;
   __syncthreads();
+  constexpr float kNoMean[kChunk] = {};
   // A warp per row: its group's amax and, with smooth-K, the row's LSE term
-  // scale * (q . k_mean), the lanes' sums combined in a fixed order (the
-  // same bits every run).
+  // scale * (q . k_mean) over its finite values, the lanes' sums combined in
+  // a fixed order (the same bits every run); int8, the row's row_nan.
   for (int r = warp; r < rows; r += kRowWarps) {
-    const Element* q = row_of<Element>(p.q, p.q_stride, b, h, z.first_row + first + r);
+    const int64_t i = z.first_row + first + r;
+    const Element* q = row_of<Element>(p.q, p.q_stride, b, h, i);
     float amax = 0.0f, dot = 0.0f;
+    bool q_bad = false;
     for (int64_t c = static_cast<int64_t>(lane) * kChunk; c < dim; c += 32 * kChunk) {
       float x[kChunk], mean[kChunk];
       load_chunk(q, c, x);
+      q_bad |= any_nonfinite(x, kNoMean);
 #pragma unroll
-      for (int e = 0; e < kChunk; ++e) amax = fmaxf(amax, fabsf(x[e]));
+      for (int e = 0; e < kChunk; ++e) amax = fmaxf(amax, amax_term(x[e]));
       if (o.smooth_k) {
         load_mean(k_mean, c, mean);
 #pragma unroll
-        for (int e = 0; e < kChunk; ++e) dot = fmaf(x[e], mean[e], dot);
+        for (int e = 0; e < kChunk; ++e) dot = fmaf(mean_term(x[e]), mean[e], dot);
       }
     }
     amax = warp_max(amax);
+    q_bad = __any_sync(0xFFFFFFFFu, q_bad);
 #pragma unroll
     for (int offset = 16; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xFFFFFFFFu, dot, offset);
     if (lane == 0) {
       group_max(&amax_of[q_scale_index(r, o.qk_granularity)], amax);  // r < 64: the block's own group
       z.lse_shift[head * z.rows + first + r] = p.scale * dot;
+      if (int8_qk) {
+        // A window's left bound is not looked at: a row whose window starts
+        // past the first bad key is marked too (the model does the same).
+        const KeyRange keys = attended_keys(p, i, p.seq_q, p.seq_kv);
+        const bool reached = (q_bad && keys.end > keys.first) || keys.end > first_bad_key;
+        z.row_nan[head * z.rows + first + r] = reached ? __int_as_float(0x7FFFFFFF) : 0.0f;
+      }
     }
   }
   __syncthreads();
@@ -378,7 +452,6 @@ __global__ void __launch_bounds__(kQThreads) quantize_q(AttentionProblem p, Quan
     z.q_scales[head * q_scale_count(z.rows, o.qk_granularity) + block * groups + tid] = scale;
   }
   __syncthreads();
-  constexpr float kNoMean[kChunk] = {};
   for (int r = warp; r < rows; r += kRowWarps) {
     const Element* q = row_of<Element>(p.q, p.q_stride, b, h, z.first_row + first + r);
     uint8_t* codes = z.q_codes + (head * z.rows + first + r) * z.code_pitch;

@@ -30,6 +30,10 @@ struct QuantizedBuffers {
   // smooth_k: scale * (q . k_mean) of each quantized row, fp32, what the
   // row's LSE adds back (K's mean shifts every score of a row alike).
   float* lse_shift = nullptr;   // [B][Hq][rows]
+  // int8 Q and K: NaN for a quantized row that a non-finite Q or K value
+  // reaches, else 0 (reference/fp8_quantization.hpp's row_nan), what the
+  // row's O factor and LSE add.
+  float* row_nan = nullptr;     // [B][Hq][rows]
   float* k_mean = nullptr;      // [B][Hkv][D] (zeros without smooth_k)
   uint8_t* k_codes = nullptr;   // [B][Hkv][Nkv][code_pitch]
   float* k_scales = nullptr;    // [B][Hkv][k_scale_count(Nkv)]
@@ -56,7 +60,7 @@ enum class Regions {
 struct WorkspaceLayout {
   static constexpr size_t kAlignment = 256;
   static constexpr size_t kAbsent = ~size_t{0};
-  size_t q_codes = 0, q_scales = 0, lse_shift = 0, k_mean = 0, k_codes = 0, k_scales = 0, v_mean = 0, v_codes = 0, v_scales = 0,
+  size_t q_codes = 0, q_scales = 0, lse_shift = 0, row_nan = 0, k_mean = 0, k_codes = 0, k_scales = 0, v_mean = 0, v_codes = 0, v_scales = 0,
          k_partials = 0, v_partials = 0;
   size_t bytes = 0;
   int64_t first_row = 0, rows = 0, code_pitch = 0, v_pitch = 0, key_blocks = 0;
@@ -84,6 +88,7 @@ struct WorkspaceLayout {
     w.q_codes = region(queries, q_heads * static_cast<size_t>(w.rows) * pitch);
     w.q_scales = region(queries, q_heads * static_cast<size_t>(q_scale_count(w.rows, o.qk_granularity)) * sizeof(float));
     w.lse_shift = region(queries, q_heads * static_cast<size_t>(w.rows) * sizeof(float));
+    w.row_nan = region(queries && o.qk_format == QkFormat::int8, q_heads * static_cast<size_t>(w.rows) * sizeof(float));
     w.k_mean = region(key_values || (scratch && !o.smooth_k), kv_heads * dim * sizeof(float));
     w.k_codes = region(key_values, kv_heads * nkv * pitch);
     w.k_scales = region(key_values, kv_heads * static_cast<size_t>(kv.k_scales) * sizeof(float));
@@ -106,6 +111,7 @@ struct WorkspaceLayout {
     b.q_codes = at(q_codes);
     b.q_scales = floats_at(q_scales);
     b.lse_shift = floats_at(lse_shift);
+    b.row_nan = floats_at(row_nan);
     b.k_mean = floats_at(k_mean);
     b.k_codes = at(k_codes);
     b.k_scales = floats_at(k_scales);

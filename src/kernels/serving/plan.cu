@@ -172,6 +172,12 @@ int64_t plan_bytes(const AttentionProblem& problem) { return plan_bytes_for(prob
 int64_t max_tiles(const AttentionProblem& problem, const SequenceTiling& tiling) {
   if (tiling.split_slots > 0) return split_tile_bound(problem, tiling);
   const SequenceLayout& s = problem.sequences;
+  if (tiling.key_blocks) {  // packed: total_k / block_n, plus one partial block a sequence; else B x Nkv / block_n
+    const int64_t n = tiling.block_n;
+    const int64_t key_blocks = s.packed_k() ? (s.packed_rows_k + n - 1) / n + problem.batch
+                                            : problem.batch * ((problem.seq_kv + n - 1) / n);
+    return key_blocks * problem.heads_kv;
+  }
   const int64_t rows = tiling.block_m / tiling.heads_per_tile;
   const int64_t row_blocks = s.packed_q() ? (s.packed_rows_q + rows - 1) / rows + problem.batch
                                           : problem.batch * ((problem.seq_q + rows - 1) / rows);

@@ -21,7 +21,8 @@ int64_t plan_bytes(const AttentionProblem& problem);
 // The most tiles a call can have, whatever its lengths (it sizes the launch;
 // tiles past the plan's count return at once): per head group, the row
 // blocks of packed queries (total_q / rows, plus one partial block a
-// sequence) or of B x Nq batched ones, times the most KV splits.
+// sequence) or of B x Nq batched ones, times the most KV splits; key blocks
+// (SequenceTiling::key_blocks) likewise per KV head.
 int64_t max_tiles(const AttentionProblem& problem, const SequenceTiling& tiling);
 
 // The most split-KV partial rows a call can have (with the split on): each

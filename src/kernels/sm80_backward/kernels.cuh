@@ -1,15 +1,20 @@
 // The portable backward kernels (sm80 .. sm120), after the preprocess:
 //
 // dkdv_kernel: one CTA per (batch, KV head, block of kBlockK keys, slice of
-//   kSliceCols gradient columns). For every query head of the KV head's group
-//   and every query block that attends the keys (causal: from the diagonal):
+//   kSliceCols gradient columns; a sequence batch: per tile of its key plan,
+//   a sequence's key block of a KV head, and slice). For every query head of
+//   the KV head's group and every query block that attends the keys (causal:
+//   from the diagonal; a window: up to its reach):
 //     S = Q K^T and dP = dO V^T over the whole head dims (ring steps of 64
 //     columns), P, Pd and dS (kernels/common/score_gradients.cuh) into shared memory, then
 //     dV += Pd^T dO and dK += dS^T Q on the slice's columns.
 //   GQA: the group's query heads are summed in the CTA's registers, in a fixed
 //   order: no atomics, deterministic.
-// dq_kernel: one CTA per (batch, query head, block of kBlockQ rows, slice):
-//   for every KV block the rows attend, S, dP, dS as above, dQ += dS K.
+// dq_kernel: one CTA per (batch, query head, block of kBlockQ rows, slice;
+//   a sequence batch: per tile of its query plan, and slice): for every KV
+//   block the rows attend, S, dP, dS as above, dQ += dS K.
+// A sequence's rows are its own: rows and keys past its lengths are
+// zero-filled, never another sequence's.
 // Each CTA recomputes S and dP over the whole head dim for its slice: the
 // price of D up to 1024 without atomics on a portable path (the sm90 kernels
 // of docs/kernels/backward_plan.md avoid it).
@@ -19,6 +24,7 @@
 
 #include "kernels/common/compiler_hints.cuh"
 #include "kernels/common/shared_memory.cuh"
+#include "kernels/common/sequence_schedule.hpp"
 #include "kernels/common/tile_schedule.hpp"
 #include "kernels/sm80_backward/epilogue.cuh"
 #include "kernels/sm80_backward/mma_steps.cuh"
@@ -49,35 +55,72 @@ __device__ __forceinline__ int slice_chunk_count(int col0, int columns) {
   return max(0, min(Traits::kSliceChunks, (columns - col0 + Traits::kChunk - 1) / Traits::kChunk));
 }
 
+// Row 0 of a sequence's rows of one head: its queries (q, dO, dQ) or keys (k, v, dK, dV).
 template <class Element>
-__device__ __forceinline__ const Element* head_rows(const void* base, const int64_t (&stride)[3], int batch, int head) {
-  return static_cast<const Element*>(base) + batch * stride[0] + head * stride[1];
+__device__ __forceinline__ Element* query_rows(const void* base, const int64_t (&stride)[3], const TileSequence& seq,
+                                               int head) {
+  return static_cast<Element*>(const_cast<void*>(base)) + seq.q_batch * stride[0] + head * stride[1] +
+         static_cast<int64_t>(seq.q_begin) * stride[2];
+}
+template <class Element>
+__device__ __forceinline__ Element* key_rows(const void* base, const int64_t (&stride)[3], const TileSequence& seq,
+                                             int head) {
+  return static_cast<Element*>(const_cast<void*>(base)) + seq.kv_batch * stride[0] + head * stride[1] +
+         static_cast<int64_t>(seq.kv_begin) * stride[2];
 }
 
 // A CTA's place in its grid: slice fastest, then block (of keys or query
-// rows), head, batch.
+// rows), head, and the sequence the block belongs to (a dense call's batch
+// entry). idle: a sequence batch's CTA past its plan's tiles.
 struct CtaPlace {
-  int slice, block, head, batch;
+  int slice, block, head;
+  TileSequence seq;
+  int batch;  // the sequence's index
+  bool idle;
 };
 
-__device__ __forceinline__ CtaPlace cta_place(const Args& args, int slices, int blocks, int64_t heads) {
+// Dense calls: blocks of block_rows rows (keys: key_side) per head, heads,
+// batch entries. A sequence batch: the plan's tiles, each a block of one
+// head of one sequence (row block fastest: common/sequence_schedule.hpp).
+__device__ __forceinline__ CtaPlace cta_place(const Args& args, int slices, int block_rows, bool key_side,
+                                              const void* plan) {
+  const AttentionProblem& p = args.p;
   int64_t linear = args.block_offset + blockIdx.x;
   CtaPlace place;
   place.slice = static_cast<int>(linear % slices);
   linear /= slices;
-  place.block = static_cast<int>(linear % blocks);
-  linear /= blocks;
-  place.head = static_cast<int>(linear % heads);
-  place.batch = static_cast<int>(linear / heads);
+  place.idle = false;
+  const int64_t heads = key_side ? p.heads_kv : p.heads_q;
+  if (!p.sequences.active) {
+    const int blocks = static_cast<int>(((key_side ? p.seq_kv : p.seq_q) + block_rows - 1) / block_rows);
+    place.block = static_cast<int>(linear % blocks);
+    linear /= blocks;
+    place.head = static_cast<int>(linear % heads);
+    place.batch = static_cast<int>(linear / heads);
+    place.seq = tile_sequence(p, place.batch);
+    return place;
+  }
+  const auto* header = static_cast<const SequenceScheduleHeader*>(plan);
+  place.idle = linear >= header->tiles;  // a faulty plan has none
+  if (place.idle) return place;
+  const int tile = static_cast<int>(linear);
+  place.batch = sequence_holding(reinterpret_cast<const int32_t*>(header + 1), static_cast<int>(p.batch), tile);
+  place.seq = tile_sequence(p, place.batch);
+  const int local = tile - reinterpret_cast<const int32_t*>(header + 1)[place.batch];
+  const int blocks = ((key_side ? place.seq.seq_kv : place.seq.seq_q) + block_rows - 1) / block_rows;
+  place.block = local % blocks;
+  place.head = local / blocks;
   return place;
 }
 
 // One block pair's operands for S and dP: the query rows' Q and dO, the
-// keys' K and V (each its head's row 0), and where the pair starts.
+// keys' K and V (each its sequence's row 0 of its head), where the pair
+// starts and the sequence's lengths (rows past them are zero-filled).
 template <class Element>
 struct PairRows {
   const Element *q, *d_o, *k, *v;
   int q0, k0;
+  int seq_q, seq_kv;
 };
 
 // The first n_d + n_dv steps of a block pair's program, both kernels':
@@ -86,7 +129,7 @@ template <class Traits>
 __device__ __forceinline__ void copy_score_step(uint32_t stage, int step, int n_d, const Args& args,
                                                 const PairRows<typename Traits::Element>& rows, unsigned tid) {
   const AttentionProblem& p = args.p;
-  const int seq_q = static_cast<int>(p.seq_q), seq_kv = static_cast<int>(p.seq_kv);
+  const int seq_q = rows.seq_q, seq_kv = rows.seq_kv;
   if (step < n_d) {
     const int c = step * Traits::kChunk, dim = static_cast<int>(p.head_dim);
     copy_block<Traits>(stage, {rows.q, p.q_stride[2], rows.q0, seq_q, c, dim}, tid);
@@ -123,26 +166,29 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dkdv_kernel(const Args ar
   using Tiles = SharedTiles<Traits>;
   const AttentionProblem& p = args.p;
   const unsigned tid = opaque(static_cast<unsigned>(threadIdx.x));
-  const int seq_q = static_cast<int>(p.seq_q), seq_kv = static_cast<int>(p.seq_kv);
   const int dim = static_cast<int>(p.head_dim), value_dim = static_cast<int>(p.dv());
 
-  // Which CTA: a slice of max(D, Dv), a block of keys, a KV head.
-  const CtaPlace place = cta_place(args, args.slices, (seq_kv + Traits::kBlockK - 1) / Traits::kBlockK, p.heads_kv);
+  // Which CTA: a slice of max(D, Dv), a block of keys, a KV head, a sequence.
+  const CtaPlace place = cta_place(args, args.slices, Traits::kBlockK, true, args.key_plan);
+  if (place.idle) return;
+  const TileSequence& seq = place.seq;
+  const int seq_q = seq.seq_q, seq_kv = seq.seq_kv;
   const int k0 = place.block * Traits::kBlockK, kv_head = place.head, batch = place.batch;
   const int col0 = place.slice * Traits::kSliceCols;
 
   // The query blocks that attend a key of the block.
-  const int q_blocks = (seq_q + Traits::kBlockQ - 1) / Traits::kBlockQ;
-  const int first_q_block = first_attending_row_block(p, k0, Traits::kBlockQ);
-  const int blocks_per_head = max(0, q_blocks - first_q_block);
+  const KeyRange rows = attending_row_range(p, seq, k0, Traits::kBlockK);
+  const int first_q_block = static_cast<int>(rows.first) / Traits::kBlockQ;
+  const int blocks_per_head =
+      rows.end > rows.first ? static_cast<int>((rows.end + Traits::kBlockQ - 1) / Traits::kBlockQ) - first_q_block : 0;
   const int group = static_cast<int>(p.group_size());
   const int pairs = group * blocks_per_head;
   const int n_d = (dim + Traits::kChunk - 1) / Traits::kChunk, n_dv = (value_dim + Traits::kChunk - 1) / Traits::kChunk;
   const int slice_chunks = slice_chunk_count<Traits>(col0, max(dim, value_dim));
   const int steps_per_pair = n_d + n_dv + slice_chunks;
 
-  const Element* const k_rows = head_rows<Element>(p.k, p.k_stride, batch, kv_head);
-  const Element* const v_rows = head_rows<Element>(p.v, p.v_stride, batch, kv_head);
+  const Element* const k_rows = key_rows<const Element>(p.k, p.k_stride, seq, kv_head);
+  const Element* const v_rows = key_rows<const Element>(p.v, p.v_stride, seq, kv_head);
   auto pair_head = [&](int pair) { return kv_head * group + pair / blocks_per_head; };
   auto pair_q0 = [&](int pair) { return (first_q_block + pair % blocks_per_head) * Traits::kBlockQ; };
 
@@ -152,9 +198,14 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dkdv_kernel(const Args ar
   auto issue = [&](int into_slot) {
     if (load_pair < pairs) {
       const int head = pair_head(load_pair);
-      const PairRows<Element> rows{head_rows<Element>(p.q, p.q_stride, batch, head),
-                                   head_rows<Element>(args.d_o, args.d_o_stride, batch, head), k_rows, v_rows,
-                                   pair_q0(load_pair), k0};
+      const PairRows<Element> rows{query_rows<const Element>(p.q, p.q_stride, seq, head),
+                                   query_rows<const Element>(args.d_o, args.d_o_stride, seq, head),
+                                   k_rows,
+                                   v_rows,
+                                   pair_q0(load_pair),
+                                   k0,
+                                   seq_q,
+                                   seq_kv};
       const uint32_t stage = Tiles::stage(into_slot);
       if (load_step < n_d + n_dv) {
         copy_score_step<Traits>(stage, load_step, n_d, args, rows, tid);
@@ -176,8 +227,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dkdv_kernel(const Args ar
     float s[Traits::ScoreLayout::kElements] = {}, dp[Traits::ScoreLayout::kElements] = {};
     accumulate_pair_scores(ring, issue, n_d, n_dv, s, dp, tid);
     const TileCoordinates tile = block_pair_tile(pair_q0(pair), pair_head(pair), batch, kv_head, Traits::kBlockQ);
-    write_score_gradients<Traits>(s, dp, p, args.delta, tile, k0, args.scale_log2, Tiles::pd_tile(), Tiles::ds_tile(),
-                                  tid);
+    write_score_gradients<Traits>(s, dp, p, args.delta, tile, seq, k0, args.scale_log2, Tiles::pd_tile(),
+                                  Tiles::ds_tile(), tid);
 #pragma unroll
     for (int j = 0; j < Traits::kSliceChunks; ++j) {
       if (j >= slice_chunks) break;
@@ -190,10 +241,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dkdv_kernel(const Args ar
   }
   cp_async_wait<0>();
 
-  auto* const d_k_rows = static_cast<Element*>(args.d_k) + batch * args.d_k_stride[0] + kv_head * args.d_k_stride[1];
-  auto* const d_v_rows = static_cast<Element*>(args.d_v) + batch * args.d_v_stride[0] + kv_head * args.d_v_stride[1];
-  store_slice<Traits>(d_k, p.scale, d_k_rows, args.d_k_stride[2], k0, seq_kv, col0, dim, tid);
-  store_slice<Traits>(d_v, 1.0f, d_v_rows, args.d_v_stride[2], k0, seq_kv, col0, value_dim, tid);
+  store_slice<Traits>(d_k, p.scale, key_rows<Element>(args.d_k, args.d_k_stride, seq, kv_head), args.d_k_stride[2], k0,
+                      seq_kv, col0, dim, tid);
+  store_slice<Traits>(d_v, 1.0f, key_rows<Element>(args.d_v, args.d_v_stride, seq, kv_head), args.d_v_stride[2], k0,
+                      seq_kv, col0, value_dim, tid);
 }
 
 template <class Traits>
@@ -202,33 +253,40 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dq_kernel(const Args args
   using Tiles = SharedTiles<Traits>;
   const AttentionProblem& p = args.p;
   const unsigned tid = opaque(static_cast<unsigned>(threadIdx.x));
-  const int seq_q = static_cast<int>(p.seq_q), seq_kv = static_cast<int>(p.seq_kv);
   const int dim = static_cast<int>(p.head_dim), value_dim = static_cast<int>(p.dv());
 
-  // Which CTA: a slice of D, a block of query rows, a query head.
-  const CtaPlace place = cta_place(args, args.dq_slices, (seq_q + Traits::kBlockQ - 1) / Traits::kBlockQ, p.heads_q);
+  // Which CTA: a slice of D, a block of query rows, a query head, a sequence.
+  const CtaPlace place = cta_place(args, args.dq_slices, Traits::kBlockQ, false, args.query_plan);
+  if (place.idle) return;
+  const TileSequence& seq = place.seq;
+  const int seq_q = seq.seq_q, seq_kv = seq.seq_kv;
   const int slice = place.slice, q0 = place.block * Traits::kBlockQ, head = place.head, batch = place.batch;
   const int kv_head = head / static_cast<int>(p.group_size());
   const int col0 = slice * Traits::kSliceCols;
-  const int kv_blocks = (attended_kv_end(p, q0, Traits::kBlockQ) + Traits::kBlockK - 1) / Traits::kBlockK;
+  // The KV blocks the rows attend (causal: up to the diagonal; a window: from its left reach).
+  const KeyRange keys = attended_key_range(p, seq, q0, Traits::kBlockQ);
+  const int kv_first = static_cast<int>(keys.first) / Traits::kBlockK;
+  const int kv_blocks =
+      keys.end > keys.first ? static_cast<int>((keys.end + Traits::kBlockK - 1) / Traits::kBlockK) - kv_first : 0;
   const int n_d = (dim + Traits::kChunk - 1) / Traits::kChunk, n_dv = (value_dim + Traits::kChunk - 1) / Traits::kChunk;
   const int slice_chunks = slice_chunk_count<Traits>(col0, dim);
   const int steps_per_pair = n_d + n_dv + slice_chunks;
 
-  const Element* const q_rows = head_rows<Element>(p.q, p.q_stride, batch, head);
-  const Element* const d_o_rows = head_rows<Element>(args.d_o, args.d_o_stride, batch, head);
-  const Element* const k_rows = head_rows<Element>(p.k, p.k_stride, batch, kv_head);
-  const Element* const v_rows = head_rows<Element>(p.v, p.v_stride, batch, kv_head);
+  const Element* const q_rows = query_rows<const Element>(p.q, p.q_stride, seq, head);
+  const Element* const d_o_rows = query_rows<const Element>(args.d_o, args.d_o_stride, seq, head);
+  const Element* const k_rows = key_rows<const Element>(p.k, p.k_stride, seq, kv_head);
+  const Element* const v_rows = key_rows<const Element>(p.v, p.v_stride, seq, kv_head);
 
   // The step program: per KV block, n_d chunks of (Q, K), n_dv of (dO, V),
   // then the slice's chunks of K.
   int load_block = 0, load_step = 0;
   auto issue = [&](int into_slot) {
     if (load_block < kv_blocks) {
-      const int k0 = load_block * Traits::kBlockK;
+      const int k0 = (kv_first + load_block) * Traits::kBlockK;
       const uint32_t stage = Tiles::stage(into_slot);
       if (load_step < n_d + n_dv) {
-        copy_score_step<Traits>(stage, load_step, n_d, args, {q_rows, d_o_rows, k_rows, v_rows, q0, k0}, tid);
+        copy_score_step<Traits>(stage, load_step, n_d, args, {q_rows, d_o_rows, k_rows, v_rows, q0, k0, seq_q, seq_kv},
+                                tid);
       } else {
         const int c = col0 + (load_step - n_d - n_dv) * Traits::kChunk;
         copy_block<Traits>(stage, {k_rows, p.k_stride[2], k0, seq_kv, c, dim}, tid);
@@ -247,8 +305,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dq_kernel(const Args args
     float s[Traits::ScoreLayout::kElements] = {}, dp[Traits::ScoreLayout::kElements] = {};
     accumulate_pair_scores(ring, issue, n_d, n_dv, s, dp, tid);
     // Every slice computes the same dS: the first adds it to the mask's gradient.
-    write_score_gradients<Traits>(s, dp, p, args.delta, tile, block * Traits::kBlockK, args.scale_log2, nullptr,
-                                  Tiles::ds_tile(), tid, slice == 0 ? args.d_mask_sum : nullptr, args.mask_shape);
+    write_score_gradients<Traits>(s, dp, p, args.delta, tile, seq, (kv_first + block) * Traits::kBlockK,
+                                  args.scale_log2, nullptr, Tiles::ds_tile(), tid,
+                                  slice == 0 ? args.d_mask_sum : nullptr, args.mask_shape);
 #pragma unroll
     for (int j = 0; j < Traits::kSliceChunks; ++j) {
       if (j >= slice_chunks) break;
@@ -259,8 +318,8 @@ __global__ void __launch_bounds__(Traits::kThreads, 1) dq_kernel(const Args args
   }
   cp_async_wait<0>();
 
-  auto* const d_q_rows = static_cast<Element*>(args.d_q) + batch * args.d_q_stride[0] + head * args.d_q_stride[1];
-  store_slice<Traits>(d_q, p.scale, d_q_rows, args.d_q_stride[2], q0, seq_q, col0, dim, tid);
+  store_slice<Traits>(d_q, p.scale, query_rows<Element>(args.d_q, args.d_q_stride, seq, head), args.d_q_stride[2], q0,
+                      seq_q, col0, dim, tid);
 }
 
 }  // namespace ffpa::detail::sm80_backward

@@ -64,19 +64,40 @@ Status launch_mask_gradient(const BackwardProblem& b, const float* sum, cudaStre
   return {};
 }
 
+// The sinks' gradient, a CTA per query head, after the preprocess's delta.
+Status launch_sink_gradient(const BackwardProblem& b, const float* delta, cudaStream_t stream) {
+  if (b.forward.heads_q == 0) return {};
+  sink_gradient_kernel<kSinkThreads><<<static_cast<unsigned>(b.forward.heads_q), kSinkThreads, 0, stream>>>(
+      sink_gradient_args(b, delta));
+  FFPA_RETURN_IF_DEVICE_ERROR(kImpl, cudaGetLastError());
+  return {};
+}
+
 template <class Element>
-Status run_typed(const BackwardProblem& b, void* workspace, cudaStream_t stream, GradientRunner gradients) {
+Status run_typed(const BackwardProblem& unplanned, void* workspace, cudaStream_t stream, GradientRunner gradients) {
   using T = Traits<Element, kSliceCols>;
-  const AttentionProblem& p = b.forward;
-  const WorkspaceLayout layout = workspace_layout(b);
+  const WorkspaceLayout layout = workspace_layout(unplanned);
   auto* const base = static_cast<unsigned char*>(workspace);
+  const BackwardProblem b = planned_problem(unplanned, base);
+  const AttentionProblem& p = b.forward;
   float* const delta = reinterpret_cast<float*>(base + layout.delta);
   float* const d_mask_sum = b.d_mask != nullptr ? reinterpret_cast<float*>(base + layout.d_mask_sum) : nullptr;
   if (d_mask_sum != nullptr) {
     FFPA_RETURN_IF_DEVICE_ERROR(
         kImpl, cudaMemsetAsync(d_mask_sum, 0, static_cast<size_t>(layout.d_mask_elements) * sizeof(float), stream));
   }
+  // A sequence batch: its lengths checked and its tiles planned on the device
+  // (a faulty plan has no tiles: the kernels write nothing).
+  if (p.sequences.active) {
+    if (Status status = serving::launch_plan(p, query_tiling(), base + layout.query_plan, stream); !status.ok())
+      return status;
+    if (Status status = serving::launch_plan(p, key_tiling(), base + layout.key_plan, stream); !status.ok())
+      return status;
+  }
   if (Status status = launch_preprocess<Element>(b, delta, stream); !status.ok()) return status;
+  if (b.d_sinks != nullptr) {
+    if (Status status = launch_sink_gradient(b, delta, stream); !status.ok()) return status;
+  }
   const Args args = kernel_args(b, delta, d_mask_sum);
   if (gradients != nullptr) {
     if (Status status = gradients(b, delta, d_mask_sum, stream); !status.ok()) return status;
@@ -90,11 +111,12 @@ Status run_typed(const BackwardProblem& b, void* workspace, cudaStream_t stream,
 template <class Element>
 Status runnable_typed(int device) {
   using T = Traits<Element, kSliceCols>;
-  static KernelImageMemo dkdv_memo, dq_memo, preprocess_memo;
+  static KernelImageMemo dkdv_memo, dq_memo, preprocess_memo, sink_memo;
   for (auto [kernel, threads, memo] :
        {std::tuple{reinterpret_cast<const void*>(&dkdv_kernel<T>), T::kThreads, &dkdv_memo},
         std::tuple{reinterpret_cast<const void*>(&dq_kernel<T>), T::kThreads, &dq_memo},
-        std::tuple{reinterpret_cast<const void*>(&preprocess_kernel<Element>), 32 * kPreprocessRows, &preprocess_memo}}) {
+        std::tuple{reinterpret_cast<const void*>(&preprocess_kernel<Element>), 32 * kPreprocessRows, &preprocess_memo},
+        std::tuple{reinterpret_cast<const void*>(&sink_gradient_kernel<kSinkThreads>), kSinkThreads, &sink_memo}}) {
     if (Status status = kernel_runnable(kernel, threads, kImpl, device, memo); !status.ok()) return status;
   }
   int smem_optin = 0;
@@ -113,7 +135,9 @@ size_t workspace_bytes(const BackwardProblem& b) { return workspace_layout(b).by
 
 Status check(const BackwardProblem& b) {
   const AttentionProblem& p = b.forward;
-  if (p.seq_q > kMaxSequenceLength || p.seq_kv > kMaxSequenceLength) {
+  const RowExtent q_rows = query_extent(p), k_rows = key_extent(p);
+  if (p.seq_q > kMaxSequenceLength || p.seq_kv > kMaxSequenceLength || q_rows.rows > kMaxSequenceLength ||
+      k_rows.rows > kMaxSequenceLength) {
     return {StatusCode::impl_unavailable, std::string(kImpl) + ": Nq and Nkv up to " +
                                               std::to_string(kMaxSequenceLength) + " (32-bit positions)"};
   }
@@ -134,7 +158,11 @@ std::string kernel_name(const BackwardProblem& b) {
 
 Status run(const BackwardProblem& b, void* workspace, cudaStream_t stream, GradientRunner gradients) {
   const AttentionProblem& p = b.forward;
-  if (p.batch * p.heads_q * p.seq_q == 0 && p.batch * p.heads_kv * p.seq_kv == 0) return {};
+  const RowExtent q_rows = query_extent(p), k_rows = key_extent(p);
+  // No row and no key: nothing to compute, unless the sinks' gradient (then 0) is to be written.
+  if (q_rows.entries * p.heads_q * q_rows.rows == 0 && k_rows.entries * p.heads_kv * k_rows.rows == 0 &&
+      b.d_sinks == nullptr)
+    return {};
   return p.dtype == DType::bf16 ? run_typed<__nv_bfloat16>(b, workspace, stream, gradients)
                                 : run_typed<__half>(b, workspace, stream, gradients);
 }

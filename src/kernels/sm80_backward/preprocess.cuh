@@ -11,13 +11,16 @@
 
 namespace ffpa::detail::sm80_backward {
 
+// Rows: every row of q's extent (backward_problem.hpp: a dense call's
+// [B][Nq], a sequence batch's packed [1][total_q] or batched [B][Nq]), those
+// of no sequence too (their delta is never read).
 struct PreprocessArgs {
   const void* o;
   const void* d_o;
   const float* d_lse;  // null: zero
   int64_t o_stride[3], d_o_stride[3], d_lse_stride[3];  // b, h, n
-  float* delta;        // [B][Hq][Nq]
-  int64_t heads_q, seq_q, rows;  // rows = B Hq Nq
+  float* delta;        // [entries][Hq][seq_q]
+  int64_t heads_q, seq_q, rows;  // seq_q: the extent's rows; rows = entries Hq seq_q
   int value_dim;
 };
 

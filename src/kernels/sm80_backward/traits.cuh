@@ -63,7 +63,7 @@ struct Traits {
 
 struct Args {
   AttentionProblem p;
-  const float* delta;         // [B][Hq][Nq]: rowsum(dO o O) - d_lse, from the preprocess kernel
+  const float* delta;         // [entries][Hq][rows] of q's extent: rowsum(dO o O) - d_lse, from the preprocess
   void* d_q;                  // gradients, q's / k's / v's dtype, rows of 16-byte aligned strides
   void* d_k;
   void* d_v;
@@ -79,6 +79,11 @@ struct Args {
   int dq_slices;              // dQ CTAs per query block: slices of D columns
   int64_t block_offset;       // first linear CTA index of this launch
   float scale_log2;           // scale * log2(e)
+  // A sequence batch's plans (kernels/serving/plan.hpp): the dQ kernel's tiles
+  // (blocks of kBlockQ rows of each query head) and the dK/dV kernel's
+  // (blocks of kBlockK keys of each KV head), each with the data checks' verdict.
+  const void* query_plan;
+  const void* key_plan;
 };
 
 }  // namespace ffpa::detail::sm80_backward

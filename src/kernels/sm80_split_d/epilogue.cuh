@@ -52,9 +52,9 @@ __device__ __forceinline__ void Cta<Traits>::store_output(const OAccumulator& o_
       const int col = warp_n * Traits::kWarpCols + nt * 8 + 2 * t, row = local_row(2 * mt);
       unsigned char* const subtile = ring() + (col / 64) * (kBlockM * Traits::kRowBytes);
       *reinterpret_cast<uint32_t*>(subtile + swizzle128<kElementBytes>(row, col % 64)) =
-          pack2<Element>(v[0] * out_scale[2 * mt], v[1] * out_scale[2 * mt]);
-      *reinterpret_cast<uint32_t*>(subtile + swizzle128<kElementBytes>(row + 8, col % 64)) =
-          pack2<Element>(v[2] * out_scale[2 * mt + 1], v[3] * out_scale[2 * mt + 1]);
+          output_pair(pack2<Element>(v[0] * out_scale[2 * mt], v[1] * out_scale[2 * mt]), out_scale[2 * mt]);
+      *reinterpret_cast<uint32_t*>(subtile + swizzle128<kElementBytes>(row + 8, col % 64)) = output_pair(
+          pack2<Element>(v[2] * out_scale[2 * mt + 1], v[3] * out_scale[2 * mt + 1]), out_scale[2 * mt + 1]);
     }
   __syncthreads();
   Element* const o_batch =

@@ -14,12 +14,17 @@
 //   dv: stationary K (keys);           streamed Q, dO blocks; W = P z; dV += (P z)^T dO
 // S is always Q K^T (query rows x keys), so the masking, causal, dropout and
 // LSE pieces are the forward's (kernels/common/score_gradients.cuh).
+// A sequence batch (packed or batched q, k, v): the CTAs' stationary blocks
+// come from the batch's plans (sm80_backward/arguments.cuh: blocks of 64
+// query rows or 64 keys of a sequence), the tensor maps cover the tensors'
+// extents, and a block's rows are found from its sequence's first row.
 #pragma once
 
 #include <array>
 #include <cstdint>
 
 #include "common/backward_problem.hpp"
+#include "kernels/sm80_backward/sequence_plans.hpp"
 #include "kernels/common/math_constants.hpp"
 #include "kernels/common/tile_schedule.hpp"
 #include "kernels/sm90_wgmma/tensor_map.hpp"
@@ -34,7 +39,8 @@ struct Args {
   AttentionProblem p;
   int stationary_blocks;  // 64-row blocks of the stationary side per (batch, head): Nq / 64 (dq) or Nkv / 64
   float scale_log2;       // scale * log2(e)
-  const float* delta;     // [B][Hq][Nq]: rowsum(dO o O) - d_lse (the preprocess kernel's)
+  const float* delta;     // [entries][Hq][rows] of q's extent: rowsum(dO o O) - d_lse (the preprocess kernel's)
+  const void* plan;       // a sequence batch: the role's plan (query tiles for dq, key tiles for dk and dv)
   void* gradient;         // d_q, d_k or d_v: its dtype, element strides b, h, n; last dim contiguous
   int64_t gradient_stride[3];
   float* d_mask_sum;      // dq only: an additive mask's fp32 gradient sum (null: not requested)
@@ -52,22 +58,27 @@ struct Launch {
 inline Launch backward_launch(const BackwardProblem& b, Role role, const float* delta, float* d_mask_sum) {
   const AttentionProblem& p = b.forward;
   Launch launch;
-  const std::array<sm90_wgmma::TensorMapShape, 4> forward = sm90_wgmma::attention_tensor_shapes(p);
-  // dO has o's shape [B, Hq, Nq, Dv], its own strides.
-  launch.maps = {forward[0], forward[1], forward[2],
-                 sm90_wgmma::TensorMapShape{b.d_o, p.dtype, p.batch, p.heads_q, p.seq_q, p.dv(), b.d_o_stride}};
+  // q and dO over q's extent (dO has o's shape, its own strides), k and v over k's.
+  const RowExtent q_rows = query_extent(p), k_rows = key_extent(p);
+  launch.maps = {sm90_wgmma::TensorMapShape{p.q, p.dtype, q_rows.entries, p.heads_q, q_rows.rows, p.head_dim, p.q_stride},
+                 sm90_wgmma::TensorMapShape{p.k, p.dtype, k_rows.entries, p.heads_kv, k_rows.rows, p.head_dim, p.k_stride},
+                 sm90_wgmma::TensorMapShape{p.v, p.dtype, k_rows.entries, p.heads_kv, k_rows.rows, p.dv(), p.v_stride},
+                 sm90_wgmma::TensorMapShape{b.d_o, p.dtype, q_rows.entries, p.heads_q, q_rows.rows, p.dv(), b.d_o_stride}};
   Args& args = launch.args;
   args.p = p;
   const bool rows = role == Role::dq;
   args.stationary_blocks = static_cast<int>(head_row_blocks(rows ? p.seq_q : p.seq_kv, kTileRows, 1));
   args.scale_log2 = p.scale * kLog2e;
   args.delta = delta;
+  args.plan = rows ? b.query_plan : b.key_plan;
   args.gradient = role == Role::dq ? b.d_q : role == Role::dk ? b.d_k : b.d_v;
   const int64_t* stride = role == Role::dq ? b.d_q_stride : role == Role::dk ? b.d_k_stride : b.d_v_stride;
   for (int i = 0; i < 3; ++i) args.gradient_stride[i] = stride[i];
   args.d_mask_sum = role == Role::dq && b.d_mask != nullptr ? d_mask_sum : nullptr;
   for (int i = 0; i < 4; ++i) args.mask_shape[i] = b.d_mask_shape[i];
-  launch.ctas = p.batch * (rows ? p.heads_q : p.heads_kv) * args.stationary_blocks;
+  static_assert(kTileRows == sm80_backward::kSequenceBlock, "the plans' blocks are the stationary blocks");
+  launch.ctas = p.sequences.active ? sm80_backward::sequence_tile_bound(p, rows)
+                                   : p.batch * (rows ? p.heads_q : p.heads_kv) * args.stationary_blocks;
   return launch;
 }
 

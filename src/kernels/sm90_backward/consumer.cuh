@@ -14,6 +14,7 @@
 
 #include "kernels/common/element.cuh"
 #include "kernels/common/score_gradients.cuh"
+#include "kernels/common/swizzle.hpp"
 #include "kernels/sm90_backward/cta.cuh"
 #include "kernels/sm90_wgmma/ptx.cuh"
 #include "kernels/sm90_wgmma/ring.hpp"
@@ -44,18 +45,44 @@ struct Consumer {
     if (sm90_wgmma::lane_id() == 0) sm90_wgmma::mbarrier_arrive(cta.empty(position % kStages));
   }
 
+  // A sequence batch's streamed block j with fewer than kBlockN rows in its
+  // sequence (its last): TMA has filled the rest of the stage with the
+  // tensor's next rows (another sequence's, or rows of none that may hold
+  // anything, NaN included), which must add nothing to the products. This
+  // consumer, the stage's only reader, zeroes those rows of every box of the
+  // landed stage before its wgmmas read it (a dense call's rows past Nq or Nkv
+  // are TMA's zero fill already).
+  __device__ __forceinline__ void clear_rows_past_sequence(int j, int stage) const {
+    if (!cta.p.sequences.active) return;
+    const int rows = cta.streamed_rows(j);
+    if (rows >= Traits::kBlockN) return;
+    // Thread t: 16-byte segment t % 8 of rows t / 8, t / 8 + 16, ... of each
+    // box (the 128-byte swizzle permutes segments within a row, never rows).
+    unsigned char* const base =
+        Cta<Traits>::smem() + Traits::kRingOffset + stage * kStageBytes + thread() * 16;
+#pragma unroll
+    for (int pass = 0; pass < Traits::kBlockN / 16; ++pass)
+      if (thread() / 8 + 16 * pass >= rows)
+#pragma unroll
+        for (int box = 0; box < kStageTiles; ++box)
+          *reinterpret_cast<uint4*>(base + box * kTileBytes + pass * 16 * kSwizzleRowBytes) = uint4{0, 0, 0, 0};
+    sm90_wgmma::fence_proxy_async();             // the generic writes, seen by the wgmmas' reads
+    sm90_wgmma::named_barrier_sync(2 + w, 128);  // every thread's, before any wgmma of the warpgroup
+  }
+
   // One product over a head dim, S or dP (64 x 64, fp32) from zero: the
   // stationary tiles from `first_tile` against the ring's stages from
   // `position0` (kStageTiles boxes each), both K-major; the query side is A
   // (Q or dO), the key side B (K or V). Each stage is freed once the wgmmas
   // after it are issued and the ones reading it have retired.
-  __device__ __forceinline__ void score_product(float (&scores)[32], int first_tile, int position0) {
+  __device__ __forceinline__ void score_product(int j, float (&scores)[32], int first_tile, int position0) {
     constexpr int kOperandStages = Traits::kKStages;
 #pragma unroll
     for (int ps = 0; ps < kOperandStages; ++ps) {
       const int position = position0 + ps;
       const int stage = position % kStages;
       sm90_wgmma::mbarrier_wait(cta.full(position), cta.full_parity(position));
+      clear_rows_past_sequence(j, stage);
       sm90_wgmma::wgmma_fence();
       constexpr int kLast = Traits::kChunks - kStageTiles * (kOperandStages - 1);
 #pragma unroll
@@ -97,12 +124,12 @@ struct Consumer {
   __device__ __forceinline__ void compute_scores(int j, float (&s)[32], float (&dp)[32]) {
     const int first = sm90_wgmma::ring_k_position(j, kScoreStages, kProductStages);
     sm90_wgmma::fence_operands(s);
-    score_product(s, 0, first);
+    score_product(j, s, 0, first);
     sm90_wgmma::fence_operands(s);
     send_partial(j, Partial::s, s);
     if constexpr (Traits::kWithDp) {
       sm90_wgmma::fence_operands(dp);
-      score_product(dp, Traits::kChunks, first + Traits::kKStages);
+      score_product(j, dp, Traits::kChunks, first + Traits::kKStages);
       sm90_wgmma::fence_operands(dp);
       add_peer_partial(j, Partial::s, s);
       send_partial(j, Partial::dp, dp);
@@ -162,14 +189,15 @@ struct Consumer {
     const int buffer = j % kWBuffers;
     if (j >= kWBuffers) sm90_wgmma::mbarrier_wait(cta.w_empty(buffer), (j / kWBuffers - 1) & 1);
     const TileCoordinates tile = cta.block_tile(j);
+    const TileSequence& seq = cta.plan()->seq;  // read where used (shared memory)
     const unsigned tid = static_cast<unsigned>(thread());
     if constexpr (Traits::kWithDp) {
       // In a cluster both CTAs form the same dS: rank 0 alone sums it into the mask's gradient.
-      write_score_gradients<Traits>(s, dp, cta.p, cta.args.delta, tile, cta.block_key0(j), cta.args.scale_log2,
+      write_score_gradients<Traits>(s, dp, cta.p, cta.args.delta, tile, seq, cta.block_key0(j), cta.args.scale_log2,
                                     nullptr, cta.w_tile(buffer), tid, cta.rank() == 0 ? cta.args.d_mask_sum : nullptr,
                                     cta.args.mask_shape);
     } else {
-      write_score_gradients<Traits, false>(s, s, cta.p, nullptr, tile, cta.block_key0(j), cta.args.scale_log2,
+      write_score_gradients<Traits, false>(s, s, cta.p, nullptr, tile, seq, cta.block_key0(j), cta.args.scale_log2,
                                            cta.w_tile(buffer), nullptr, tid);
     }
     sm90_wgmma::fence_proxy_async();
@@ -193,6 +221,7 @@ struct Consumer {
       const int position = first + 2 * part;
       const int stage = position % kStages;
       sm90_wgmma::mbarrier_wait(cta.full(position), cta.full_parity(position));
+      clear_rows_past_sequence(j, stage);
       sm90_wgmma::wgmma_fence();
       float(&slice)[kPartRegs] = *reinterpret_cast<float(*)[kPartRegs]>(&acc[part * kPartRegs]);
 #pragma unroll
@@ -224,18 +253,25 @@ struct Consumer {
 
   // The gradient's rows (query rows for dq, keys for dk and dv) and this
   // consumer's columns, times the softmax scale for dQ and dK (dS is the
-  // gradient of the scaled scores); rows and columns past the call's are not written.
+  // gradient of the scaled scores); rows and columns past the sequence's (a
+  // dense call's) are not written: plain stores, as a sequence batch's last
+  // block of a sequence must not reach the next sequence's rows (TMA stores
+  // would clip at the tensor's end only).
   __device__ __forceinline__ void store() const {
     const AttentionProblem& p = cta.p;
     const BlockPlan* plan = cta.plan();
     const int warp = thread() / 32, lane = thread() % 32, g = lane / 4, t = lane % 4;
+    const TileSequence& seq = plan->seq;
     const int row0 = Traits::kQueryStationary ? plan->tile.q0 : plan->key0;
-    const int rows = static_cast<int>(Traits::kQueryStationary ? p.seq_q : p.seq_kv);
+    const int rows = Traits::kQueryStationary ? seq.seq_q : seq.seq_kv;  // of the sequence: never the next one's
     const int cols = static_cast<int>(Traits::kRole == Role::dv ? p.dv() : p.head_dim);
     const int head = Traits::kQueryStationary ? plan->tile.head : plan->tile.kv_head;
     const float scale = Traits::kRole == Role::dv ? 1.0f : p.scale;
-    auto* const base = static_cast<Element*>(cta.args.gradient) + plan->tile.batch * cta.args.gradient_stride[0] +
-                       static_cast<int64_t>(head) * cta.args.gradient_stride[1];
+    const int batch = Traits::kQueryStationary ? seq.q_batch : seq.kv_batch;
+    const int64_t first_row = Traits::kQueryStationary ? seq.q_begin : seq.kv_begin;
+    auto* const base = static_cast<Element*>(cta.args.gradient) + batch * cta.args.gradient_stride[0] +
+                       static_cast<int64_t>(head) * cta.args.gradient_stride[1] +
+                       first_row * cta.args.gradient_stride[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = row0 + warp * 16 + g + 8 * h;

@@ -10,6 +10,7 @@
 #include "kernels/common/score_gradients.cuh"
 #include "kernels/common/shared_memory.cuh"
 #include "kernels/common/tile_schedule.hpp"
+#include "kernels/sm80_backward/sequence_plans.hpp"
 #include "kernels/sm90_backward/traits.cuh"
 #include "kernels/sm90_wgmma/partial_exchange.cuh"
 #include "kernels/sm90_wgmma/ptx.cuh"
@@ -20,19 +21,26 @@ using sm90_wgmma::cta_shared_memory;
 
 struct BlockPlan {
   // dq: the stationary query rows' tile (tile_schedule.hpp: its KV blocks are
-  // the streamed ones); dk, dv: batch and kv_head.
+  // the streamed ones); dk, dv: batch (the sequence) and kv_head.
   TileCoordinates tile;
+  TileSequence seq;  // the block's sequence: its lengths, where its rows lie
   int key0;  // dk, dv: the first stationary key
   int blocks;  // streamed blocks
   // dk, dv: streamed block j is row block first_row_block + j % row_blocks of
   // query head kv_head x group + j / row_blocks (the row blocks that attend a
   // stationary key, for each query head of the group).
   int first_row_block, row_blocks;
+  // Streamed block 0's first row in its tensor (its sequence's first row
+  // plus the block's): the producer's TMA coordinate, read from here so that
+  // the producer's 24 registers hold no more than a dense call's.
+  int streamed_row0;
+  int idle;  // a sequence batch's CTA past its plan's tiles: nothing to load, compute or store
 };
 
 template <class Traits>
 struct Cta {
   static constexpr int kStages = Traits::kStages, kFull = Traits::kFullBarriers, kSplit = Traits::kSplit;
+  static_assert(sizeof(BlockPlan) <= Traits::kBarrierOffset - Traits::kPlanOffset, "the plan before the barriers");
 
   const Args& args;
   const AttentionProblem& p;
@@ -77,6 +85,13 @@ struct Cta {
       return plan()->key0;
     }
   }
+  // The rows of streamed block j that belong to its sequence (keys for dq,
+  // query rows for dk and dv), at most kBlockN.
+  __device__ __forceinline__ int streamed_rows(int j) const {
+    const BlockPlan* plan_ = plan();
+    const int rows = Traits::kQueryStationary ? plan_->seq.seq_kv - block_key0(j) : plan_->seq.seq_q - block_tile(j).q0;
+    return rows < Traits::kBlockN ? rows : Traits::kBlockN;
+  }
 
   // --- barriers -------------------------------------------------------------
   __device__ __forceinline__ uint32_t barriers() const { return smem_address(smem() + Traits::kBarrierOffset); }
@@ -96,26 +111,56 @@ struct Cta {
   __device__ __forceinline__ uint32_t x_sent() const { return x_full() + 16; }
   __device__ __forceinline__ uint32_t x_read() const { return x_full() + 24; }
 
-  // Thread 0: the plan (stationary block fastest, then head, then batch; the
+  // Thread 0: the plan (stationary block fastest, then head, then batch; a
+  // sequence batch's from its plan, the same order within each sequence; the
   // CTAs of a cluster share it) and the barriers.
   __device__ __forceinline__ void setup() const {
     if (threadIdx.x == 0) {
       BlockPlan* const plan_ = plan();
       const int cta = static_cast<int>(blockIdx.x) / kSplit;
-      if constexpr (Traits::kQueryStationary) {
-        plan_->tile = tile_coordinates<int>(p, cta, args.stationary_blocks, Traits::kBlockM, Traits::kBlockN);
+      plan_->idle = 0;
+      plan_->blocks = 0;
+      const auto* const header = static_cast<const SequenceScheduleHeader*>(args.plan);
+      const int32_t* const first_tile = p.sequences.active ? reinterpret_cast<const int32_t*>(header + 1) : nullptr;
+      if (p.sequences.active && cta >= header->tiles) {  // a faulty plan has none
+        plan_->idle = 1;
+      } else if constexpr (Traits::kQueryStationary) {
+        if (p.sequences.active) {
+          plan_->tile = sequence_tile_coordinates(p, args.plan, cta, sm80_backward::query_tiling(), &plan_->seq);
+        } else {
+          plan_->tile = tile_coordinates<int>(p, cta, args.stationary_blocks, Traits::kBlockM, Traits::kBlockN);
+          plan_->seq = tile_sequence(p, plan_->tile.batch);
+        }
         plan_->blocks = plan_->tile.kv_blocks;
+        plan_->streamed_row0 = plan_->seq.kv_begin + plan_->tile.kv_first * Traits::kBlockN;
       } else {
-        const int kv_heads = static_cast<int>(p.heads_kv);
-        const int key_block = cta % args.stationary_blocks, rest = cta / args.stationary_blocks;
+        int key_block = 0, kv_head = 0, batch = 0;
+        if (p.sequences.active) {
+          batch = sequence_holding(first_tile, static_cast<int>(p.batch), cta);
+          plan_->seq = tile_sequence(p, batch);
+          const int local = cta - first_tile[batch];
+          const int key_blocks = (plan_->seq.seq_kv + Traits::kBlockM - 1) / Traits::kBlockM;
+          key_block = local % key_blocks;
+          kv_head = local / key_blocks;
+        } else {
+          const int kv_heads = static_cast<int>(p.heads_kv);
+          const int rest = cta / args.stationary_blocks;
+          key_block = cta % args.stationary_blocks;
+          kv_head = rest % kv_heads;
+          batch = rest / kv_heads;
+          plan_->seq = tile_sequence(p, batch);
+        }
         plan_->tile = TileCoordinates{};
-        plan_->tile.kv_head = rest % kv_heads;
-        plan_->tile.batch = rest / kv_heads;
+        plan_->tile.kv_head = kv_head;
+        plan_->tile.batch = batch;
         plan_->key0 = key_block * Traits::kBlockM;
-        const int row_blocks = static_cast<int>(head_row_blocks(p.seq_q, Traits::kBlockN, 1));
-        plan_->first_row_block = first_attending_row_block(p, plan_->key0, Traits::kBlockN);
-        plan_->row_blocks = row_blocks > plan_->first_row_block ? row_blocks - plan_->first_row_block : 0;
+        const KeyRange rows = attending_row_range(p, plan_->seq, plan_->key0, Traits::kBlockM);
+        plan_->first_row_block = static_cast<int>(rows.first) / Traits::kBlockN;
+        plan_->row_blocks =
+            rows.end > rows.first ? static_cast<int>((rows.end + Traits::kBlockN - 1) / Traits::kBlockN) - plan_->first_row_block
+                                  : 0;
         plan_->blocks = static_cast<int>(p.group_size()) * plan_->row_blocks;
+        plan_->streamed_row0 = plan_->seq.q_begin + plan_->first_row_block * Traits::kBlockN;
       }
       sm90_wgmma::mbarrier_init(stationary_full(), 1);
       for (int f = 0; f < kFull; ++f) sm90_wgmma::mbarrier_init(full(f), 1);

@@ -46,8 +46,8 @@ const Instance* route(const BackwardProblem& b, std::string* reason) {
     }
   }
   // Above 512 a cluster of two CTAs per stationary block doubles the grid.
-  if (p.batch * p.heads_q * ceil_div(p.seq_q, int64_t{64}) >= (int64_t{1} << 30) ||
-      p.batch * p.heads_kv * ceil_div(p.seq_kv, int64_t{64}) >= (int64_t{1} << 30)) {
+  if (backward_launch(b, Role::dq, nullptr, nullptr).ctas >= (int64_t{1} << 30) ||
+      backward_launch(b, Role::dk, nullptr, nullptr).ctas >= (int64_t{1} << 30)) {
     *reason = "the sm90 backward kernels: at most 2^30 stationary blocks (B x Hq x Nq / 64, B x Hkv x Nkv / 64)";
     return nullptr;
   }

@@ -68,10 +68,12 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     return;
   }
   sm90_wgmma::setmaxnreg_increase<Traits::kConsumerRegisters>();
-  Consumer<Traits> consumer(cta, warpgroup - 1);
-  sm90_wgmma::mbarrier_wait(cta.stationary_full(), 0);
-  run_consumer(consumer);
-  consumer.store();
+  if (!cta.plan()->idle) {  // a sequence batch's CTA past its plan's tiles: nothing loaded, nothing to store
+    Consumer<Traits> consumer(cta, warpgroup - 1);
+    sm90_wgmma::mbarrier_wait(cta.stationary_full(), 0);
+    run_consumer(consumer);
+    consumer.store();
+  }
   if constexpr (Traits::kSplit == 2) sm90_wgmma::cluster_sync();  // the peer may still arrive on our barriers
 #endif
 }

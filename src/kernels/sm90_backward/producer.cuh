@@ -19,7 +19,9 @@ struct Producer {
   const Cta<Traits>& cta;
   int position = 0;  // the next ring position
   // Read once (run): the plan lives in shared memory, which every asm
-  // volatile of a load would otherwise make the producer read again.
+  // volatile of a load would otherwise make the producer read again. batch:
+  // the streamed rows' batch entry (their sequence's: keys for dq, query rows
+  // for dk and dv).
   int batch = 0, col0 = 0;
 
   // Waits until the stage of the next position is free, and announces its bytes.
@@ -44,9 +46,11 @@ struct Producer {
     }
   }
 
-  // Streamed block j's rows: keys of the KV head (dq) or query rows of a head of the group.
+  // Streamed block j's first row in its tensor: keys of the KV head (dq) or
+  // query rows of a head of the group, from its sequence's first row.
   __device__ __forceinline__ int block_row(int j) const {
-    return Traits::kQueryStationary ? cta.block_key0(j) : cta.block_tile(j).q0;
+    const BlockPlan* plan = cta.plan();
+    return plan->streamed_row0 + (Traits::kQueryStationary ? j : j % plan->row_blocks) * Traits::kBlockN;
   }
   __device__ __forceinline__ int block_head(int j) const {
     return Traits::kQueryStationary ? cta.plan()->tile.kv_head : cta.block_tile(j).head;
@@ -70,23 +74,26 @@ struct Producer {
   }
 
   __device__ __forceinline__ void run(const CUtensorMap* const (&maps)[4]) {
-    for (const CUtensorMap* map : maps) sm90_wgmma::prefetch_tensor_map(map);
     const BlockPlan* plan = cta.plan();
-    batch = plan->tile.batch;
+    if (plan->idle) return;
+    for (const CUtensorMap* map : maps) sm90_wgmma::prefetch_tensor_map(map);
+    const TileSequence& seq = plan->seq;
+    batch = Traits::kQueryStationary ? seq.kv_batch : seq.q_batch;
     col0 = cta.col0();
     // Q and dO at the tile's rows (dq), K and V at the stationary keys (dk), K (dv).
-    const int row = Traits::kQueryStationary ? plan->tile.q0 : plan->key0;
+    const int row = Traits::kQueryStationary ? seq.q_begin + plan->tile.q0 : seq.kv_begin + plan->key0;
     const int head = Traits::kQueryStationary ? plan->tile.head : plan->tile.kv_head;
+    const int stationary_batch = Traits::kQueryStationary ? seq.q_batch : seq.kv_batch;
     const CUtensorMap* first = maps[Traits::kQueryStationary ? 0 : 1];
     const CUtensorMap* second = maps[Traits::kQueryStationary ? 3 : 2];
     sm90_wgmma::mbarrier_arrive_expect_tx(cta.stationary_full(), Traits::kStationaryTiles * Traits::kTileBytes);
 #pragma unroll 1
     for (int c = 0; c < Traits::kChunks; ++c) {
       sm90_wgmma::tma_load_4d(cta.stationary() + c * Traits::kTileBytes, first, cta.stationary_full(),
-                              cta.col0() + c * 64, row, head, plan->tile.batch);
+                              cta.col0() + c * 64, row, head, stationary_batch);
       if constexpr (Traits::kWithDp)
         sm90_wgmma::tma_load_4d(cta.stationary() + (Traits::kChunks + c) * Traits::kTileBytes, second,
-                                cta.stationary_full(), cta.col0() + c * 64, row, head, plan->tile.batch);
+                                cta.stationary_full(), cta.col0() + c * 64, row, head, stationary_batch);
     }
     const int n = plan->blocks;
     if (n > 0) {

@@ -115,7 +115,7 @@ struct Traits {
                                      ? kFreeStages
                                      : kFullBarriers - kScoreStages - kProductStages;
   static constexpr int kPlanOffset = kRingOffset + kStages * kStageBytes;
-  static constexpr int kBarrierOffset = kPlanOffset + 64;
+  static constexpr int kBarrierOffset = kPlanOffset + 128;  // cta.cuh's BlockPlan
   // q_full (the stationary tiles), full[kFullBarriers], empty[kStages],
   // w_full[2], w_empty[2] (the first kWBuffers used), kSplit = 2: x_full,
   // x_empty, x_sent, x_read. As in the forward (sm90_wgmma/kernel.cuh, "Why

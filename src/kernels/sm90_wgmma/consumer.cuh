@@ -117,8 +117,20 @@ struct Consumer {
     const int64_t head = static_cast<int64_t>(tile->batch) * cta.p.heads_kv + tile->kv_head;
     const QkScaleGranularity g =
         cta.args.qk_scale_per_block ? QkScaleGranularity::per_block : QkScaleGranularity::per_thread_group;
-    // Key 2t of the block: the thread's K group.
-    return __ldg(cta.args.k_scales + head * cta.args.k_scales_per_head + k_scale_index(cta.block_key(j) + 2 * quad_lane(), g));
+    // Key 2t of the block: the thread's K group. A negative scale flags a
+    // group with a non-finite value (int8: quantization_scales.hpp).
+    return scale_magnitude(
+        __ldg(cta.args.k_scales + head * cta.args.k_scales_per_head + k_scale_index(cta.block_key(j) + 2 * quad_lane(), g)));
+  }
+  // Traits::kFp8: a quantized row's pre-pass term (the LSE's smooth-K shift,
+  // or row_nan) of this thread's row h (< Nq); 0 where the pre-pass has none.
+  __device__ __forceinline__ float quantized_row_term(const float* terms, int h) const {
+    const TileCoordinates* tile = cta.tile();
+    const AttentionProblem& p = cta.p;
+    return terms == nullptr ? 0.0f
+                            : terms[(static_cast<int64_t>(tile->batch) * p.heads_q + tile->row_head(row(h))) *
+                                        (p.seq_q - cta.args.first_row_block * Traits::kBlockM) +
+                                    quantized_row(row(h))];
   }
 
   // Traits::kFp8 with V scaled per block: the scale of KV block j (global

@@ -68,15 +68,19 @@ __device__ __forceinline__ void Consumer<Traits>::store_output(const CUtensorMap
       continue;
     }
     out_scale[h] = output_row_scale(total, keep_scale);
+    // Traits::kQkInt8: NaN where a non-finite Q or K value reaches the row
+    // (the pre-pass's row_nan: int8 codes cannot carry it; e4m3 codes do).
+    float row_nan = 0.0f;
+    if constexpr (Traits::kQkInt8) {
+      if (r < static_cast<int>(p.seq_q)) row_nan = quantized_row_term(cta.args.row_nan, h);
+      out_scale[h] += row_nan;
+    }
     if (p.lse != nullptr && split_rank<Traits::kSplit>() == 0 && w == 0 && t == 0 && r < static_cast<int>(p.seq_q)) {
       if constexpr (Traits::kFp8) {
         // Row sums count 448 p; K's mean shifted every score of the row alike.
-        const float* shift = cta.args.lse_shift;
-        const float lse = row_log_sum_exp(running_max(tile->kv_blocks - 1, h) - kLog2PScale, total) +
-                          (shift != nullptr ? shift[(static_cast<int64_t>(tile->batch) * p.heads_q + head) *
-                                                        (p.seq_q - cta.args.first_row_block * Traits::kBlockM) +
-                                                    quantized_row(row(h))]
-                                            : 0.0f);
+        float lse = row_log_sum_exp(running_max(tile->kv_blocks - 1, h) - kLog2PScale, total) +
+                    quantized_row_term(cta.args.lse_shift, h);
+        if constexpr (Traits::kQkInt8) lse += row_nan;
         store_lse(p, tile->batch, head, r, lse);
       }
     }
@@ -113,7 +117,8 @@ __device__ __forceinline__ void Consumer<Traits>::store_output(const CUtensorMap
         if (attends[h]) first += column_mean.x, second += column_mean.y;
       }
       *reinterpret_cast<uint32_t*>(o_tiles + (col / kOutBoxCols) * kTileBytes +
-                                   swizzle128<kElementBytes>(row(h), col % kOutBoxCols)) = pack2<Element>(first, second);
+                                   swizzle128<kElementBytes>(row(h), col % kOutBoxCols)) =
+          output_pair(pack2<Element>(first, second), out_scale[h]);
     }
   }
   fence_proxy_async();

@@ -80,6 +80,7 @@ Status launch_fp8(const AttentionProblem& problem, const QuantizationOptions& op
   args.k_scales = z.k_scales;
   args.v_scales = z.v_scales;
   args.lse_shift = options.smooth_k ? z.lse_shift : nullptr;
+  args.row_nan = options.qk_format == QkFormat::int8 ? z.row_nan : nullptr;
   args.q_scales_per_head = q_scale_count(z.rows, options.qk_granularity);
   args.k_scales_per_head = k_scale_count(problem.seq_kv, options.qk_granularity);
   args.qk_scale_per_block = options.qk_granularity == QkScaleGranularity::per_block;

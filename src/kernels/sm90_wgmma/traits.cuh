@@ -168,12 +168,14 @@ struct Args {
   RowSoftmaxState* partial_states = nullptr;
   // Traits::kFp8: the pre-pass's scales (kernels/fp8_prepass/workspace.hpp),
   // per (batch, head) blocks of q_scales_per_head / k_scales_per_head /
-  // head_dim (V per channel) floats, and the LSE's smooth-K term per quantized
-  // row. Quantized rows count from query row first_row_block x kBlockM.
+  // head_dim (V per channel) floats, and the LSE's smooth-K term and the
+  // non-finite mark (row_nan) per quantized row. Quantized rows count from
+  // query row first_row_block x kBlockM.
   const float* q_scales = nullptr;
   const float* k_scales = nullptr;
   const float* v_scales = nullptr;
   const float* lse_shift = nullptr;
+  const float* row_nan = nullptr;  // int8 Q and K: NaN for a row a non-finite Q or K value reaches
   int64_t q_scales_per_head = 0, k_scales_per_head = 0, v_scales_per_head = 0;
   bool qk_scale_per_block = false;
   // V scaled per 128-key block (else per channel): O is kept in units of the

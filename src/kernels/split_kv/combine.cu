@@ -45,16 +45,14 @@ __device__ __forceinline__ float warp_sum(float x) {
   return x;
 }
 
+// Every split adds its O row times its weight, 0 or not (split_kv.hpp's
+// split_weight: a NaN there reaches the row as in an unsplit tile); every
+// split row lies in the workspace, written by its tile.
 __device__ __forceinline__ void add_scaled(float4& acc, float4 value, float w) {
-  // A split the row does not attend (weight 0) adds nothing, whatever its O
-  // holds: its row is loaded anyway (every split row lies in the workspace),
-  // so that the loads never wait on the weights.
-  if (w != 0.0f) {
-    acc.x += value.x * w;
-    acc.y += value.y * w;
-    acc.z += value.z * w;
-    acc.w += value.w * w;
-  }
+  acc.x += value.x * w;
+  acc.y += value.y * w;
+  acc.z += value.z * w;
+  acc.w += value.w * w;
 }
 
 // Which output row a combine CTA merges, and where its splits' partial rows
@@ -127,6 +125,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32) combine_kernel(const Attention
 #pragma unroll
   for (int k = 0; k < kSplitsPerLane; ++k) sum += mine[k].sum * rescale_factor(mine[k].max_log2, merged.max_log2);
   merged.sum = warp_sum(sum);
+  const RowSoftmaxState keys = merged;  // without the sink: whether the row attends a key (combined_output)
   // The head's sink joins the denominator once (common/epilogue.cuh's finish_row).
   if (p.sinks != nullptr) {
     merged = merge_row_states(merged, RowSoftmaxState{p.sinks[row.h * p.sinks_stride] * kLog2e, 1.0f}).state;
@@ -167,10 +166,10 @@ __global__ void __launch_bounds__(kMaxWarps * 32) combine_kernel(const Attention
     store_lse(p, row.seq.q_batch, static_cast<int>(h), static_cast<int>(i), log_sum_exp(merged));
   }
   Out* const out = static_cast<Out*>(p.o) + row.seq.q_batch * p.o_stride[0] + h * p.o_stride[1] + i * p.o_stride[2] + col;
-  out[0] = Out(acc.x);
-  out[1] = Out(acc.y);
-  out[2] = Out(acc.z);
-  out[3] = Out(acc.w);
+  out[0] = Out(combined_output(acc.x, keys));
+  out[1] = Out(combined_output(acc.y, keys));
+  out[2] = Out(combined_output(acc.z, keys));
+  out[3] = Out(combined_output(acc.w, keys));
 }
 
 }  // namespace
