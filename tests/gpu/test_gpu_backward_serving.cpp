@@ -124,7 +124,11 @@ struct DeviceServingBackward {
           std::tuple{&in.used, in.used.tensor, &used, &batch.seqused_k}}) {
       if (host->tensor.data == nullptr || param->data == nullptr) continue;
       ASSERT_NO_FATAL_FAILURE(mirror_to_device(*host, view, device));
+      // The view's device copy, with the call's own shape (a dense call of one
+      // sequence passes the view's first rows only).
+      const Tensor called = *param;
       *param = device->tensor;
+      for (int d = 0; d < 4; ++d) param->shape[d] = called.shape[d];
     }
   }
 
