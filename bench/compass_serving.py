@@ -56,7 +56,7 @@ half the bytes at >= 0.85 of the copy bandwidth). rel_err: ffpa's output against
 upcast inputs (the e4m3 cache dequantized), over the first, last, longest and shortest sequences (every head
 and row of small ones, else compass.py's sample: 2 heads x 512 rows); every SDPA column that runs has its own
 rel_err against the same reference (its padding, masks and gathers compute the same attention). A case ffpa
-cannot run has "ffpa_ms": null and the library's "reason" (the e4m3 cache on the GPU, today).
+cannot run has "ffpa_ms": null and the library's "reason".
 
 Timing: bench/attention_bench.py's time_calls (CUDA events, the calls queued behind a sleep kernel), every
 case's inputs beyond twice the L2 (one input set), the columns interleaved over --rounds rounds (order reversed

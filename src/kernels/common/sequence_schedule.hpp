@@ -106,13 +106,23 @@ FFPA_HOST_DEVICE int sequence_holding(const int32_t* first, int count, int value
   return lo;
 }
 
+// Candidate c of a sequence batch's KV blocks per split: 0 (unsplit), then
+// 1, 2, 3, 4, 6, 8, 12, 16, ...: the powers of two and the halves between
+// them, in closed form (the plan kernel evaluates them all at once; a chain
+// of 64-bit divisions in one thread cost it ~90 us on an H200).
+inline constexpr int kSplitCandidates = 40;  // up to 3 x 2^18 blocks a split
+FFPA_HOST_DEVICE int64_t split_candidate(int c) {
+  if (c < 4) return c;
+  return (c & 1) ? int64_t{3} << (c / 2 - 1) : int64_t{1} << (c / 2);
+}
+
 // The split-KV rule for a sequence batch (the dense rule's time model,
-// split_kv.hpp's split_cost, over the batch's own lengths): the blocks per
-// split among candidate powers of two (and their halves between) that give
-// the fewest waves times the work of a split, at most `max_tiles` tiles and
-// kMaxKvSplits splits a sequence; 0
-// when no split beats the unsplit tiles. `tiles_of(s)`: the batch's tiles with
-// s blocks a split; max_blocks: its longest sequence's blocks.
+// split_kv.hpp's split_cost, over the batch's own lengths): the candidate
+// blocks per split (split_candidate) that give the fewest waves times the
+// work of a split, at most `max_tiles` tiles and kMaxKvSplits splits a
+// sequence; 0 when no split beats the unsplit tiles. `tiles_of(c)`: the
+// batch's tiles with split_candidate(c) blocks a split; max_blocks: its
+// longest sequence's blocks.
 template <class TilesOf>
 FFPA_HOST_DEVICE int64_t choose_split_blocks(TilesOf&& tiles_of, int64_t max_blocks, int block_n, int slots,
                                              int64_t max_tiles) {
@@ -121,8 +131,8 @@ FFPA_HOST_DEVICE int64_t choose_split_blocks(TilesOf&& tiles_of, int64_t max_blo
   if (unsplit_tiles >= slots) return 0;  // the tiles fill the slots alone (the dense rule)
   double best_cost = split_cost(unsplit_tiles, 1, max_blocks * block_n, slots);
   int64_t best = 0;
-  for (int64_t s = 1; s < max_blocks; s = s < 2 ? s + 1 : (s & (s - 1)) == 0 ? s + s / 2 : s / 3 * 4) {
-    const int64_t tiles = tiles_of(s);
+  for (int c = 1; c < kSplitCandidates && split_candidate(c) < max_blocks; ++c) {
+    const int64_t s = split_candidate(c), tiles = tiles_of(c);
     if (tiles > max_tiles || (max_blocks + s - 1) / s > kMaxKvSplits) continue;  // the combine's splits a row
     const double cost = split_cost(tiles, 1, s * block_n, slots);
     if (cost < best_cost) best_cost = cost, best = s;

@@ -19,18 +19,11 @@ namespace ffpa::detail::serving {
 namespace {
 
 constexpr int kPlanThreads = 1024;
-// The split candidates the plan evaluates (sequence_schedule.hpp's sequence:
-// 1, 2, 3, 4, 6, 8, 12, ...): enough for 2^20 blocks a sequence.
-constexpr int kSplitCandidates = 40;
 
 // A fault's order: the sequence, then (a page fault) the page; a length fault
 // of a sequence comes before its pages (they are not read then).
 __device__ unsigned long long fault_key(int64_t b, int64_t page) {
   return (static_cast<unsigned long long>(b) << 32) | static_cast<unsigned long long>(page + 1);
-}
-
-__host__ __device__ int64_t next_candidate(int64_t s) {
-  return s < 2 ? s + 1 : (s & (s - 1)) == 0 ? s + s / 2 : s / 3 * 4;
 }
 
 // Block-wide exclusive prefix sum of one value per thread, with the running
@@ -86,22 +79,23 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const AttentionProbl
     const int rows = tiling.block_m / tiling.heads_per_tile;
     const int64_t row_blocks = (seq.seq_q + rows - 1) / rows;
     atomicMax(&max_blocks, static_cast<int>((seq.seq_kv + tiling.block_n - 1) / tiling.block_n));
-    int64_t split = 0;
-    for (int c = 0; c < kSplitCandidates; ++c, split = next_candidate(split))
-      atomicAdd(&candidate_tiles[c],
-                static_cast<unsigned long long>(row_blocks * sequence_splits(seq, tiling.block_n, split) * groups));
+    // 32-bit: a sequence's blocks and splits fit (Nkv < 2^31), and 64-bit
+    // divisions are long instruction sequences.
+    const int32_t blocks = static_cast<int32_t>((seq.seq_kv + tiling.block_n - 1) / tiling.block_n);
+    const int32_t tiles_per_split = static_cast<int32_t>(row_blocks * groups);
+    atomicAdd(&candidate_tiles[0], static_cast<unsigned long long>(tiles_per_split));
+    for (int c = 1; c < kSplitCandidates; ++c) {
+      const int64_t split = split_candidate(c);
+      const int32_t splits =
+          split >= blocks ? 1 : (blocks + static_cast<int32_t>(split) - 1) / static_cast<int32_t>(split);
+      atomicAdd(&candidate_tiles[c], static_cast<unsigned long long>(splits) * tiles_per_split);
+    }
   }
   __syncthreads();
   if (tid == 0) {
-    // Candidate c's blocks per split: the c-th of 0, 1, 2, 3, 4, 6, 8, ...
     split_blocks = static_cast<int32_t>(choose_split_blocks(
-        [&](int64_t blocks) -> int64_t {
-          int64_t split = 0;
-          for (int c = 0; c < kSplitCandidates; ++c, split = next_candidate(split))
-            if (split == blocks) return static_cast<int64_t>(candidate_tiles[c]);
-          return INT64_MAX;
-        },
-        max_blocks, tiling.block_n, tiling.split_slots, split_tile_bound(p, tiling)));
+        [&](int c) { return static_cast<int64_t>(candidate_tiles[c]); }, max_blocks, tiling.block_n,
+        tiling.split_slots, split_tile_bound(p, tiling)));
   }
   __syncthreads();
 
@@ -227,17 +221,10 @@ void plan_on_host(const AttentionProblem& problem, const SequenceTiling& tiling,
       if (valid[static_cast<size_t>(b)]) tiles += sequence_tiles(problem, sequence_at(s, b), tiling, split);
     return tiles;
   };
-  // The device plan's candidates: its sequence's members only.
   const int64_t split_blocks =
-      tiling.split_slots > 0
-          ? choose_split_blocks(
-                [&](int64_t blocks) -> int64_t {
-                  for (int64_t c = 0, split = 0; c < kSplitCandidates; ++c, split = next_candidate(split))
-                    if (split == blocks) return tiles_of(blocks);
-                  return INT64_MAX;
-                },
-                max_blocks, tiling.block_n, tiling.split_slots, split_tile_bound(problem, tiling))
-          : 0;
+      tiling.split_slots > 0 ? choose_split_blocks([&](int c) { return tiles_of(split_candidate(c)); }, max_blocks,
+                                                   tiling.block_n, tiling.split_slots, split_tile_bound(problem, tiling))
+                             : 0;
   header.split_blocks = static_cast<int32_t>(split_blocks);
   int32_t tiles = 0, pages = 0, partials = 0, rows = 0;
   for (int64_t b = 0; b < problem.batch; ++b) {

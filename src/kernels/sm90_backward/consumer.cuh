@@ -14,10 +14,10 @@
 
 #include "kernels/common/element.cuh"
 #include "kernels/common/score_gradients.cuh"
-#include "kernels/common/swizzle.hpp"
 #include "kernels/sm90_backward/cta.cuh"
 #include "kernels/sm90_wgmma/ptx.cuh"
 #include "kernels/sm90_wgmma/ring.hpp"
+#include "kernels/sm90_wgmma/stage_rows.cuh"
 #include "kernels/sm90_wgmma/wgmma.cuh"
 
 namespace ffpa::detail::sm90_backward {
@@ -46,28 +46,14 @@ struct Consumer {
   }
 
   // A sequence batch's streamed block j with fewer than kBlockN rows in its
-  // sequence (its last): TMA has filled the rest of the stage with the
-  // tensor's next rows (another sequence's, or rows of none that may hold
-  // anything, NaN included), which must add nothing to the products. This
-  // consumer, the stage's only reader, zeroes those rows of every box of the
-  // landed stage before its wgmmas read it (a dense call's rows past Nq or Nkv
-  // are TMA's zero fill already).
+  // sequence (its last): the rows past it are zeroed before this consumer,
+  // the stage's only reader, runs its wgmmas on it (stage_rows.cuh).
   __device__ __forceinline__ void clear_rows_past_sequence(int j, int stage) const {
     if (!cta.p.sequences.active) return;
     const int rows = cta.streamed_rows(j);
     if (rows >= Traits::kBlockN) return;
-    // Thread t: 16-byte segment t % 8 of rows t / 8, t / 8 + 16, ... of each
-    // box (the 128-byte swizzle permutes segments within a row, never rows).
-    unsigned char* const base =
-        Cta<Traits>::smem() + Traits::kRingOffset + stage * kStageBytes + thread() * 16;
-#pragma unroll
-    for (int pass = 0; pass < Traits::kBlockN / 16; ++pass)
-      if (thread() / 8 + 16 * pass >= rows)
-#pragma unroll
-        for (int box = 0; box < kStageTiles; ++box)
-          *reinterpret_cast<uint4*>(base + box * kTileBytes + pass * 16 * kSwizzleRowBytes) = uint4{0, 0, 0, 0};
-    sm90_wgmma::fence_proxy_async();             // the generic writes, seen by the wgmmas' reads
-    sm90_wgmma::named_barrier_sync(2 + w, 128);  // every thread's, before any wgmma of the warpgroup
+    sm90_wgmma::clear_rows_from<Traits::kBlockN, kStageTiles, kTileBytes>(
+        Cta<Traits>::smem() + Traits::kRingOffset + stage * kStageBytes, rows, thread(), 2 + w);
   }
 
   // One product over a head dim, S or dP (64 x 64, fp32) from zero: the

@@ -152,6 +152,7 @@ struct Consumer {
   __device__ __forceinline__ void finish_keep();
   // S_j, starting from the mask pairs preload_mask(j, s) loaded where loads_mask(j).
   __device__ __forceinline__ void compute_s(int j, float (&s)[64]);
+  __device__ __forceinline__ void clear_v_rows_past_sequence(int j, int key_half, int stage) const;
   __device__ __forceinline__ int issue_pv(int j, bool own);
   __device__ __forceinline__ void finish_pv(int first, int j, bool own);
   __device__ __forceinline__ void accumulate_pv(int j, bool own) { finish_pv(issue_pv(j, own), j, own); }

@@ -7,6 +7,7 @@
 #include "kernels/common/online_softmax.cuh"
 #include "kernels/sm90_wgmma/consumer.cuh"
 #include "kernels/sm90_wgmma/ring.hpp"
+#include "kernels/sm90_wgmma/stage_rows.cuh"
 #include "kernels/sm90_wgmma/wgmma.cuh"
 
 namespace ffpa::detail::sm90_wgmma {
@@ -117,6 +118,18 @@ __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64
   if constexpr (kOwnerDraws) finish_keep();
 }
 
+// A sequence's last KV block: the rows of V_j's key half past the sequence
+// (another sequence's, or a cache's unused rows) zeroed before the wgmmas read
+// this consumer's stage of it (stage_rows.cuh). K needs none: a key past Nkv
+// has its score set to -inf (score_mask.cuh), whatever K holds.
+template <class Traits>
+__device__ __forceinline__ void Consumer<Traits>::clear_v_rows_past_sequence(int j, int key_half, int stage) const {
+  const int rows = opaque(cta.sequence()->seq_kv) - cta.block_key(j) - 64 * key_half;
+  if (rows >= 64) return;
+  clear_rows_from<64, kHalfCols / kBoxCols, kTileBytes>(Cta<Traits>::smem() + Traits::kRingOffset + stage * kStageBytes,
+                                                        rows < 0 ? 0 : rows, thread, 2 + w);
+}
+
 // The owner has already rescaled O; the other consumer rescales by the owner's
 // published factors first. Returns the ring position finish_pv frees.
 template <class Traits>
@@ -159,6 +172,7 @@ __device__ __forceinline__ int Consumer<Traits>::issue_pv(int j, bool own) {
       const int position = first + 2 * key_half;
       const int stage = position % kStages;
       mbarrier_wait(cta.full(position), cta.full_parity(position));
+      if (cta.p.sequences.active) clear_v_rows_past_sequence(j, key_half, stage);
       wgmma_fence();
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) {

@@ -1,11 +1,12 @@
-// The sm90_wgmma producer warpgroup: one thread issues every TMA load. Q once,
+// The sm90_wgmma producer warpgroup: one thread issues the TMA loads. Q once,
 // then the ring in the order of ring.hpp: K_0, then K_j and V_{j-1} for
 // j >= 1, then V_{n-1}. A K block is kKStages stages of [128 keys][2 boxes], a
 // V block 4 stages of [64 keys][kHalfCols], one per (key half, consumer), or
 // with 8-bit operands 2 stages of V^T [kHalfCols][128 keys], one per consumer.
 // Tile coordinates are read from shared memory where used: the producer runs
 // in 24 registers. kPaged: K and V from a paged cache, whose pages the whole
-// warp looks up (a separate instance: the dense producer keeps its registers).
+// warp looks up and loads, lane c page-box c of a block (a separate instance:
+// the dense producer keeps its registers).
 #pragma once
 
 #include <cuda.h>
@@ -21,14 +22,25 @@ struct Producer {
   static constexpr int kStages = Traits::kStages, kKStages = Traits::kKStages, kBoxCols = Traits::kBoxCols;
   const Cta<Traits>& cta;
   // The lane of warp 0 this thread is: a dense call's producer is thread 0
-  // alone (lane 0); a paged cache's is the whole warp (kernel.cuh), each lane
-  // looking up one page of a KV block, lane 0 issuing every TMA load.
+  // alone (lane 0); a paged cache's is the whole warp (kernel.cuh), lane c
+  // looking up and loading page-box c of each KV block.
   const int lane;
   int position = 0;  // the next ring position
-  // A paged cache: the coordinates of this lane's page-box of KV blocks j,
-  // even and odd j (K_j is loaded before V_{j-1}, which reads the other);
-  // scalars, not an array: a run-time index would put them in local memory.
-  int page_row_even = 0, page_batch_even = 0, page_row_odd = 0, page_batch_odd = 0;
+
+  // Where key `key` of the tile's sequence lies in the K and V maps: its row
+  // and batch coordinates (a paged cache: its page's row and the page; a key
+  // past the sequence's Nkv reads its last page's rows past it, or past the
+  // page: TMA fills those with zeros; the mask discards their scores and the
+  // consumers zero their V rows, stage_rows.cuh).
+  struct KeyCoordinates {
+    int row, batch;
+  };
+  // A paged cache: this lane's page-box of KV block j in slot j % 3. K_j is
+  // loaded before V_{j-1}, and block j + 1's pages are looked up as soon as
+  // K_j is issued, so that the block table's latency passes while the
+  // producer waits for stages. Scalars, not an array: a run-time index would
+  // put them in local memory.
+  KeyCoordinates page_box0{0, 0}, page_box1{0, 0}, page_box2{0, 0};
 
   // Waits until the stage of the next position is free, and announces its bytes.
   __device__ __forceinline__ int acquire(uint32_t bytes) {
@@ -39,13 +51,6 @@ struct Producer {
     return stage;
   }
 
-  // Where key `key` of the tile's sequence lies in the K and V maps: its row
-  // and batch coordinates (a paged cache: its page's row and the page; a key
-  // past the sequence's Nkv reads its last page's rows past it, or past the
-  // page: TMA fills those with zeros, and the mask discards them).
-  struct KeyCoordinates {
-    int row, batch;
-  };
   __device__ __forceinline__ KeyCoordinates key_coordinates(int key) const {
     const TileSequence* seq = cta.sequence();
     if constexpr (!kPaged) {
@@ -59,37 +64,47 @@ struct Producer {
     }
   }
 
+  __device__ __forceinline__ KeyCoordinates page_box(int j) const {
+    const int slot = j % 3;
+    return slot == 0 ? page_box0 : slot == 1 ? page_box1 : page_box2;
+  }
+
   // A paged cache: lane c looks up page-box c of KV block j (Args::
   // page_box_rows keys each, at most 32 of them), all in one round of loads.
   __device__ __forceinline__ void look_up_pages(int j) {
-    const int box_rows = cta.args.page_box_rows;
+    if (j >= cta.tile()->kv_blocks) return;
     KeyCoordinates at{0, 0};
-    if (lane * box_rows < Traits::kBlockN) at = key_coordinates(cta.block_key(j) + lane * box_rows);
-    if (j & 1) {
-      page_row_odd = at.row, page_batch_odd = at.batch;
+    if (lane * cta.args.page_box_rows < Traits::kBlockN) at = key_coordinates(cta.block_key(j) + lane * cta.args.page_box_rows);
+    const int slot = j % 3;
+    if (slot == 0) {
+      page_box0 = at;
+    } else if (slot == 1) {
+      page_box1 = at;
     } else {
-      page_row_even = at.row, page_batch_even = at.batch;
+      page_box2 = at;
     }
   }
 
   // A paged cache: rows [first, first + rows) of KV block j into `dst` (a box
-  // of 128-byte rows), one TMA load per page-box, by lane 0 with the lanes'
-  // looked-up pages (every lane runs this: the shuffles).
+  // of 128-byte rows), lane c issuing the TMA load of page-box c with its own
+  // looked-up page: a block's page-boxes are issued at once, by as many lanes
+  // (one thread issuing them one by one, the pages passed by shuffles, cost
+  // ~180 ns a box on the H200: page size 16 ran at 0.37 of a batched cache's
+  // bandwidth, 2026-12-03). Lane 0 has announced the stage's bytes (the
+  // mbarrier's transaction count may go below zero until it has).
   __device__ __forceinline__ void load_paged_rows(uint32_t dst, const CUtensorMap* map, int col, int j, int first,
                                                   int rows) {
     const int box_rows = cta.args.page_box_rows;
-    for (int r = 0; r < rows; r += box_rows) {
-      const int box = (first + r) / box_rows;
-      const int row = __shfl_sync(0xFFFFFFFFu, (j & 1) ? page_row_odd : page_row_even, box);
-      const int batch = __shfl_sync(0xFFFFFFFFu, (j & 1) ? page_batch_odd : page_batch_even, box);
-      if (lane == 0)
-        tma_load_4d(dst + r * kSwizzleRowBytes, map, cta.full(position - 1), col, row, cta.tile()->kv_head, batch);
+    const int box = lane - first / box_rows;  // this lane's page-box among the rows'
+    if (box >= 0 && box * box_rows < rows) {
+      const KeyCoordinates at = page_box(j);
+      tma_load_4d(dst + box * box_rows * kSwizzleRowBytes, map, cta.full(position - 1), col, at.row,
+                  cta.tile()->kv_head, at.batch);
     }
   }
 
   __device__ __forceinline__ void load_k(const CUtensorMap* k_map, int j) {
     const TileCoordinates* tile = cta.tile();
-    if constexpr (kPaged) look_up_pages(j);
 #pragma unroll
     for (int ks = 0; ks < kKStages; ++ks) {
       constexpr int kLast = Traits::kQKChunks - 2 * (kKStages - 1);
@@ -108,6 +123,7 @@ struct Producer {
         }
       }
     }
+    if constexpr (kPaged) look_up_pages(j + 1);
   }
 
   __device__ __forceinline__ void load_v(const CUtensorMap* v_map, int j) {
@@ -152,6 +168,7 @@ struct Producer {
                   cta.sequence()->q_begin + tile->q0 - (Traits::kFp8 ? cta.args.first_row_block * Traits::kBlockM : 0),
                   tile->head, cta.sequence()->q_batch);
     if (tile->kv_blocks > 0) {
+      if constexpr (kPaged) look_up_pages(0);
       load_k(k_map, 0);
       for (int j = 1; j < tile->kv_blocks; ++j) {
         load_k(k_map, j);
