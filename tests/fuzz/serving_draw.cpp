@@ -301,8 +301,8 @@ void draw_serving_case(ServingCase& c, std::mt19937_64& rng) {
   if (c.dtype == DType::f16 && pick(0, 5) == 0) opt.accumulation = ffpa::Accumulation::f16;
   opt.impl = pick(0, 1) ? ffpa::Impl::automatic : ffpa::Impl::cpu_reference;
   if (pick(0, 2) == 0) {
-    const int64_t stride = pick(1, 2);
-    c.sinks = flat(DType::f32, c.heads_q * stride);
+    const int64_t stride = pick(0, 2);  // 0: one sink for every head
+    c.sinks = flat(DType::f32, stride == 0 ? 1 : c.heads_q * stride);
     ffpa::testing::fill_uniform(c.sinks, rng(), -2.0f, 3.0f);
     c.sinks.tensor.shape[0] = c.heads_q, c.sinks.tensor.stride[0] = stride;
     c.params.sinks = c.sinks.tensor;
@@ -355,7 +355,7 @@ bool inject_serving_fault(ServingCase& c, std::mt19937_64& rng) {
   for (const SequenceRows& r : c.reference.sequences) longest_k = std::max<int64_t>(longest_k, r.keys.size());
   constexpr StatusCode lengths = StatusCode::invalid_sequence_lengths;
 
-  switch (pick(0, 37)) {
+  switch (pick(0, 38)) {
     case 0:
       if (!s.cu_seqlens_q.data || B < 1) return false;
       if (const int64_t b = pick(1, B); true) *i32_at(s.cu_seqlens_q, b) = *i32_at(s.cu_seqlens_q, b - 1) - pick(1, 3);
@@ -542,6 +542,11 @@ bool inject_serving_fault(ServingCase& c, std::mt19937_64& rng) {
     case 36:
       p.k.shape[3] += c.e4m3 ? 16 : 8;
       return refuse("k head dim differs from q's", StatusCode::shape_mismatch);
+    case 37:
+      // Batched queries: every sequence has Nq of them, a shape validation sees.
+      if (!batch || c.queries != QueryForm::batched || c.q_rows < 2) return false;
+      s.max_seqlen_q = pick(1, c.q_rows - 1);
+      return refuse("batched queries beyond max_seqlen_q", lengths);
     default:
       if (!batch || c.keys != KeyForm::paged) return false;
       p.k.rank = 3;
