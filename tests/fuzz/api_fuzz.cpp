@@ -38,7 +38,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -63,14 +62,14 @@ using ffpa::Status;
 using ffpa::StatusCode;
 using ffpa::Tensor;
 using ffpa::testing::c_tensor;
+using ffpa::testing::HostTensor;
+using ffpa::testing::Layout;
 using ffpa_fuzz::c_cache;
 using ffpa_fuzz::c_fp8_options;
 using ffpa_fuzz::CBackward;
 using ffpa_fuzz::CForward;
 using ffpa_fuzz::seed_text;
 using ffpa_fuzz::Tally;
-using ffpa::testing::HostTensor;
-using ffpa::testing::Layout;
 
 // One drawn call: the buffers it owns and its parameters.
 struct Case {
@@ -404,7 +403,7 @@ void run_dense_case(uint64_t seed, Tally* tally) {
   const ffpa_status cs = ffpa_forward(&cp.params, message, sizeof message);
   tally->statuses[ffpa::status_name(cpp.code)]++;
   if (tally->list)
-    std::printf("%llu %s %s%s\n", static_cast<unsigned long long>(seed), ffpa::status_name(cpp.code), c.fault.c_str(),
+    std::printf("%s %s %s%s\n", seed_text(seed).c_str(), ffpa::status_name(cpp.code), c.fault.c_str(),
                 c.has_cache ? (" fp8 kv cache" + (c.cache_fault.empty() ? "" : ": " + c.cache_fault)).c_str() : "");
 
   if (static_cast<int>(cs) != static_cast<int>(cpp.code))

@@ -348,29 +348,31 @@ bool inject_serving_fault(ServingCase& c, std::mt19937_64& rng) {
   for (Tensor* t : {&s.cu_seqlens_q, &s.cu_seqlens_k, &s.block_table, &s.seqused_k})
     if (batch && t->data) present.push_back(t);
   Tensor* const some = present.empty() ? nullptr : present[pick(0, static_cast<int64_t>(present.size()) - 1)];
-  const int64_t longest_q = B > 0 && batch ? std::max_element(c.reference.sequences.begin(), c.reference.sequences.end(),
-                                                                [](auto& a, auto& b) { return a.seq_q < b.seq_q; })->seq_q
-                                           : 0;
-  int64_t longest_k = 0;
-  for (const SequenceRows& r : c.reference.sequences) longest_k = std::max<int64_t>(longest_k, r.keys.size());
+  int64_t longest_q = 0, longest_k = 0;
+  for (const SequenceRows& r : c.reference.sequences)
+    longest_q = std::max(longest_q, r.seq_q), longest_k = std::max<int64_t>(longest_k, r.keys.size());
   constexpr StatusCode lengths = StatusCode::invalid_sequence_lengths;
 
   switch (pick(0, 38)) {
-    case 0:
+    case 0: {
       if (!s.cu_seqlens_q.data || B < 1) return false;
-      if (const int64_t b = pick(1, B); true) *i32_at(s.cu_seqlens_q, b) = *i32_at(s.cu_seqlens_q, b - 1) - pick(1, 3);
+      const int64_t b = pick(1, B);
+      *i32_at(s.cu_seqlens_q, b) = *i32_at(s.cu_seqlens_q, b - 1) - static_cast<int32_t>(pick(1, 3));
       return data("cu_seqlens_q decreasing", lengths);
+    }
     case 1:
       if (!s.cu_seqlens_q.data || B < 1) return false;
-      *i32_at(s.cu_seqlens_q, B) = c.q_rows + pick(1, 3);
+      *i32_at(s.cu_seqlens_q, B) = static_cast<int32_t>(c.q_rows + pick(1, 3));
       return data("cu_seqlens_q past q's rows", lengths);
-    case 2:
+    case 2: {
       if (!s.cu_seqlens_k.data || B < 1) return false;
-      if (const int64_t b = pick(1, B); true) *i32_at(s.cu_seqlens_k, b) = *i32_at(s.cu_seqlens_k, b - 1) - pick(1, 3);
+      const int64_t b = pick(1, B);
+      *i32_at(s.cu_seqlens_k, b) = *i32_at(s.cu_seqlens_k, b - 1) - static_cast<int32_t>(pick(1, 3));
       return data("cu_seqlens_k decreasing", lengths);
+    }
     case 3:
       if (!s.cu_seqlens_k.data || c.keys != KeyForm::packed || B < 1) return false;
-      *i32_at(s.cu_seqlens_k, B) = c.k_rows + pick(1, 3);
+      *i32_at(s.cu_seqlens_k, B) = static_cast<int32_t>(c.k_rows + pick(1, 3));
       return data("cu_seqlens_k past k's rows", lengths);
     case 4: {
       if (!s.cu_seqlens_k.data || c.keys != KeyForm::paged || B < 1) return false;
@@ -378,11 +380,12 @@ bool inject_serving_fault(ServingCase& c, std::mt19937_64& rng) {
       for (int64_t i = b + 1; i <= B; ++i) *i32_at(s.cu_seqlens_k, i) += static_cast<int32_t>(extra);
       return data("cu_seqlens_k length beyond the block table row", lengths);
     }
-    case 5:
+    case 5: {
       if (!s.seqused_k.data || B < 1) return false;
-      if (const int64_t b = pick(0, B - 1); true)
-        *i32_at(s.seqused_k, b) = static_cast<int32_t>(pick(0, 1) ? c.capacity[b] + pick(1, 3) : -pick(1, 3));
+      const int64_t b = pick(0, B - 1);
+      *i32_at(s.seqused_k, b) = static_cast<int32_t>(pick(0, 1) ? c.capacity[b] + pick(1, 3) : -pick(1, 3));
       return data("seqused_k outside the keys a sequence has", lengths);
+    }
     case 6:
       if (c.queries != QueryForm::packed || longest_q < 2) return false;
       s.max_seqlen_q = pick(1, longest_q - 1);
