@@ -96,6 +96,11 @@ Status check_sequence_batch(const ForwardParams& p) {
   }
   if (batch.cu_seqlens_k.data) FFPA_RETURN_IF_ERROR(check_size(cu_k, 0, count + 1, "B + 1"));
   if (batch.seqused_k.data) FFPA_RETURN_IF_ERROR(check_size(used, 0, count, b_text.c_str()));
+  // Batched queries: every sequence has Nq of them, a shape (packed ones are
+  // checked against max_seqlen_q in the lengths, check_sequence_data).
+  if (!batch.cu_seqlens_q.data && count > 0 && batch.max_seqlen_q > 0 && p.q.shape[2] > batch.max_seqlen_q)
+    return fail(StatusCode::invalid_sequence_lengths, "every sequence has q.shape[2] (Nq) = ", p.q.shape[2],
+                " queries, more than sequences.max_seqlen_q = ", batch.max_seqlen_q);
 
   if (p.sequence_plan && (reinterpret_cast<uintptr_t>(p.sequence_plan) % 8 != 0))
     return fail(StatusCode::misaligned, "sequence_plan = ", p.sequence_plan, " is not 8-byte aligned");

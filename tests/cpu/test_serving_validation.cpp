@@ -67,6 +67,11 @@ TEST(ServingValidation, LengthsThatDoNotHold) {
                  "max_seqlen_q");
   expect_refused(c, [](ServingInputs& in) { in.batch.max_seqlen_k = 8; }, StatusCode::invalid_sequence_lengths,
                  "max_seqlen_k");
+  ServingCase batched_q = c;  // batched queries: a shape beyond the bound, refused by validation
+  batched_q.packed_q = false;
+  batched_q.seq_q = {2, 2, 2};
+  expect_refused(batched_q, [](ServingInputs& in) { in.batch.max_seqlen_q = 1; },
+                 StatusCode::invalid_sequence_lengths, "max_seqlen_q = 1");
   ServingCase packed = c;
   packed.keys = KeyForm::packed;
   expect_refused(packed, [](ServingInputs& in) { i32(in.cu_k)[1] = i32(in.cu_k)[2] + 1; },

@@ -18,6 +18,10 @@
 //     cache, valid or with one fault: a valid one is refused by planning
 //     (FP8 runs on GPU tensors only), a broken one with its own status, and
 //     neither writes anything.
+// Seeds with bit 62 set (kServingSeedBit, printed in hex) draw serving calls
+// instead: a SequenceBatch, window, softcap, sinks, an e4m3 KV cache, with
+// their own faults and checks (serving_cases.hpp); the random run alternates
+// the two kinds.
 //
 //   ffpa_api_fuzz [--seconds N] [--seed S] [--cases N] [--corpus FILE] [--list] [--threads N] [--version]
 // The corpus is a list of seeds (one a line, '#' comments) run first. Prints
@@ -34,7 +38,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
-#include <map>
 #include <random>
 #include <string>
 #include <thread>
@@ -44,7 +47,8 @@
 #include "common/philox.hpp"
 #include "ffpa/ffpa.h"
 #include "ffpa/ffpa.hpp"
-#include "support/c_tensors.hpp"
+#include "fuzz/fuzz_support.hpp"
+#include "fuzz/serving_cases.hpp"
 #include "support/fp8_kv_cache.hpp"
 #include "support/host_tensors.hpp"
 
@@ -60,62 +64,12 @@ using ffpa::Tensor;
 using ffpa::testing::c_tensor;
 using ffpa::testing::HostTensor;
 using ffpa::testing::Layout;
-
-ffpa_fp8_options c_fp8_options(const ffpa::Fp8Options& fp8) {
-  ffpa_fp8_options c;
-  std::memset(&c, 0, sizeof c);
-  c.qk_format = static_cast<int32_t>(fp8.qk_format);
-  c.qk_scales = static_cast<int32_t>(fp8.qk_scales);
-  c.no_smooth_k = fp8.smooth_k ? 0 : 1;
-  c.has_early_rows = fp8.early_rows.has_value() ? 1 : 0;
-  c.early_rows = fp8.early_rows.value_or(0);
-  c.v_scales = static_cast<int32_t>(fp8.v_scales);
-  c.smooth_v = fp8.smooth_v ? 1 : 0;
-  return c;
-}
-
-ffpa_fp8_kv_cache c_cache(const ffpa::Fp8KvCache& cache) {
-  ffpa_fp8_kv_cache c;
-  c.k_codes = c_tensor(cache.k_codes), c.k_scales = c_tensor(cache.k_scales), c.k_mean = c_tensor(cache.k_mean);
-  c.v_codes = c_tensor(cache.v_codes), c.v_scales = c_tensor(cache.v_scales), c.v_mean = c_tensor(cache.v_mean);
-  return c;
-}
-
-// The C form of p; *cache holds the C form of p's FP8 KV cache, if any.
-ffpa_forward_params c_params(const ForwardParams& p, ffpa_fp8_kv_cache* cache = nullptr) {
-  ffpa_forward_params c;
-  std::memset(&c, 0, sizeof c);
-  c.options.precision = static_cast<int32_t>(p.options.precision);
-  c.options.fp8 = c_fp8_options(p.options.fp8);
-  if (p.fp8_kv_cache != nullptr && cache != nullptr) {
-    *cache = c_cache(*p.fp8_kv_cache);
-    c.fp8_kv_cache = cache;
-  }
-  c.q = c_tensor(p.q), c.k = c_tensor(p.k), c.v = c_tensor(p.v), c.o = c_tensor(p.o);
-  c.mask = c_tensor(p.mask), c.lse = c_tensor(p.lse);
-  c.options.has_scale = p.options.scale.has_value() ? 1 : 0;
-  c.options.scale = p.options.scale.value_or(0.0f);
-  c.options.causal = static_cast<int32_t>(p.options.causal);
-  c.options.dropout_p = p.options.dropout_p;
-  c.options.dropout_seed = p.options.dropout_seed;
-  c.options.dropout_offset = p.options.dropout_offset;
-  c.options.accumulation = static_cast<int32_t>(p.options.accumulation);
-  c.options.impl = static_cast<int32_t>(p.options.impl);
-  return c;
-}
-
-ffpa_backward_params c_backward_params(const ffpa::BackwardParams& p) {
-  ffpa_backward_params c;
-  std::memset(&c, 0, sizeof c);
-  c.q = c_tensor(p.q), c.k = c_tensor(p.k), c.v = c_tensor(p.v), c.o = c_tensor(p.o);
-  c.lse = c_tensor(p.lse), c.mask = c_tensor(p.mask), c.d_o = c_tensor(p.d_o);
-  c.d_q = c_tensor(p.d_q), c.d_k = c_tensor(p.d_k), c.d_v = c_tensor(p.d_v), c.d_mask = c_tensor(p.d_mask);
-  c.d_lse = c_tensor(p.d_lse);
-  ForwardParams forward;
-  forward.options = p.options;
-  c.options = c_params(forward).options;
-  return c;
-}
+using ffpa_fuzz::c_cache;
+using ffpa_fuzz::c_fp8_options;
+using ffpa_fuzz::CBackward;
+using ffpa_fuzz::CForward;
+using ffpa_fuzz::seed_text;
+using ffpa_fuzz::Tally;
 
 // One drawn call: the buffers it owns and its parameters.
 struct Case {
@@ -213,8 +167,9 @@ void inject_fault(Case& c, std::mt19937_64& rng) {
   }
 }
 
-struct Tally;
-void fail(Tally* tally, uint64_t seed, const struct Case& c, const std::string& what);
+void fail(Tally* tally, uint64_t seed, const Case& c, const std::string& what) {
+  ffpa_fuzz::fail(tally, seed, c.fault, what);
+}
 
 // K and V through fp8_quantize_kv (the C++ API, then the C ABI into a second
 // cache: the same status and bytes), then the call switched to precision fp8
@@ -374,20 +329,6 @@ void reference_row(const Case& c, int64_t b, int64_t h, int64_t i, std::vector<d
   }
 }
 
-struct Tally {
-  int64_t cases = 0, failed = 0, reports = 0;
-  bool case_failed = false, list = false;
-  std::map<std::string, int64_t> statuses;
-};
-
-void fail(Tally* tally, uint64_t seed, const struct Case& c, const std::string& what) {
-  if (!tally->case_failed) ++tally->failed;
-  tally->case_failed = true;
-  if (++tally->reports <= 20)
-    std::fprintf(stderr, "FAILED seed %llu (fault '%s'): %s\n", static_cast<unsigned long long>(seed),
-                 c.fault.c_str(), what.c_str());
-}
-
 // The backward of a valid forward call with its lse: the C ABI and the C++
 // API agree on the status and, when it runs, on every gradient bit; inputs
 // are never written.
@@ -416,9 +357,9 @@ void check_backward(uint64_t seed, const Case& c, std::mt19937_64& rng, Tally* t
     if (api == 0) {
       statuses[0] = ffpa::backward(p);
     } else {
-      const ffpa_backward_params cp = c_backward_params(p);
+      const CBackward cp(p);
       char message[512] = {};
-      statuses[1].code = static_cast<StatusCode>(ffpa_backward(&cp, message, sizeof message));
+      statuses[1].code = static_cast<StatusCode>(ffpa_backward(&cp.params, message, sizeof message));
     }
   }
   if (statuses[0].code != statuses[1].code)
@@ -431,7 +372,7 @@ void check_backward(uint64_t seed, const Case& c, std::mt19937_64& rng, Tally* t
     if (grads[0][g].storage != grads[1][g].storage) fail(tally, seed, c, "backward: C and C++ gradients differ");
 }
 
-void run_case(uint64_t seed, Tally* tally) {
+void run_dense_case(uint64_t seed, Tally* tally) {
   std::mt19937_64 rng(seed), side(seed ^ 0x9E3779B97F4A7C15ull);
   Case c = draw_valid(rng, side);
   // Faults go into non-empty calls: an empty one (B, Hq or Nq = 0) is a
@@ -457,13 +398,12 @@ void run_case(uint64_t seed, Tally* tally) {
   const Status cpp = ffpa::forward(c.params);
   const std::vector<unsigned char> o_cpp = c.o.storage, l_cpp = c.lse.storage;
   c.o.storage = o0, c.lse.storage = l0;
-  ffpa_fp8_kv_cache c_cache_view;
-  const ffpa_forward_params cp = c_params(c.params, &c_cache_view);
+  const CForward cp(c.params);
   char message[512] = {};
-  const ffpa_status cs = ffpa_forward(&cp, message, sizeof message);
+  const ffpa_status cs = ffpa_forward(&cp.params, message, sizeof message);
   tally->statuses[ffpa::status_name(cpp.code)]++;
   if (tally->list)
-    std::printf("%llu %s %s%s\n", static_cast<unsigned long long>(seed), ffpa::status_name(cpp.code), c.fault.c_str(),
+    std::printf("%s %s %s%s\n", seed_text(seed).c_str(), ffpa::status_name(cpp.code), c.fault.c_str(),
                 c.has_cache ? (" fp8 kv cache" + (c.cache_fault.empty() ? "" : ": " + c.cache_fault)).c_str() : "");
 
   if (static_cast<int>(cs) != static_cast<int>(cpp.code))
@@ -523,6 +463,14 @@ void run_case(uint64_t seed, Tally* tally) {
       }
 }
 
+void run_case(uint64_t seed, Tally* tally) {
+  if (seed & ffpa_fuzz::kServingSeedBit) {
+    ffpa_fuzz::run_serving_case(seed, tally);
+  } else {
+    run_dense_case(seed, tally);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -572,14 +520,15 @@ int main(int argc, char** argv) {
   std::printf("ffpa_api_fuzz: seed base %llu, %.0f s, %d thread(s)\n", static_cast<unsigned long long>(base),
               seconds, threads);
   const auto start = std::chrono::steady_clock::now();
-  // Thread w takes seeds base + w, base + w + threads, ...; each its own tally.
+  // Thread w takes cases w, w + threads, ...; each its own tally. Case n's
+  // seed is base + n, a serving seed for odd n.
   std::vector<Tally> tallies(threads);
   for (Tally& t : tallies) t.list = tally.list;
   auto work = [&](int w) {
     for (uint64_t n = w;; n += threads) {
       if (max_cases >= 0 && static_cast<int64_t>(n) >= max_cases) break;
       if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > seconds) break;
-      run_case(base + n, &tallies[w]);
+      run_case((base + n) | (n % 2 == 1 ? ffpa_fuzz::kServingSeedBit : 0), &tallies[w]);
     }
   };
   std::vector<std::thread> pool;
