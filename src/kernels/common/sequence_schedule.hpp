@@ -123,6 +123,9 @@ FFPA_HOST_DEVICE int64_t split_candidate(int c) {
 // sequence; 0 when no split beats the unsplit tiles. `tiles_of(c)`: the
 // batch's tiles with split_candidate(c) blocks a split; max_blocks: its
 // longest sequence's blocks.
+#ifdef __CUDACC__
+#pragma nv_exec_check_disable  // tiles_of is a host lambda on the host, a device one on the device
+#endif
 template <class TilesOf>
 FFPA_HOST_DEVICE int64_t choose_split_blocks(TilesOf&& tiles_of, int64_t max_blocks, int block_n, int slots,
                                              int64_t max_tiles) {

@@ -27,22 +27,35 @@ __device__ unsigned long long fault_key(int64_t b, int64_t page) {
 }
 
 // Block-wide exclusive prefix sum of one value per thread, with the running
-// total carried across calls (`carry`, shared).
-__device__ int32_t exclusive_scan(int32_t value, int32_t* scratch, int32_t* carry) {
-  const int tid = static_cast<int>(threadIdx.x);
-  scratch[tid] = value;
-  __syncthreads();
-  for (int offset = 1; offset < kPlanThreads; offset *= 2) {
-    const int32_t other = tid >= offset ? scratch[tid - offset] : 0;
-    __syncthreads();
-    scratch[tid] += other;
-    __syncthreads();
+// total carried across calls (`carry`, shared): a shuffle scan within each
+// warp, then warp 0 scans the warps' totals (two barriers a call; a
+// Hillis-Steele scan over the block took twenty).
+__device__ int32_t exclusive_scan(int32_t value, int32_t* warp_totals, int32_t* carry) {
+  constexpr int kWarps = kPlanThreads / 32;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % 32, warp = tid / 32;
+  int32_t inclusive = value;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset *= 2) {
+    const int32_t other = __shfl_up_sync(0xFFFFFFFFu, inclusive, offset);
+    if (lane >= offset) inclusive += other;
   }
-  const int32_t result = *carry + scratch[tid] - value;
+  if (lane == 31) warp_totals[warp] = inclusive;
   __syncthreads();
-  if (tid == kPlanThreads - 1) *carry += scratch[tid];
+  if (warp == 0) {
+    int32_t total = lane < kWarps ? warp_totals[lane] : 0;
+#pragma unroll
+    for (int offset = 1; offset < 32; offset *= 2) {
+      const int32_t other = __shfl_up_sync(0xFFFFFFFFu, total, offset);
+      if (lane >= offset) total += other;
+    }
+    if (lane < kWarps) warp_totals[lane] = total;  // inclusive over the warps
+  }
   __syncthreads();
-  return result;
+  const int32_t before = *carry + (warp > 0 ? warp_totals[warp - 1] : 0) + inclusive - value;
+  __syncthreads();
+  if (tid == kPlanThreads - 1) *carry += warp_totals[kWarps - 1];
+  __syncthreads();
+  return before;
 }
 
 // The host's bound on a split plan's tiles (max_tiles with the split on).
@@ -52,7 +65,7 @@ __host__ __device__ int64_t split_tile_bound(const AttentionProblem& p, const Se
 
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const AttentionProblem p, const SequenceTiling tiling,
                                                             void* plan) {
-  __shared__ int32_t scratch[kPlanThreads];
+  __shared__ int32_t warp_totals[kPlanThreads / 32];
   __shared__ int32_t tile_carry, page_carry, partial_carry, row_carry;
   __shared__ unsigned long long first_fault;
   __shared__ unsigned long long candidate_tiles[kSplitCandidates];
@@ -67,28 +80,30 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const AttentionProbl
   __syncthreads();
 
   // Lengths (a faulty sequence gets no tiles), and with the split on every
-  // candidate's tiles over the batch.
-  for (int64_t b = tid; b < p.batch; b += kPlanThreads) {
-    const SequenceCheck check = check_sequence(s, b, p.seq_q, p.seq_kv);
-    if (check.fault != SequenceFault::none) {
-      atomicMin(&first_fault, fault_key(b, -1));
-      continue;
+  // candidate's tiles over the batch: summed within each warp first, then one
+  // shared atomic a warp (32 lanes' 64-bit atomics on one address, 40 times,
+  // cost the plan ~80 us on the H200).
+  for (int64_t chunk = 0; chunk < p.batch; chunk += kPlanThreads) {
+    const int64_t b = chunk + tid;
+    uint32_t blocks = 0, tiles_per_split = 0;  // 32-bit: a sequence's fit, and 64-bit divisions are long
+    if (b < p.batch) {
+      if (check_sequence(s, b, p.seq_q, p.seq_kv).fault != SequenceFault::none) {
+        atomicMin(&first_fault, fault_key(b, -1));
+      } else if (tiling.split_slots > 0) {
+        const Sequence seq = sequence_at(s, b);
+        const int rows = tiling.block_m / tiling.heads_per_tile;
+        blocks = static_cast<uint32_t>((seq.seq_kv + tiling.block_n - 1) / tiling.block_n);
+        tiles_per_split = static_cast<uint32_t>((seq.seq_q + rows - 1) / rows * groups);
+      }
     }
     if (tiling.split_slots <= 0) continue;
-    const Sequence seq = sequence_at(s, b);
-    const int rows = tiling.block_m / tiling.heads_per_tile;
-    const int64_t row_blocks = (seq.seq_q + rows - 1) / rows;
-    atomicMax(&max_blocks, static_cast<int>((seq.seq_kv + tiling.block_n - 1) / tiling.block_n));
-    // 32-bit: a sequence's blocks and splits fit (Nkv < 2^31), and 64-bit
-    // divisions are long instruction sequences.
-    const int32_t blocks = static_cast<int32_t>((seq.seq_kv + tiling.block_n - 1) / tiling.block_n);
-    const int32_t tiles_per_split = static_cast<int32_t>(row_blocks * groups);
-    atomicAdd(&candidate_tiles[0], static_cast<unsigned long long>(tiles_per_split));
-    for (int c = 1; c < kSplitCandidates; ++c) {
-      const int64_t split = split_candidate(c);
-      const int32_t splits =
-          split >= blocks ? 1 : (blocks + static_cast<int32_t>(split) - 1) / static_cast<int32_t>(split);
-      atomicAdd(&candidate_tiles[c], static_cast<unsigned long long>(splits) * tiles_per_split);
+    const uint32_t warp_max_blocks = __reduce_max_sync(0xFFFFFFFFu, blocks);
+    if (tid % 32 == 0) atomicMax(&max_blocks, static_cast<int>(warp_max_blocks));
+    for (int c = 0; c < kSplitCandidates; ++c) {
+      const uint32_t split = static_cast<uint32_t>(split_candidate(c));
+      const uint32_t splits = split == 0 || split >= blocks ? 1 : (blocks + split - 1) / split;
+      const uint32_t tiles = __reduce_add_sync(0xFFFFFFFFu, splits * tiles_per_split);
+      if (tid % 32 == 0) atomicAdd(&candidate_tiles[c], static_cast<unsigned long long>(tiles));
     }
   }
   __syncthreads();
@@ -112,10 +127,10 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const AttentionProbl
                      ? static_cast<int32_t>(sequence_splits(seq, tiling.block_n, split_blocks) * p.heads_q * seq.seq_q)
                      : 0;
     }
-    const int32_t first_tile = exclusive_scan(tiles, scratch, &tile_carry);
-    const int32_t first_page = exclusive_scan(pages, scratch, &page_carry);
-    const int32_t first_partial = exclusive_scan(partials, scratch, &partial_carry);
-    const int32_t first_row = exclusive_scan(rows, scratch, &row_carry);
+    const int32_t first_tile = exclusive_scan(tiles, warp_totals, &tile_carry);
+    const int32_t first_page = exclusive_scan(pages, warp_totals, &page_carry);
+    const int32_t first_partial = exclusive_scan(partials, warp_totals, &partial_carry);
+    const int32_t first_row = exclusive_scan(rows, warp_totals, &row_carry);
     if (b < p.batch) {
       arrays.first_tile[b] = first_tile, arrays.first_page[b] = first_page;
       arrays.first_partial[b] = first_partial, arrays.first_row[b] = first_row;
@@ -130,7 +145,9 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const AttentionProbl
   // Every page read, spread over the threads: thread t takes pages t, t +
   // kPlanThreads, ... of the flat list, walking its sequence forward.
   if (s.paged()) {
-    int64_t b = 0;
+    // A thread's first page's sequence by binary search (a walk from sequence
+    // 0 was a chain of dependent loads), the later ones by walking on.
+    int64_t b = tid < page_carry ? sequence_holding(arrays.first_page, static_cast<int>(p.batch), tid) : 0;
     for (int32_t flat = tid; flat < page_carry; flat += kPlanThreads) {
       while (arrays.first_page[b + 1] <= flat) ++b;
       const int64_t page = flat - arrays.first_page[b];
