@@ -3,7 +3,9 @@
 
 #include "ffpa/ffpa.hpp"
 #include "host/dispatch.hpp"
+#include "host/memory_space.hpp"
 #include "host/validate.hpp"
+#include "host/validate_sequences.hpp"
 #include "kernels/sm80_split_d/family.hpp"
 
 namespace ffpa {
@@ -11,6 +13,17 @@ namespace {
 
 bool is_empty(const detail::AttentionProblem& problem) {
   return problem.batch == 0 || problem.heads_q == 0 || problem.seq_q == 0;
+}
+
+// An empty forward() runs nothing, but bad input is still refused: a
+// sequence batch's lengths and block ids in host memory are checked as a
+// call with work checks them (device data is the plan's to check, and no plan
+// runs; select_kernel and workspace_size read no data, empty or not).
+Status check_empty_call(const detail::AttentionProblem& problem) {
+  if (!problem.sequences.active) return {};
+  detail::MemorySpace space = detail::MemorySpace::host;
+  if (Status status = detail::common_memory_space(problem, &space); !status.ok()) return status;
+  return space == detail::MemorySpace::host ? detail::check_sequence_data(problem) : Status{};
 }
 
 }  // namespace
@@ -49,7 +62,7 @@ Status workspace_size(const ForwardParams& params, size_t* bytes) {
 Status forward(const ForwardParams& params) {
   detail::AttentionProblem problem;
   if (Status status = detail::validate_forward(params, &problem); !status.ok()) return status;
-  if (is_empty(problem)) return {};
+  if (is_empty(problem)) return check_empty_call(problem);
   KernelChoice choice;
   if (Status status = detail::plan_forward(problem, params.options.impl, &choice, params.fp8_kv_cache); !status.ok()) {
     return status;

@@ -78,6 +78,22 @@ TEST(ServingValidation, LengthsThatDoNotHold) {
                  StatusCode::invalid_sequence_lengths, "cu_seqlens_k");
 }
 
+// A batch without query rows runs nothing, and its bad lengths are refused
+// all the same (host memory: checked before the empty call returns).
+TEST(ServingValidation, ACallWithoutQueriesChecksItsLengths) {
+  ServingCase c = paged_case();
+  c.seq_q = {0, 0, 0};
+  {
+    ServingInputs in = testing::make_serving_inputs(c);
+    const Status status = forward(in.params);
+    EXPECT_TRUE(status.ok()) << status.message;
+  }
+  expect_refused(c, [](ServingInputs& in) { i32(in.cu_q)[2] = 1; }, StatusCode::invalid_sequence_lengths,
+                 "non-decreasing");
+  expect_refused(c, [](ServingInputs& in) { i32(in.used)[1] = 1000; }, StatusCode::invalid_sequence_lengths,
+                 "seqused_k[1]");
+}
+
 TEST(ServingValidation, BlockIdsOutsideTheCache) {
   const ServingCase c = paged_case();
   expect_refused(c, [](ServingInputs& in) { i32(in.table)[in.table.tensor.stride[0] + 2] = 9999; },
