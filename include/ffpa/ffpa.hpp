@@ -344,6 +344,8 @@ FFPA_API Status backward_workspace_size(const BackwardParams& params, size_t* by
 // tensors: a kernel on params.stream, asynchronous, so it runs inside a CUDA
 // graph with whatever lengths the buffers hold at replay; host tensors: on
 // the calling thread). Hand it to forward() as ForwardParams::sequence_plan.
+// A call that runs in two passes (KernelChoice::short_rows) has a plan for
+// each in the one buffer, and a replay of the graph replays both.
 // A kernel given a plan made for another call's tiling (another head dim,
 // family or GQA packing) writes nothing.
 FFPA_API Status sequence_plan_size(const ForwardParams& params, size_t* bytes);
@@ -370,6 +372,14 @@ struct KernelChoice {
   int32_t kv_splits = 1;
   int32_t split_blocks = 0;     // split-KV: KV blocks per split
   Precision precision = Precision::input;
+  // A sequence batch of decode rows beside longer sequences (sm90_wgmma): its
+  // sequences of at most short_rows query rows run first, in a pass of their
+  // own with short_heads_per_tile heads a tile and their plan's KV split for
+  // short_split_slots CTA slots; the rest then run as the fields above say.
+  // short_rows 0: one pass.
+  int32_t short_rows = 0;
+  int32_t short_heads_per_tile = 1;
+  int32_t short_split_slots = 0;
 };
 FFPA_API Status select_kernel(const ForwardParams& params, KernelChoice* choice);
 

@@ -9,6 +9,7 @@
 #include "host/cuda_status.hpp"
 #include "host/dispatch.hpp"
 #include "host/memory_space.hpp"
+#include "host/serving_passes.hpp"
 #include "host/validate.hpp"
 #include "host/validate_sequences.hpp"
 #include "kernels/serving/plan.hpp"
@@ -34,7 +35,7 @@ Status sequence_plan_size(const ForwardParams& params, size_t* bytes) {
   detail::AttentionProblem problem;
   KernelChoice choice;
   if (Status status = planned_call(params, &problem, &choice); !status.ok()) return status;
-  *bytes = choice.impl == Impl::cpu_reference ? 0 : static_cast<size_t>(detail::serving::plan_bytes(problem));
+  *bytes = choice.impl == Impl::cpu_reference ? 0 : static_cast<size_t>(detail::serving_passes(problem, choice).plan_bytes);
   return {};
 }
 
@@ -43,14 +44,15 @@ Status plan_sequences(const ForwardParams& params, void* plan, size_t plan_bytes
   KernelChoice choice;
   if (Status status = planned_call(params, &problem, &choice); !status.ok()) return status;
   if (choice.impl == Impl::cpu_reference) return {};  // the reference plans nothing
-  const auto needed = static_cast<size_t>(detail::serving::plan_bytes(problem));
+  const detail::ServingPasses passes = detail::serving_passes(problem, choice);  // a plan each, in one buffer
+  const auto needed = static_cast<size_t>(passes.plan_bytes);
   if (plan == nullptr) return {StatusCode::null_pointer, "plan is null"};
   if (plan_bytes < needed) {
     return {StatusCode::workspace_too_small,
             "the plan needs " + std::to_string(needed) + " bytes, got " + std::to_string(plan_bytes)};
   }
   if (reinterpret_cast<uintptr_t>(plan) % 8 != 0) return {StatusCode::misaligned, "plan is not 8-byte aligned"};
-  return detail::serving::launch_plan(problem, detail::serving_tiling(problem, choice), plan, params.stream);
+  return detail::launch_plans(problem, passes, plan, params.stream);
 }
 
 Status check_sequences(const ForwardParams& params) {

@@ -1,5 +1,6 @@
 #include "host/dispatch.hpp"
 
+#include <algorithm>
 #include <new>
 #include <string>
 #include <utility>
@@ -7,6 +8,7 @@
 #include "host/cuda_status.hpp"
 #include "host/fp8_forward.hpp"
 #include "host/memory_space.hpp"
+#include "host/serving_passes.hpp"
 #include "host/validate_sequences.hpp"
 #include "host/workspace.hpp"
 #include "kernels/sm80_backward/family.hpp"
@@ -217,6 +219,9 @@ Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, Kerne
     choice->kv_splits = 0;
     choice->split_blocks = tiles.split_slots;
   }
+  choice->short_rows = tiles.short_rows;
+  choice->short_heads_per_tile = tiles.short_heads_per_tile;
+  choice->short_split_slots = tiles.short_split_slots;
   return {};
 }
 
@@ -277,6 +282,10 @@ std::string kernel_name(const AttentionProblem& problem, const KernelChoice& cho
       for (int i = 0; i < sm90_wgmma::kInstanceCount; ++i) {
         if (sm90_wgmma::kInstances[i].head_dim != choice.padded_head_dim) continue;
         std::string name = sm90_wgmma::kernel_name(problem, sm90_wgmma::kInstances[i]);
+        if (choice.short_rows > 0) {  // a mixed batch's first pass
+          name.insert(name.size() - 1, ",rows<=" + std::to_string(choice.short_rows) + " first in heads" +
+                                           std::to_string(choice.short_heads_per_tile));
+        }
         if (choice.heads_per_tile > 1) name.insert(name.size() - 1, ",heads" + std::to_string(choice.heads_per_tile));
         if (choice.kv_splits > 1) name.insert(name.size() - 1, ",kv_splits" + std::to_string(choice.kv_splits));
         return name;
@@ -418,20 +427,33 @@ Status with_kv_splits(const AttentionProblem& problem, int wanted, KernelChoice*
 
 namespace {
 
-// A serving call's plan on a GPU family (kernels/serving/plan.hpp) comes
-// first in its workspace, on a 256-byte boundary; the family's own
+// A serving call's plans on a GPU family (one a pass: host/serving_passes.hpp)
+// come first in its workspace, on a 256-byte boundary; the family's own
 // temporary memory follows.
 int64_t serving_plan_bytes(const AttentionProblem& problem, const KernelChoice& choice) {
   if (!problem.sequences.active || problem.sequences.plan != nullptr || choice.impl == Impl::cpu_reference) return 0;
-  return (serving::plan_bytes(problem) + 255) / 256 * 256;
+  return (serving_passes(problem, choice).plan_bytes + 255) / 256 * 256;
+}
+
+// Whether a call writes split-KV partial rows: a dense call split, or a
+// sequence batch with a pass whose plan may split (kv_splits 0, or a mixed
+// batch's first pass).
+bool writes_partials(const AttentionProblem& problem, const KernelChoice& choice) {
+  if (!problem.sequences.active) return choice.kv_splits != 1;
+  return choice.impl != Impl::cpu_reference && (choice.kv_splits == 0 || choice.short_split_slots > 0);
 }
 
 // Split-KV's partial rows: a dense call's splits x B x Hq x Nq rows; a
-// sequence batch's (kv_splits 0) the most its plan can place.
+// sequence batch's the most a pass's plan can place (the passes run one
+// after the other, so they share them).
 split_kv::PartialLayout call_partial_layout(const AttentionProblem& problem, const KernelChoice& choice) {
-  if (choice.kv_splits == 0) {
-    return split_kv::partial_layout_of_rows(problem,
-                                            serving::max_partial_rows(problem, serving_tiling(problem, choice)));
+  if (problem.sequences.active) {
+    const ServingPasses passes = serving_passes(problem, choice);
+    int64_t rows = 0;
+    for (int i = 0; i < passes.count; ++i) {
+      rows = std::max(rows, serving::max_partial_rows(problem, passes.pass[i].tiling, passes.pass[i].rows));
+    }
+    return split_kv::partial_layout_of_rows(problem, rows);
   }
   return split_kv::partial_layout(problem, choice.kv_splits);
 }
@@ -442,7 +464,8 @@ int64_t workspace_bytes(const AttentionProblem& problem, const KernelChoice& cho
   if (choice.precision == Precision::fp8) {
     return static_cast<int64_t>(fp8_workspace_bytes(problem, problem.quantization, kv_cache));
   }
-  return serving_plan_bytes(problem, choice) + (choice.kv_splits != 1 ? call_partial_layout(problem, choice).bytes : 0);
+  return serving_plan_bytes(problem, choice) +
+         (writes_partials(problem, choice) ? call_partial_layout(problem, choice).bytes : 0);
 }
 
 namespace {
@@ -457,7 +480,7 @@ Status run_fp8(const AttentionProblem& problem, const Fp8KvCache* kv_cache, void
   return memory.release(fp8_forward(problem, problem.quantization, base, bytes, stream, kv_cache));
 }
 
-// Split-KV: the partial rows in the caller's workspace, or in stream-ordered
+// A dense call's split-KV: the partial rows in the caller's workspace, or in stream-ordered
 // memory freed after the combine; `run_splits(partial_o, partial_states)`
 // launches the family's kernel on them, then the combine merges them
 // (`programmatic`: as the kernel's programmatic dependent, Hopper's PDL).
@@ -465,7 +488,7 @@ template <class RunSplits>
 Status run_split_kv(const AttentionProblem& problem, const KernelChoice& choice, bool programmatic, void* workspace,
                     size_t workspace_size, cudaStream_t stream, RunSplits&& run_splits) {
   const split_kv::PartialLayout layout = call_partial_layout(problem, choice);
-  const int kv_splits = choice.kv_splits;  // 0: a sequence batch, each sequence its plan's
+  const int kv_splits = choice.kv_splits;
   Workspace memory(workspace, workspace_size, stream);
   void* partials = nullptr;
   if (Status status = memory.acquire(static_cast<size_t>(layout.bytes), "split-KV's partial rows", &partials);
@@ -503,17 +526,53 @@ Status run_sm90_split_kv(const AttentionProblem& problem, const KernelChoice& ch
                       [&](float* partial_o, RowSoftmaxState* partial_states) {
                         sm90_wgmma::TileLaunch tiles;
                         tiles.heads_per_tile = choice.heads_per_tile;
-                        if (choice.kv_splits == 0) {  // a sequence batch: its plan splits
-                          tiles.split_slots = choice.split_blocks;
-                        } else {
-                          tiles.splits = choice.kv_splits;
-                          tiles.split_blocks = choice.split_blocks;
-                        }
+                        tiles.splits = choice.kv_splits;
+                        tiles.split_blocks = choice.split_blocks;
                         tiles.partial_o = partial_o;
                         tiles.partial_states = partial_states;
                         return sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim), tiles, stream);
                       });
 }
+
+// A serving call on sm90_wgmma: each pass's launch over its own plan (at its
+// offset of the plan buffer), in order on the stream, a split pass followed
+// by its combine (the kernel's programmatic dependent). The split passes
+// share one region of partial rows, sized for the larger: the next pass's
+// kernel starts after the combine that read them (stream order; the kernels
+// are not launched as programmatic dependents).
+Status run_sm90_passes(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
+                       size_t workspace_size, cudaStream_t stream) {
+  const ServingPasses passes = serving_passes(problem, choice);
+  const split_kv::PartialLayout layout =
+      writes_partials(problem, choice) ? call_partial_layout(problem, choice) : split_kv::PartialLayout{};
+  Workspace memory(workspace, workspace_size, stream);
+  void* partials = nullptr;
+  if (Status status = memory.acquire(static_cast<size_t>(layout.bytes), "split-KV's partial rows", &partials);
+      !status.ok()) {
+    return status;
+  }
+  unsigned char* const base = static_cast<unsigned char*>(partials);
+  Status status;
+  for (int i = 0; i < passes.count && status.ok(); ++i) {
+    const ServingPass& pass = passes.pass[i];
+    const AttentionProblem planned = pass_problem(problem, pass, problem.sequences.plan);
+    sm90_wgmma::TileLaunch tiles;
+    tiles.heads_per_tile = pass.tiling.heads_per_tile;
+    tiles.split_slots = pass.tiling.split_slots;
+    tiles.pass = pass.rows;
+    if (tiles.split_slots > 0) {
+      tiles.partial_o = reinterpret_cast<float*>(base + layout.o_offset);
+      tiles.partial_states = reinterpret_cast<RowSoftmaxState*>(base + layout.states_offset);
+    }
+    status = sm90_wgmma::run(planned, static_cast<int>(choice.padded_head_dim), tiles, stream);
+    if (status.ok() && tiles.split_slots > 0) {
+      status = split_kv::launch_combine(planned, {tiles.partial_o, tiles.partial_states, 0, pass.rows},
+                                        /*programmatic=*/true, stream);
+    }
+  }
+  return memory.release(status);
+}
+
 
 }  // namespace
 
@@ -522,24 +581,10 @@ namespace {
 Status run_planned(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
                    size_t workspace_size, cudaStream_t stream, const Fp8KvCache* kv_cache);
 
-}  // namespace
-
-SequenceTiling serving_tiling(const AttentionProblem& problem, const KernelChoice& choice) {
-  if (choice.impl == Impl::sm90_wgmma) {
-    sm90_wgmma::TileLaunch tiles;
-    tiles.heads_per_tile = choice.heads_per_tile;
-    tiles.split_slots = choice.kv_splits == 0 ? choice.split_blocks : 0;
-    return sm90_wgmma::sequence_tiling(tiles);
-  }
-  return sm80_split_d::sequence_tiling(
-      problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits});
-}
-
-namespace {
-
-// A serving call on a GPU family: its plan into the workspace's first bytes
-// (no host synchronization: the kernels read the verdict and the tiles from
-// it), then the family's run with the rest of the workspace.
+// A serving call on a GPU family: its plans (one a pass) into the
+// workspace's first bytes (no host synchronization: the kernels read the
+// verdict and the tiles from them), then the family's run with the rest of
+// the workspace.
 Status run_serving(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
                    size_t workspace_size, cudaStream_t stream) {
   const int64_t plan_bytes = serving_plan_bytes(problem, choice);
@@ -548,7 +593,7 @@ Status run_serving(const AttentionProblem& problem, const KernelChoice& choice, 
   if (Status status = memory.acquire(static_cast<size_t>(plan_bytes), "the serving plan", &plan); !status.ok()) {
     return status;
   }
-  Status status = serving::launch_plan(problem, serving_tiling(problem, choice), plan, stream);
+  Status status = launch_plans(problem, serving_passes(problem, choice), plan, stream);
   if (status.ok()) {
     AttentionProblem planned = problem;
     planned.sequences.plan = plan;
@@ -590,6 +635,7 @@ Status run_planned(const AttentionProblem& problem, const KernelChoice& choice, 
           stream);
     case Impl::sm90_wgmma:
       if (choice.precision == Precision::fp8) return run_fp8(problem, kv_cache, workspace, workspace_size, stream);
+      if (problem.sequences.active) return run_sm90_passes(problem, choice, workspace, workspace_size, stream);
       if (choice.kv_splits != 1) return run_sm90_split_kv(problem, choice, workspace, workspace_size, stream);
       return sm90_wgmma::run(problem, static_cast<int>(choice.padded_head_dim),
                              sm90_wgmma::TileLaunch{choice.heads_per_tile}, stream);

@@ -7,7 +7,6 @@
 #include <string>
 
 #include "common/attention_problem.hpp"
-#include "kernels/common/sequence_schedule.hpp"
 #include "common/backward_problem.hpp"
 #include "ffpa/ffpa.hpp"
 
@@ -24,10 +23,6 @@ Status plan_forward(const AttentionProblem& problem, Impl requested, KernelChoic
 
 // The name of a planned choice's kernel, e.g. "sm90_wgmma<bf16,d512,m64,n128,s4>".
 std::string kernel_name(const AttentionProblem& problem, const KernelChoice& choice);
-
-// How the routed GPU kernel cuts a serving call's sequences into tiles: what
-// its plan (kernels/serving/plan.hpp) must be made with.
-SequenceTiling serving_tiling(const AttentionProblem& problem, const KernelChoice& choice);
 
 // Whether `impl` (automatic, sm80_split_d or sm90_wgmma) runs this build's
 // kernels on CUDA device `device` (ffpa::device_support).

@@ -2,9 +2,11 @@
 // kernels read from it (tile_schedule.hpp: sequence_tile_coordinates): every
 // tile of every sequence exactly once, within the host's bound (max_tiles),
 // each with its sequence's lengths and the KV blocks its rows attend (against
-// the reference's rule); the first faulty sequence named; the tiling recorded.
+// the reference's rule); the first faulty sequence named; the tiling recorded;
+// a mixed batch's two passes (PassRows) taking every sequence's rows once.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <numeric>
 #include <random>
 #include <set>
@@ -106,6 +108,101 @@ TEST(SequencePlan, EveryTileOnceWithinTheBoundAndTheAttendedKeys) {
                   detail::kMaxKvSplits);
     }
     EXPECT_EQ(arrays.first_row[p.batch], std::accumulate(c.seq_q.begin(), c.seq_q.end(), int64_t{0}));
+  }
+}
+
+// A mixed batch's two passes (sm90_wgmma's: the sequences of at most
+// 64 / heads rows GQA-packed for one row and split, the rest at the batch's
+// packing): every row of every head of every sequence in exactly one tile of
+// one pass (its first split), each pass's tiles, partial rows and combine
+// rows within the pass's bounds, and one verdict.
+TEST(SequencePlan, TwoPassesTakeEverySequenceOnce) {
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 60; ++trial) {
+    ServingCase c;
+    c.seed = static_cast<uint64_t>(trial + 100);
+    c.heads_kv = 1 + static_cast<int64_t>(rng() % 2);
+    c.heads_q = c.heads_kv << (2 + rng() % 2);  // GQA 4 or 8
+    c.packed_q = rng() % 4 != 0;
+    c.keys = static_cast<KeyForm>(rng() % 3);
+    c.page_size = 1 + static_cast<int64_t>(rng() % 20);
+    const int64_t count = 2 + static_cast<int64_t>(rng() % 9);
+    for (int64_t b = 0; b < count; ++b) {  // decode, speculative and prefill rows, and empty sequences
+      const int kind = static_cast<int>(rng() % 4);
+      c.seq_q.push_back(kind == 0 ? 0 : kind == 1 ? 1 : kind == 2 ? 2 + static_cast<int64_t>(rng() % 15)
+                                                                  : 17 + static_cast<int64_t>(rng() % 200));
+    }
+    if (!c.packed_q) c.seq_q.assign(static_cast<size_t>(count), c.seq_q[0]);  // batched queries: one Nq
+    c.seq_kv = draw(rng, count, 0, 700);
+    c.causal = static_cast<Causal>(rng() % 3);
+    testing::ServingInputs in = testing::make_serving_inputs(c);
+    AttentionProblem p;
+    ASSERT_TRUE(detail::validate_forward(in.params, &p).ok());
+    const int short_heads = detail::packed_heads(p.group_size(), 1, 64);
+    const int64_t short_rows = 64 / short_heads;
+    SequenceTiling tilings[2];
+    tilings[0].heads_per_tile = short_heads;
+    tilings[0].split_slots = 2 + static_cast<int>(rng() % 60);
+    tilings[1].heads_per_tile = detail::packed_heads(p.group_size(), p.seq_q, 64);
+    if (detail::serving::may_split(p, 64, tilings[1].heads_per_tile) && rng() % 2)
+      tilings[1].split_slots = 2 + static_cast<int>(rng() % 60);
+    const detail::PassRows passes[2] = {{0, short_rows}, {short_rows + 1, INT64_MAX}};
+    SCOPED_TRACE(c.describe() + " short heads " + std::to_string(short_heads));
+    std::map<std::tuple<int, int, int>, int> covered;  // (sequence, head, row): tiles of its first split
+    for (int pass = 0; pass < 2; ++pass) {
+      SCOPED_TRACE("pass " + std::to_string(pass));
+      const SequenceTiling& tiling = tilings[pass];
+      std::vector<unsigned char> plan(static_cast<size_t>(detail::serving::plan_bytes(p)));
+      detail::serving::plan_on_host(p, tiling, plan.data(), passes[pass]);
+      const auto* header = detail::serving::plan_header(plan.data());
+      ASSERT_EQ(header->fault, 0);
+      const int tiles = detail::planned_tiles(*header, tiling);
+      ASSERT_LE(tiles, detail::serving::max_tiles(p, tiling, passes[pass]));
+      for (int t = 0; t < tiles; ++t) {
+        TileSequence seq;
+        const TileCoordinates tile = detail::sequence_tile_coordinates(p, plan.data(), t, tiling, &seq);
+        ASSERT_TRUE(passes[pass].in_pass(detail::sequence_at(p.sequences, tile.batch))) << "tile " << t;
+        if (tile.kv_split != 0) continue;
+        for (int r = 0; r < 64; ++r)
+          if (tile.query_row(r) < seq.seq_q) ++covered[{tile.batch, tile.row_head(r), tile.query_row(r)}];
+      }
+      const detail::PlanArrays arrays = detail::plan_arrays(plan.data(), p.batch);
+      int64_t rows = 0;
+      for (int64_t b = 0; b < c.batch(); ++b) rows += passes[pass].in_pass(detail::sequence_at(p.sequences, b)) ? c.seq_q[b] : 0;
+      EXPECT_EQ(arrays.first_row[p.batch], rows);
+      EXPECT_LE(rows, detail::serving::max_query_rows(p, passes[pass]));
+      if (header->split_blocks > 0)
+        EXPECT_LE(arrays.first_partial[p.batch], detail::serving::max_partial_rows(p, tiling, passes[pass]));
+      else
+        EXPECT_EQ(arrays.first_partial[p.batch], 0);
+    }
+    int64_t expected = 0;
+    for (int64_t b = 0; b < c.batch(); ++b) expected += c.seq_q[b] * c.heads_q;
+    EXPECT_EQ(static_cast<int64_t>(covered.size()), expected);
+    for (const auto& [row, count] : covered) ASSERT_EQ(count, 1) << "sequence " << std::get<0>(row) << " head "
+                                                              << std::get<1>(row) << " row " << std::get<2>(row);
+  }
+}
+
+// A fault in a sequence neither pass runs is still each pass's verdict.
+TEST(SequencePlan, EveryPassChecksEverySequence) {
+  ServingCase c;
+  c.keys = KeyForm::paged;
+  c.page_size = 4;
+  c.heads_q = 8, c.heads_kv = 1;
+  c.seq_q = {1, 30, 1};
+  c.seq_kv = {9, 40, 7};
+  testing::ServingInputs in = testing::make_serving_inputs(c);
+  static_cast<int32_t*>(in.table.tensor.data)[in.table.tensor.stride[0] * 1 + 2] = 1 << 20;  // sequence 1, page 2
+  AttentionProblem p;
+  ASSERT_TRUE(detail::validate_forward(in.params, &p).ok());
+  for (const detail::PassRows pass : {detail::PassRows{0, 8}, detail::PassRows{9, INT64_MAX}}) {
+    std::vector<unsigned char> plan(static_cast<size_t>(detail::serving::plan_bytes(p)));
+    detail::serving::plan_on_host(p, SequenceTiling{}, plan.data(), pass);
+    const auto* header = detail::serving::plan_header(plan.data());
+    EXPECT_EQ(header->fault, static_cast<int32_t>(detail::SequenceFault::block_table));
+    EXPECT_EQ(header->sequence, 1);
+    EXPECT_EQ(detail::planned_tiles(*header, SequenceTiling{}), 0);
   }
 }
 

@@ -4,8 +4,10 @@
 // page sizes 8 to 256, NHD / HND / stacked caches, V inside K's rows), the
 // plan computed on the host, windows, softcap, sinks, GQA-packed decode, a
 // sequence's last partial row block stored without TMA (rows of no sequence
-// stay NaN), a cluster of two CTAs (D > 512). TMA lands at issue and at the
-// first wait (two runs).
+// stay NaN), a cluster of two CTAs (D > 512), mixed batches in two passes
+// (the short sequences GQA-packed and split, then the rest: plan_tiles's
+// passes, each its own plan and launch, as the host runs them). TMA lands at
+// issue and at the first wait (two runs).
 #include "emulation/sm90_device_shim.hpp"  // first: the CUDA built-ins as the emulator's
 
 #include <gtest/gtest.h>
@@ -37,16 +39,17 @@ namespace {
 namespace sm90 = detail::sm90_wgmma;
 using emulation::sm90::TmaLanding;
 
-// Split-KV's combine of a sequence batch on the host, from the layout the
-// plan gives (the kernels' partial rows: sequence b's at first_partial[b] +
-// (split x Hq + head) x Nq_b + row), into o and lse.
-void combine_sequences_on_host(const detail::AttentionProblem& p, const std::vector<float>& partial_o,
-                               const std::vector<detail::RowSoftmaxState>& states) {
+// Split-KV's combine of a sequence batch's pass on the host, from the layout
+// the plan gives (the kernels' partial rows: sequence b's at first_partial[b]
+// + (split x Hq + head) x Nq_b + row), into o and lse.
+void combine_sequences_on_host(const detail::AttentionProblem& p, const detail::PassRows& pass,
+                               const std::vector<float>& partial_o, const std::vector<detail::RowSoftmaxState>& states) {
   const auto* header = detail::serving::plan_header(p.sequences.plan);
   const detail::PlanArrays arrays = detail::plan_arrays(p.sequences.plan, p.batch);
   const int64_t dv = p.dv();
   for (int64_t b = 0; b < p.batch; ++b) {
     const detail::Sequence seq = detail::sequence_at(p.sequences, b);
+    if (!pass.in_pass(seq)) continue;  // another pass's
     const int64_t splits = detail::sequence_splits(seq, header->tiling.block_n, header->split_blocks);
     for (int64_t h = 0; h < p.heads_q; ++h)
       for (int64_t i = 0; i < seq.seq_q; ++i) {
@@ -74,13 +77,13 @@ void combine_sequences_on_host(const detail::AttentionProblem& p, const std::vec
 template <class Traits>
 void run_traits(detail::AttentionProblem problem, sm90::TileLaunch tiles, TmaLanding landing) {
   std::vector<unsigned char> plan(static_cast<size_t>(detail::serving::plan_bytes(problem)));
-  detail::serving::plan_on_host(problem, sm90::sequence_tiling(tiles), plan.data());
+  detail::serving::plan_on_host(problem, sm90::sequence_tiling(tiles), plan.data(), tiles.pass);
   ASSERT_EQ(detail::serving::plan_header(plan.data())->fault, 0);
   problem.sequences.plan = plan.data();
   std::vector<float> partial_o;
   std::vector<detail::RowSoftmaxState> states;
   if (tiles.split_slots > 0) {
-    const int64_t rows = detail::serving::max_partial_rows(problem, sm90::sequence_tiling(tiles));
+    const int64_t rows = detail::serving::max_partial_rows(problem, sm90::sequence_tiling(tiles), tiles.pass);
     partial_o.assign(static_cast<size_t>(rows * problem.dv()), std::nanf(""));
     states.assign(static_cast<size_t>(rows), detail::RowSoftmaxState{std::nanf(""), std::nanf("")});
     tiles.partial_o = partial_o.data();
@@ -95,33 +98,50 @@ void run_traits(detail::AttentionProblem problem, sm90::TileLaunch tiles, TmaLan
     emulation::sm90::run_cluster({static_cast<unsigned>(tile * Traits::kSplit), 0, 0}, Traits::kSplit, Traits::kThreads,
                                  shared, landing,
                                  [&] { sm90::forward_kernel<Traits>(launch.args, maps[0], maps[1], maps[2], maps[3]); });
-  if (detail::serving::plan_header(plan.data())->split_blocks > 0) combine_sequences_on_host(problem, partial_o, states);
+  if (detail::serving::plan_header(plan.data())->split_blocks > 0)
+    combine_sequences_on_host(problem, tiles.pass, partial_o, states);
 }
 
-// split_slots > 0: the KV split on, the plan choosing for that many CTA slots
-// (few, so that short batches split too).
+// The passes of plan_tiles (the host's: dispatch.cpp), one after the other.
+// split_slots > 0: the KV split on, each plan choosing for that many CTA
+// slots (few, so that short batches split too). Returns the passes run.
 template <int kHeadDim>
-void run_instance(const detail::AttentionProblem& problem, TmaLanding landing, int split_slots) {
+int run_instance(const detail::AttentionProblem& problem, TmaLanding landing, int split_slots) {
+  const sm90::TilePlan plan = sm90::plan_tiles(problem, kHeadDim, split_slots * sm90::cluster_size(kHeadDim));
+  std::vector<sm90::TileLaunch> passes;
   sm90::TileLaunch tiles;
-  tiles.heads_per_tile = detail::packed_heads(problem.group_size(), problem.seq_q, sm90::kTileRows);
-  if (detail::serving::may_split(problem, sm90::kTileRows, tiles.heads_per_tile)) tiles.split_slots = split_slots;
-  auto run = [&](auto* traits) { run_traits<std::remove_pointer_t<decltype(traits)>>(problem, tiles, landing); };
-  if (problem.dtype == DType::bf16) {
-    sm90::with_instance_traits<kHeadDim, __nv_bfloat16>(problem, run);
-  } else {
-    sm90::with_instance_traits<kHeadDim, __half>(problem, run);
+  if (plan.short_rows > 0) {
+    tiles.heads_per_tile = plan.short_heads_per_tile;
+    tiles.split_slots = plan.short_split_slots;
+    tiles.pass = {0, plan.short_rows};
+    passes.push_back(tiles);
+    tiles.pass = {plan.short_rows + 1, INT64_MAX};
   }
+  tiles.heads_per_tile = plan.heads_per_tile;
+  tiles.split_slots = plan.split_slots;
+  passes.push_back(tiles);
+  for (const sm90::TileLaunch& pass : passes) {
+    auto run = [&](auto* traits) { run_traits<std::remove_pointer_t<decltype(traits)>>(problem, pass, landing); };
+    if (problem.dtype == DType::bf16) {
+      sm90::with_instance_traits<kHeadDim, __nv_bfloat16>(problem, run);
+    } else {
+      sm90::with_instance_traits<kHeadDim, __half>(problem, run);
+    }
+  }
+  return static_cast<int>(passes.size());
 }
 
+// passes: how many passes the case must run in (0: any).
 template <int kHeadDim>
-void expect_matches_oracle(const ServingCase& c, int split_slots = 0) {
+void expect_matches_oracle(const ServingCase& c, int split_slots = 0, int passes = 0) {
   for (TmaLanding landing : {TmaLanding::at_issue, TmaLanding::at_wait}) {
     SCOPED_TRACE(c.describe() + (landing == TmaLanding::at_issue ? " [tma at issue]" : " [tma at wait]"));
     ServingInputs in = make_serving_inputs(c);
     detail::AttentionProblem problem;
     const Status status = detail::validate_forward(in.params, &problem);
     ASSERT_TRUE(status.ok()) << status.message;
-    run_instance<kHeadDim>(problem, landing, split_slots);
+    const int ran = run_instance<kHeadDim>(problem, landing, split_slots);
+    if (passes > 0) ASSERT_EQ(ran, passes);
     const double tolerance = c.dtype == DType::bf16 ? 2e-2 : 4e-3;
     std::vector<bool> written(static_cast<size_t>(in.o.tensor.shape[0] * in.o.tensor.shape[2]), false);
     for (int64_t b = 0; b < c.batch(); ++b)
@@ -214,6 +234,20 @@ TEST(EmulatedSm90Serving, SplitDecodeOverPages) {
   spec.seq_q = {2, 3};
   spec.seq_kv = {700, 400};
   expect_matches_oracle<512>(spec, 12);
+}
+
+// A chunked-prefill batch: a prefill chunk beside decode and speculative
+// rows (and an empty sequence) over a paged cache, GQA 8. The rows of at most
+// 8 run first, 8 heads a tile and split; then the chunk unpacked, unsplit.
+TEST(EmulatedSm90Serving, MixedBatchInTwoPasses) {
+  ServingCase c = base_case(27, 512);
+  c.keys = KeyForm::paged;
+  c.page_size = 16;
+  c.heads_q = 8, c.heads_kv = 1;
+  c.seq_q = {1, 70, 3, 0, 1, 8, 9};
+  c.seq_kv = {600, 90, 300, 40, 17, 200, 130};
+  c.sinks = true;
+  expect_matches_oracle<512>(c, 16, 2);
 }
 
 TEST(EmulatedSm90Serving, WindowSoftcapSinks) {

@@ -6,6 +6,8 @@
 // Outputs are poisoned; rows of no sequence must stay NaN. A family that
 // does not serve a case says impl_unavailable (auto always serves it).
 // Faulty lengths or block ids in device memory: the kernels write nothing.
+// Mixed batches (a prefill chunk beside decode rows: sm90_wgmma's two
+// passes), with the call's own plan and with a caller's (plan_sequences).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -71,13 +73,27 @@ bool device_runs_sm90() { return device_support(0, Impl::sm90_wgmma).ok(); }
 
 // Runs `c` under `impl` and checks every row of every sequence; false when
 // the impl declines the case (impl_unavailable), which auto never does.
-bool run_and_check(const ServingCase& c, Impl impl) {
-  SCOPED_TRACE(c.describe() + " impl " + std::to_string(static_cast<int>(impl)));
+// caller_plan: the call reads a plan made by plan_sequences (every pass's).
+bool run_and_check(const ServingCase& c, Impl impl, bool caller_plan = false) {
+  SCOPED_TRACE(c.describe() + " impl " + std::to_string(static_cast<int>(impl)) + (caller_plan ? " caller's plan" : ""));
   ServingInputs in = make_serving_inputs(c);
   DeviceServing d;
   to_device(in, &d);
   if (::testing::Test::HasFatalFailure()) return false;
   d.params.options.impl = impl;
+  DeviceBuffer plan;
+  if (caller_plan) {
+    size_t bytes = 0;
+    const Status sized = sequence_plan_size(d.params, &bytes);
+    if (sized.code == StatusCode::impl_unavailable && impl != Impl::automatic) return false;
+    EXPECT_TRUE(sized.ok()) << sized.message;
+    if (!sized.ok()) return false;
+    plan.allocate(bytes);
+    const Status planned = plan_sequences(d.params, plan.data(), bytes);
+    EXPECT_TRUE(planned.ok()) << planned.message;
+    if (!planned.ok()) return false;
+    d.params.sequence_plan = plan.data();
+  }
   const Status status = forward(d.params);
   if (status.code == StatusCode::impl_unavailable && impl != Impl::automatic) return false;
   EXPECT_TRUE(status.ok()) << status_name(status.code) << ": " << status.message;
@@ -128,6 +144,32 @@ std::vector<int64_t> draw(std::mt19937_64& rng, int64_t count, int64_t lo, int64
   return v;
 }
 
+// A chunked-prefill scheduler's batch, smaller than bench/compass_serving.py's
+// mixed-batch-d512 (one 4096-token chunk beside 64 decode rows): a prefill
+// chunk, decode rows over long contexts, speculative rows of 2 to 8 and of
+// 9 to 16 (the second pass's), an empty sequence; Hq 16 / Hkv 2, D 512,
+// pages of 16.
+ServingCase chunked_prefill_batch(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  ServingCase c;
+  c.seed = seed;
+  c.dtype = DType::bf16;
+  c.dim = c.value_dim = 512;
+  c.heads_q = 16, c.heads_kv = 2;
+  c.keys = KeyForm::paged;
+  c.page_size = 16;
+  c.causal = Causal::bottom_right;
+  c.seq_q = {200};
+  c.seq_kv = {900};
+  for (int b = 0; b < 24; ++b) {
+    c.seq_q.push_back(b % 6 == 5 ? 9 + static_cast<int64_t>(rng() % 8) : b % 3 == 2 ? 2 + static_cast<int64_t>(rng() % 7) : 1);
+    c.seq_kv.push_back(c.seq_q.back() + static_cast<int64_t>(rng() % 3000));
+  }
+  c.seq_q.push_back(0);
+  c.seq_kv.push_back(33);
+  return c;
+}
+
 // The cases: every form, page size and feature, at the head dims the families route.
 std::vector<ServingCase> serving_cases() {
   std::mt19937_64 rng(20261202);
@@ -159,7 +201,8 @@ std::vector<ServingCase> serving_cases() {
       cases.push_back(c);
     }
   }
-  // A mixed batch: one prefill chunk and decode rows over a paged cache.
+  // A mixed batch: one prefill chunk and decode rows over a paged cache
+  // (sm90_wgmma: two passes).
   ServingCase mixed;
   mixed.dtype = DType::bf16;
   mixed.dim = mixed.value_dim = 512;
@@ -170,6 +213,7 @@ std::vector<ServingCase> serving_cases() {
   mixed.seq_kv = {700, 900, 17, 1, 50, 0};
   mixed.causal = Causal::bottom_right;
   cases.push_back(mixed);
+  cases.push_back(chunked_prefill_batch(42));
   return cases;
 }
 
@@ -198,6 +242,45 @@ class GpuServingSmall : public ::testing::Test {
   }
 };
 
+// sm90_wgmma runs a mixed batch in two passes: the rows of at most 8 (GQA 8)
+// first, 8 heads a tile; select_kernel says so; a caller's plan holds both
+// passes' plans.
+TEST_F(GpuServingSmall, AMixedBatchRunsInTwoPasses) {
+  if (!device_runs_sm90()) GTEST_SKIP() << "no sm90_wgmma kernel runs on device 0";
+  const ServingCase c = chunked_prefill_batch(43);
+  ServingInputs in = make_serving_inputs(c);
+  DeviceServing d;
+  ASSERT_NO_FATAL_FAILURE(to_device(in, &d));
+  d.params.options.impl = Impl::sm90_wgmma;
+  KernelChoice choice;
+  ASSERT_TRUE(select_kernel(d.params, &choice).ok());
+  EXPECT_EQ(choice.short_rows, 8);
+  EXPECT_EQ(choice.short_heads_per_tile, 8);
+  EXPECT_GT(choice.short_split_slots, 0);
+  EXPECT_EQ(choice.heads_per_tile, 1);
+  EXPECT_NE(choice.kernel.find(",rows<=8 first in heads8"), std::string::npos) << choice.kernel;
+  size_t plan_bytes = 0, with_plan = 0, without_plan = 0;
+  ASSERT_TRUE(sequence_plan_size(d.params, &plan_bytes).ok());
+  ASSERT_TRUE(workspace_size(d.params, &without_plan).ok());
+  EXPECT_GT(plan_bytes, 256u);  // two plans, the second on a 256-byte offset
+  int64_t plan_word = 0;
+  d.params.sequence_plan = &plan_word;  // only its presence counts here
+  ASSERT_TRUE(workspace_size(d.params, &with_plan).ok());
+  EXPECT_GE(without_plan, with_plan + plan_bytes);
+  EXPECT_TRUE(run_and_check(c, Impl::sm90_wgmma));
+  EXPECT_TRUE(run_and_check(c, Impl::sm90_wgmma, /*caller_plan=*/true));
+  EXPECT_TRUE(run_and_check(c, Impl::automatic, /*caller_plan=*/true));
+}
+
+// A caller's plan (plan_sequences) for every form that some family serves.
+TEST_F(GpuServingSmall, ACallersPlanServesEveryPass) {
+  for (const ServingCase& c : serving_cases()) {
+    if (c.dim != 512 && c.dim != 128) continue;
+    EXPECT_TRUE(run_and_check(c, Impl::automatic, /*caller_plan=*/true));
+    if (device_runs_sm90()) run_and_check(c, Impl::sm90_wgmma, /*caller_plan=*/true);
+  }
+}
+
 // A block id outside the cache in device memory: the plan finds it, the
 // kernels write nothing (the poisoned output stays).
 TEST_F(GpuServingSmall, AFaultyBlockTableWritesNothing) {
@@ -221,6 +304,32 @@ TEST_F(GpuServingSmall, AFaultyBlockTableWritesNothing) {
     copy_to_host(*d.o, &in.o, nullptr);
     const auto* bits = static_cast<const uint16_t*>(in.o.tensor.data);
     for (int64_t e = 0; e < in.o.numel(); ++e) ASSERT_EQ(bits[e], 0x7FC0u) << "element " << e << " written";
+  }
+}
+
+// A faulty block id in a mixed batch, in a decode sequence (the first pass's)
+// or in the prefill chunk (the second's): both passes' plans give the fault,
+// neither pass writes anything.
+TEST_F(GpuServingSmall, AFaultyBlockTableWritesNothingInEitherPass) {
+  for (const int64_t faulty : {3, 0}) {
+    SCOPED_TRACE("faulty sequence " + std::to_string(faulty));
+    const ServingCase c = chunked_prefill_batch(44);
+    ServingInputs in = make_serving_inputs(c);
+    static_cast<int32_t*>(in.table.tensor.data)[in.table.tensor.stride[0] * faulty] = -1;
+    DeviceServing d;
+    ASSERT_NO_FATAL_FAILURE(to_device(in, &d));
+    for (Impl impl : {Impl::automatic, Impl::sm90_wgmma}) {
+      if (impl == Impl::sm90_wgmma && !device_runs_sm90()) continue;
+      d.params.options.impl = impl;
+      const Status status = forward(d.params);
+      ASSERT_TRUE(status.ok()) << status.message;  // asynchronous: the fault is the plans'
+      FFPA_ASSERT_CUDA(cudaDeviceSynchronize());
+      copy_to_host(*d.o, &in.o, nullptr);
+      const auto* bits = static_cast<const uint16_t*>(in.o.tensor.data);
+      for (int64_t e = 0; e < in.o.numel(); ++e) ASSERT_EQ(bits[e], 0x7FC0u) << "element " << e << " written";
+      const Status checked = check_sequences(d.params);
+      EXPECT_EQ(checked.code, StatusCode::invalid_block_table) << checked.message;
+    }
   }
 }
 

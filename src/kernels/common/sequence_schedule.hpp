@@ -8,7 +8,8 @@
 // tile count) needs no host synchronization; tiles past the count return at
 // once. With the KV split on (decode: one row block a sequence), the plan
 // also chooses the keys per split from the batch's lengths, and places each
-// sequence's partial rows.
+// sequence's partial rows. A call may run its sequences in passes of their
+// own tiling (PassRows): each pass its own plan and launch.
 #pragma once
 
 #include <cstdint>
@@ -34,6 +35,19 @@ FFPA_HOST_DEVICE bool operator==(const SequenceTiling& a, const SequenceTiling& 
   return a.block_m == b.block_m && a.block_n == b.block_n && a.heads_per_tile == b.heads_per_tile &&
          a.split_slots == b.split_slots && a.key_blocks == b.key_blocks;
 }
+
+// The sequences one pass of a serving call runs: those of min_q_rows to
+// max_q_rows query rows (a batch that mixes decode rows with a prefill chunk
+// runs its short sequences GQA-packed and split, the rest unpacked: two
+// launches of one family). A pass's plan gives tiles, partial rows and
+// combine rows to its sequences only; it still checks every sequence's
+// lengths and pages, so the plans of a call's passes give one verdict.
+struct PassRows {
+  int64_t min_q_rows = 0, max_q_rows = INT64_MAX;  // the default: every sequence
+  FFPA_HOST_DEVICE bool in_pass(const Sequence& seq) const {
+    return seq.seq_q >= min_q_rows && seq.seq_q <= max_q_rows;
+  }
+};
 
 // The plan's verdict and totals, at the start of its buffer (its arrays
 // follow: PlanArrays). A kernel runs a plan's tiles only when the plan was cut

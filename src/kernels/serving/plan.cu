@@ -5,7 +5,8 @@
 // sequence's first tile, page, partial row and query row. A fault is reported
 // for the lowest sequence that has one (its lowest page), the same sequence
 // the host's checks name; a faulty plan has no tiles, so the kernels that
-// read it write nothing.
+// read it write nothing. A pass's plan (PassRows) gives tiles, partial rows
+// and query rows to the pass's sequences only, and checks every sequence.
 #include "kernels/serving/plan.hpp"
 
 #include <algorithm>
@@ -64,7 +65,7 @@ __host__ __device__ int64_t split_tile_bound(const AttentionProblem& p, const Se
 }
 
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const AttentionProblem p, const SequenceTiling tiling,
-                                                            void* plan) {
+                                                            const PassRows pass, void* plan) {
   __shared__ int32_t warp_totals[kPlanThreads / 32];
   __shared__ int32_t tile_carry, page_carry, partial_carry, row_carry;
   __shared__ unsigned long long first_fault;
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const AttentionProbl
     if (b < p.batch) {
       if (check_sequence(s, b, p.seq_q, p.seq_kv).fault != SequenceFault::none) {
         atomicMin(&first_fault, fault_key(b, -1));
-      } else if (tiling.split_slots > 0) {
+      } else if (tiling.split_slots > 0 && pass.in_pass(sequence_at(s, b))) {  // another pass's: no tiles
         const Sequence seq = sequence_at(s, b);
         const int rows = tiling.block_m / tiling.heads_per_tile;
         blocks = static_cast<uint32_t>((seq.seq_kv + tiling.block_n - 1) / tiling.block_n);
@@ -120,12 +121,14 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const AttentionProbl
     int32_t tiles = 0, pages = 0, partials = 0, rows = 0;
     if (b < p.batch && check_sequence(s, b, p.seq_q, p.seq_kv).fault == SequenceFault::none) {
       const Sequence seq = sequence_at(s, b);
-      tiles = static_cast<int32_t>(sequence_tiles(p, seq, tiling, split_blocks));
-      pages = s.paged() ? static_cast<int32_t>(pages_read(s, b)) : 0;
-      rows = static_cast<int32_t>(seq.seq_q);
-      partials = split_blocks > 0
-                     ? static_cast<int32_t>(sequence_splits(seq, tiling.block_n, split_blocks) * p.heads_q * seq.seq_q)
-                     : 0;
+      pages = s.paged() ? static_cast<int32_t>(pages_read(s, b)) : 0;  // every sequence's: the checks
+      if (pass.in_pass(seq)) {
+        tiles = static_cast<int32_t>(sequence_tiles(p, seq, tiling, split_blocks));
+        rows = static_cast<int32_t>(seq.seq_q);
+        partials = split_blocks > 0 ? static_cast<int32_t>(sequence_splits(seq, tiling.block_n, split_blocks) *
+                                                           p.heads_q * seq.seq_q)
+                                    : 0;
+      }
     }
     const int32_t first_tile = exclusive_scan(tiles, warp_totals, &tile_carry);
     const int32_t first_page = exclusive_scan(pages, warp_totals, &page_carry);
@@ -180,7 +183,13 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const AttentionProbl
 
 int64_t plan_bytes(const AttentionProblem& problem) { return plan_bytes_for(problem.batch); }
 
-int64_t max_tiles(const AttentionProblem& problem, const SequenceTiling& tiling) {
+int64_t max_query_rows(const AttentionProblem& problem, const PassRows& pass) {
+  const SequenceLayout& s = problem.sequences;
+  const int64_t rows = s.packed_q() ? s.packed_rows_q : problem.batch * problem.seq_q;
+  return std::min(rows, problem.batch * std::min(problem.seq_q, pass.max_q_rows));
+}
+
+int64_t max_tiles(const AttentionProblem& problem, const SequenceTiling& tiling, const PassRows& pass) {
   if (tiling.split_slots > 0) return split_tile_bound(problem, tiling);
   const SequenceLayout& s = problem.sequences;
   if (tiling.key_blocks) {  // packed: total_k / block_n, plus one partial block a sequence; else B x Nkv / block_n
@@ -189,28 +198,36 @@ int64_t max_tiles(const AttentionProblem& problem, const SequenceTiling& tiling)
                                             : problem.batch * ((problem.seq_kv + n - 1) / n);
     return key_blocks * problem.heads_kv;
   }
+  // Each of the pass's sequences has at most its longest row count's blocks;
+  // packed queries at most total_q / rows, plus a partial block for each
+  // sequence with rows (each at least min_q_rows of them).
   const int64_t rows = tiling.block_m / tiling.heads_per_tile;
-  const int64_t row_blocks = s.packed_q() ? (s.packed_rows_q + rows - 1) / rows + problem.batch
-                                          : problem.batch * ((problem.seq_q + rows - 1) / rows);
+  const int64_t longest = std::min(problem.seq_q, pass.max_q_rows);
+  int64_t row_blocks = problem.batch * ((longest + rows - 1) / rows);
+  if (s.packed_q()) {
+    const int64_t sequences = std::min(problem.batch, s.packed_rows_q / std::max<int64_t>(pass.min_q_rows, 1));
+    row_blocks = std::min(row_blocks, (s.packed_rows_q + rows - 1) / rows + sequences);
+  }
   return row_blocks * (problem.heads_q / tiling.heads_per_tile);
 }
 
-int64_t max_partial_rows(const AttentionProblem& problem, const SequenceTiling& tiling) {
+int64_t max_partial_rows(const AttentionProblem& problem, const SequenceTiling& tiling, const PassRows& pass) {
   if (tiling.split_slots <= 0) return 0;
-  const int64_t rows = tiling.block_m / tiling.heads_per_tile;
-  return max_tiles(problem, tiling) * tiling.heads_per_tile * (problem.seq_q < rows ? problem.seq_q : rows);
+  const int64_t rows = std::min<int64_t>({tiling.block_m / tiling.heads_per_tile, problem.seq_q, pass.max_q_rows});
+  return max_tiles(problem, tiling, pass) * tiling.heads_per_tile * rows;
 }
 
 bool may_split(const AttentionProblem& problem, int block_m, int heads_per_tile) {
   return problem.seq_q <= block_m / heads_per_tile;  // one row block a sequence
 }
 
-Status launch_plan(const AttentionProblem& problem, const SequenceTiling& tiling, void* plan, cudaStream_t stream) {
-  plan_kernel<<<1, kPlanThreads, 0, stream>>>(problem, tiling, plan);
+Status launch_plan(const AttentionProblem& problem, const SequenceTiling& tiling, void* plan, cudaStream_t stream,
+                   const PassRows& pass) {
+  plan_kernel<<<1, kPlanThreads, 0, stream>>>(problem, tiling, pass, plan);
   return cuda_status(cudaGetLastError(), "the serving plan kernel");
 }
 
-void plan_on_host(const AttentionProblem& problem, const SequenceTiling& tiling, void* plan) {
+void plan_on_host(const AttentionProblem& problem, const SequenceTiling& tiling, void* plan, const PassRows& pass) {
   const SequenceLayout& s = problem.sequences;
   const PlanArrays arrays = plan_arrays(plan, problem.batch);
   SequenceScheduleHeader header;
@@ -230,12 +247,14 @@ void plan_on_host(const AttentionProblem& problem, const SequenceTiling& tiling,
       continue;
     }
     valid[static_cast<size_t>(b)] = true;
+    if (!pass.in_pass(sequence_at(s, b))) continue;
     max_blocks = std::max<int64_t>(max_blocks, (sequence_at(s, b).seq_kv + tiling.block_n - 1) / tiling.block_n);
   }
   auto tiles_of = [&](int64_t split) {
     int64_t tiles = 0;
     for (int64_t b = 0; b < problem.batch; ++b)
-      if (valid[static_cast<size_t>(b)]) tiles += sequence_tiles(problem, sequence_at(s, b), tiling, split);
+      if (valid[static_cast<size_t>(b)] && pass.in_pass(sequence_at(s, b)))
+        tiles += sequence_tiles(problem, sequence_at(s, b), tiling, split);
     return tiles;
   };
   const int64_t split_blocks =
@@ -249,8 +268,9 @@ void plan_on_host(const AttentionProblem& problem, const SequenceTiling& tiling,
     arrays.first_row[b] = rows;
     if (!valid[static_cast<size_t>(b)]) continue;
     const Sequence seq = sequence_at(s, b);
-    tiles += static_cast<int32_t>(sequence_tiles(problem, seq, tiling, split_blocks));
     pages += s.paged() ? static_cast<int32_t>(pages_read(s, b)) : 0;
+    if (!pass.in_pass(seq)) continue;
+    tiles += static_cast<int32_t>(sequence_tiles(problem, seq, tiling, split_blocks));
     rows += static_cast<int32_t>(seq.seq_q);
     if (split_blocks > 0)
       partials += static_cast<int32_t>(sequence_splits(seq, tiling.block_n, split_blocks) * problem.heads_q * seq.seq_q);

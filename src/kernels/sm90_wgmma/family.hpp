@@ -34,6 +34,9 @@ struct TileLaunch {
   // A sequence batch with the KV split on: the CTA slots its plan splits for
   // (Args::split_slots); 0: unsplit.
   int split_slots = 0;
+  // A sequence batch: the sequences of the pass its plan was made for (the
+  // launch's size; every sequence by default).
+  PassRows pass = PassRows{};
 };
 
 using Launcher = Status (*)(const AttentionProblem&, const TileLaunch&, cudaStream_t);
@@ -112,10 +115,16 @@ Status run(const AttentionProblem& problem, int head_dim, const TileLaunch& tile
 // each, a cluster of cluster_size(head_dim) per tile): the GQA heads a tile
 // packs (split_kv.hpp's packed_heads) and the KV splits of its tiles
 // (choose_kv_splits; one split, no partials, when the tiles fill the device).
+// A sequence batch whose bound on Nq_b packs fewer heads than one row would
+// (decode rows beside a prefill chunk) runs in two passes: first its
+// sequences of at most short_rows query rows, short_heads_per_tile heads a
+// tile, split for short_split_slots CTA slots; then the rest as the fields
+// above say. short_rows 0: one pass.
 struct TilePlan {
   int heads_per_tile = 1;
   KvSplits splits;
   int split_slots = 0;  // a sequence batch that may split its keys: the plan chooses for these slots
+  int short_rows = 0, short_heads_per_tile = 1, short_split_slots = 0;
 };
 TilePlan plan_tiles(const AttentionProblem& problem, int head_dim, int sm_count);
 

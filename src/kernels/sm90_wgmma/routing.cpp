@@ -103,7 +103,18 @@ TilePlan plan_tiles(const AttentionProblem& problem, int head_dim, int sm_count)
   if (problem.sequences.active) {
     // A sequence batch: its plan chooses the split on the device, from the
     // batch's lengths, where every sequence is one row block (decode).
-    if (serving::may_split(problem, kTileRows, plan.heads_per_tile)) plan.split_slots = sm_count / cluster_size(head_dim);
+    const int slots = sm_count / cluster_size(head_dim);
+    if (serving::may_split(problem, kTileRows, plan.heads_per_tile)) plan.split_slots = slots;
+    // Decode rows beside longer sequences (a chunked-prefill batch): packed
+    // by the batch's bound, each would be one row of a 64-row tile, unsplit,
+    // reading its keys alone (GQA 8: 8x the K/V traffic). They run first, in
+    // a pass of their own, packed for one row and split.
+    const int one_row_heads = packed_heads(problem.group_size(), 1, kTileRows);
+    if (problem.batch > 1 && one_row_heads > plan.heads_per_tile) {
+      plan.short_rows = rows_per_head(kTileRows, one_row_heads);
+      plan.short_heads_per_tile = one_row_heads;
+      plan.short_split_slots = slots;
+    }
     return plan;
   }
   const int64_t tiles = problem.batch * (problem.heads_q / plan.heads_per_tile) *

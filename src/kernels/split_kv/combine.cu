@@ -24,6 +24,7 @@
 #include "kernels/common/sequence_schedule.hpp"
 #include "kernels/common/split_kv.hpp"
 #include "kernels/common/tile_schedule.hpp"
+#include "kernels/serving/plan.hpp"
 
 namespace ffpa::detail::split_kv {
 namespace {
@@ -193,9 +194,9 @@ Status launch_combine(const AttentionProblem& problem, const Partials& partials,
     return {StatusCode::invalid_option, "split-KV combine: " + std::to_string(partials.splits) +
                                             " splits, expected 1 to " + std::to_string(kMaxKvSplits)};
   }
-  // A sequence batch: a CTA per (query row bound, head); the plan says which are rows.
-  const SequenceLayout& s = problem.sequences;
-  const int64_t rows = sequences ? problem.heads_q * (s.packed_q() ? s.packed_rows_q : problem.batch * problem.seq_q)
+  // A sequence batch: a CTA per (head, query row of the bound on its pass's
+  // rows); the plan says which are rows.
+  const int64_t rows = sequences ? problem.heads_q * serving::max_query_rows(problem, partials.pass)
                                  : problem.batch * problem.heads_q * problem.seq_q;
   if (rows == 0) return {};
   if (rows > INT_MAX) return {StatusCode::impl_unavailable, "split-KV combine: more than 2^31 rows"};

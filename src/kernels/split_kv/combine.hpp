@@ -9,6 +9,7 @@
 
 #include "common/attention_problem.hpp"
 #include "ffpa/ffpa.hpp"
+#include "kernels/common/sequence_schedule.hpp"
 #include "kernels/common/softmax_state.hpp"
 
 namespace ffpa::detail::split_kv {
@@ -16,11 +17,13 @@ namespace ffpa::detail::split_kv {
 // Row r = (b x Hq + h) x Nq + i of split s: unnormalized O at o[(s x rows + r)
 // x Dv + c] (fp32), its state at states[s x rows + r]. A sequence batch
 // (splits 0): each sequence's splits and partial rows as its plan placed
-// them (tile_schedule.hpp: partial_row_index).
+// them (tile_schedule.hpp: partial_row_index), for the sequences of the pass
+// its plan was made for (the combine's rows: at most the pass's).
 struct Partials {
   const float* o = nullptr;
   const RowSoftmaxState* states = nullptr;
   int splits = 0;
+  PassRows pass = PassRows{};
 };
 
 // Where a call's partials lie in its workspace: O rows, then states, each on a
