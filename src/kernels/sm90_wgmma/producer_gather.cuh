@@ -27,6 +27,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/compiler_hints.cuh"
 #include "kernels/sm90_wgmma/cta.cuh"
 #include "kernels/sm90_wgmma/producer.cuh"
 #include "kernels/sm90_wgmma/ptx.cuh"
@@ -77,15 +78,18 @@ struct GatherProducer {
   }
 
   // Columns [col, col + kBoxCols) of a row (global address `row`, 0: none;
-  // `width` columns in the tensor) into the 128-byte shared row `dst`.
+  // `width` columns in the tensor) into the 128-byte shared row `dst` of a
+  // 1024-byte aligned box: chunk c at chunk c ^ (dst's row % 8), i.e. at
+  // address (dst + 16 (thread % 8)) ^ 16 c (dst's bits 4-6 are zero). Opaque:
+  // computed per row, not eight addresses hoisted across the stages.
   __device__ __forceinline__ void copy_row(uint32_t dst, uint64_t row, int col, int width) const {
     const int bytes = row == 0 ? 0 : (width - col) * kElementBytes;  // of the row from `col` on
     const uint64_t src = row + static_cast<uint64_t>(col * kElementBytes);
+    const uint32_t swizzled = opaque(dst + ((thread & 7) << 4));
 #pragma unroll
     for (int c = 0; c < kRowChunks; ++c) {
       const int chunk_bytes = min(max(bytes - 16 * c, 0), 16);
-      cp_async_16(dst + ((c ^ (thread & 7)) << 4), reinterpret_cast<const void*>(src + 16 * c),
-                  static_cast<uint32_t>(chunk_bytes));
+      cp_async_16(swizzled ^ (c << 4), reinterpret_cast<const void*>(src + 16 * c), static_cast<uint32_t>(chunk_bytes));
     }
   }
 
