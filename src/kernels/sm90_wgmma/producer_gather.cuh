@@ -78,14 +78,17 @@ struct GatherProducer {
   }
 
   // Columns [col, col + kBoxCols) of a row (global address `row`, 0: none;
-  // `width` columns in the tensor) into the 128-byte shared row `dst` of a
-  // 1024-byte aligned box: chunk c at chunk c ^ (dst's row % 8), i.e. at
-  // address (dst + 16 (thread % 8)) ^ 16 c (dst's bits 4-6 are zero). Opaque:
-  // computed per row, not eight addresses hoisted across the stages.
-  __device__ __forceinline__ void copy_row(uint32_t dst, uint64_t row, int col, int width) const {
+  // `width` columns in the tensor) into row `box_row` of the 1024-byte
+  // aligned box at `box` (128-byte rows): chunk c at chunk c ^ (box_row % 8),
+  // i.e. at address (box + 128 box_row + 16 (box_row % 8)) ^ 16 c. The row is
+  // opaque: its address is computed here, once a box, not hoisted across the
+  // stages (eight swizzled addresses, or even one, held across the loop
+  // would spill the producer's 24 registers).
+  __device__ __forceinline__ void copy_row(uint32_t box, int box_row, uint64_t row, int col, int width) const {
     const int bytes = row == 0 ? 0 : (width - col) * kElementBytes;  // of the row from `col` on
     const uint64_t src = row + static_cast<uint64_t>(col * kElementBytes);
-    const uint32_t swizzled = opaque(dst + ((thread & 7) << 4));
+    const int r = opaque(box_row);
+    const uint32_t swizzled = box + r * kSwizzleRowBytes + ((r & 7) << 4);
 #pragma unroll
     for (int c = 0; c < kRowChunks; ++c) {
       const int chunk_bytes = min(max(bytes - 16 * c, 0), 16);
@@ -100,11 +103,13 @@ struct GatherProducer {
     for (int ks = 0; ks < kKStages; ++ks) {
       constexpr int kLast = Traits::kQKChunks - 2 * (kKStages - 1);
       const int stage = acquire();
-      const uint32_t dst = cta.ring() + stage * Traits::kStageBytes + thread * kSwizzleRowBytes;
+      // At D 1024 the CTA's first column, hoisted out of the KV loop, would
+      // not fit the 24 registers (as in producer.cuh).
+      const int col0 = Traits::kSplit == 2 ? opaque(cta.qk_col0()) : cta.qk_col0();
 #pragma unroll
       for (int b = 0; b < (ks + 1 < kKStages ? 2 : kLast); ++b)
-        copy_row(dst + b * Traits::kKBoxBytes, k_row, cta.qk_col0() + (2 * ks + b) * kBoxCols,
-                 static_cast<int>(cta.p.head_dim));
+        copy_row(cta.ring() + stage * Traits::kStageBytes + b * Traits::kKBoxBytes, thread, k_row,
+                 col0 + (2 * ks + b) * kBoxCols, static_cast<int>(cta.p.head_dim));
       cp_async_arrive_noinc(cta.full(position - 1));
     }
   }
@@ -119,10 +124,11 @@ struct GatherProducer {
       for (int w = 0; w < 2; ++w) {
         const int stage = acquire();
         if (thread / 64 == key_half) {  // whole warps
-          const uint32_t dst = cta.ring() + stage * Traits::kStageBytes + (thread % 64) * kSwizzleRowBytes;
+          const int col0 = (Traits::kSplit == 2 ? opaque(cta.vo_col0()) : cta.vo_col0()) + w * Traits::kHalfCols;
 #pragma unroll
           for (int box = 0; box < Traits::kHalfCols / kBoxCols; ++box)
-            copy_row(dst + box * Traits::kTileBytes, v_row, cta.vo_col0() + w * Traits::kHalfCols + box * kBoxCols,
+            copy_row(cta.ring() + stage * Traits::kStageBytes + box * Traits::kTileBytes, thread % 64, v_row,
+                     col0 + box * kBoxCols,
                      static_cast<int>(cta.p.dv()));
         }
         cp_async_arrive_noinc(cta.full(position - 1));  // every thread: 128 arrivals a phase
