@@ -11,11 +11,11 @@
 // K stage and, where its key is in the stage's half, of each V stage ([64
 // keys][kHalfCols] per (key half, consumer)). It keeps pages, not addresses,
 // across the blocks (a row's address is two registers; the producer runs in
-// Traits::kProducerRegisters = 24). A key past the sequence's Nkv, and columns past D (K) or Dv
-// (V), are zero-filled (src-size 0): an unused cache row's NaN never meets
-// P = 0. Each thread arrives on a stage's full barrier once its copies have
-// landed (cp.async.mbarrier.arrive.noinc: 128 arrivals a phase, cta.cuh);
-// thread 0 loads Q by TMA on its own barrier.
+// Traits::kProducerRegisters = 24). A key past the sequence's Nkv, and
+// columns past D (K) or Dv (V), are zero-filled (src-size 0): an unused cache
+// row's NaN never meets P = 0. Each thread arrives on a stage's full barrier
+// once its copies have landed (cp.async.mbarrier.arrive.noinc: 128 arrivals a
+// phase, cta.cuh); thread 0 loads Q by TMA on its own barrier.
 //
 // cp.async writes shared memory through the generic proxy and the consumers'
 // wgmmas read it through the async proxy; the barrier's phase completes only
@@ -128,8 +128,7 @@ struct GatherProducer {
 #pragma unroll
           for (int box = 0; box < Traits::kHalfCols / kBoxCols; ++box)
             copy_row(cta.ring() + stage * Traits::kStageBytes + box * Traits::kTileBytes, thread % 64, v_row,
-                     col0 + box * kBoxCols,
-                     static_cast<int>(cta.p.dv()));
+                     col0 + box * kBoxCols, static_cast<int>(cta.p.dv()));
         }
         cp_async_arrive_noinc(cta.full(position - 1));  // every thread: 128 arrivals a phase
       }
