@@ -175,6 +175,49 @@ TEST(Sm90Routing, DeclinesWithAReason) {
   }
 }
 
+// A batch of 4 decode rows over a paged [num_blocks, Hkv, page_size, D] cache
+// (HND, contiguous pages) of the given page size.
+ffpa::detail::AttentionProblem sm90_paged_problem(int64_t head_dim, int64_t page_size) {
+  ffpa::detail::AttentionProblem p = sm90_problem(head_dim);
+  p.batch = 4, p.seq_q = 1;
+  alignas(16) static int32_t table[4 * 64];
+  ffpa::detail::SequenceLayout& s = p.sequences;
+  s.active = true;
+  s.queries_per_sequence = 1;
+  s.block_table = table;
+  s.max_blocks = 64;
+  s.block_table_stride[0] = 64, s.block_table_stride[1] = 1;
+  s.page_size = page_size;
+  s.num_blocks = 1000;
+  p.seq_kv = s.max_blocks * page_size;
+  for (int64_t* stride : {p.k_stride, p.v_stride}) {
+    stride[2] = head_dim, stride[1] = page_size * head_dim, stride[0] = 8 * page_size * head_dim;
+  }
+  for (int64_t* stride : {p.q_stride, p.o_stride}) stride[2] = head_dim, stride[1] = head_dim, stride[0] = 8 * head_dim;
+  return p;
+}
+
+// Any page size: the producer warpgroup gathers the page sizes TMA cannot
+// box (not multiples of 8, or below kTmaPageMinRows); TMA loads a box per page
+// of the others. The kernel's name says which.
+TEST(Sm90Routing, ServesEveryPageSizeGatheringSmallOnes) {
+  namespace sm90 = ffpa::detail::sm90_wgmma;
+  for (int64_t page : {1, 2, 3, 5, 7, 63, 65, 100, 250}) EXPECT_TRUE(sm90::gathers_pages(page)) << "page size " << page;
+  for (int64_t page : {8, 16, 24, 32, 56, 64, 72, 128, 256, 4096}) {
+    EXPECT_EQ(sm90::gathers_pages(page), page < sm90::kTmaPageMinRows) << "page size " << page;
+  }
+  if (sm90::kInstanceCount == 0) GTEST_SKIP() << "built without sm_90a";
+  for (int64_t page : {1, 3, 5, 16, 64, 100, 256}) {
+    SCOPED_TRACE("page size " + std::to_string(page));
+    const ffpa::detail::AttentionProblem p = sm90_paged_problem(256, page);
+    std::string reason;
+    const sm90::Instance* instance = sm90::route(p, &reason);
+    ASSERT_NE(instance, nullptr) << reason;
+    const std::string name = sm90::kernel_name(p, *instance);
+    EXPECT_EQ(name.find(",paged-gather") != std::string::npos, sm90::gathers_pages(page)) << name;
+  }
+}
+
 // --- sm90 backward: what it serves and why it declines ---------------------------
 
 ffpa::detail::BackwardProblem sm90_backward_problem(int64_t head_dim, int64_t value_dim = 0) {

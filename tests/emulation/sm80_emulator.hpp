@@ -76,7 +76,7 @@ void note_progress();
 // (a race between two consumers sharing a barrier showed only so: the
 // ninth session's sm90 backward; a W buffer freed by the wrong reader, a
 // wgmma's operand overwritten before its wait, only with the long stalls:
-// the tenth's, under seeds 1 and 4 of 1-6). preempt_point: where an sm90 barrier, TMA or
+// the tenth's, under seeds 1 and 4 of 1-6). preempt_point: where an sm90 barrier, TMA, cp.async arrival or
 // st.async operation has finished (the emulator's state consistent).
 void preempt_point();
 

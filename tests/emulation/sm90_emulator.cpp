@@ -1,6 +1,6 @@
 // The sm90 instructions on the fiber emulation (sm90_emulator.hpp). State per
-// cluster run: the mbarriers by (CTA, shared-window address), the TMA copies
-// and st.async stores not yet landed, each warpgroup's wgmma operations and
+// cluster run: the mbarriers by (CTA, shared-window address), the TMA copies,
+// st.async stores and cp.async copies not yet landed, each warpgroup's wgmma operations and
 // groups, the threads spinning and on what.
 #include "emulation/sm90_emulator.hpp"
 
@@ -61,6 +61,14 @@ struct PendingLoad {
   int coords[4];
 };
 
+// cp.async: 16 bytes into a CTA's shared memory, the first src_bytes from src.
+struct AsyncCopy {
+  int rank;
+  uint32_t dst;
+  const void* src;
+  uint32_t src_bytes;
+};
+
 // st.async: 16 bytes for a CTA's shared memory, completing a transaction on its barrier.
 struct PendingAsyncStore {
   int rank;
@@ -97,6 +105,11 @@ struct State {
   std::map<ClusterAddress, Barrier> barriers;
   std::map<ClusterAddress, std::vector<PendingLoad>> loads;  // by barrier
   std::map<ClusterAddress, std::vector<PendingAsyncStore>> async_stores;  // by barrier
+  // cp.async: each thread's copies since its last noinc arrival (by
+  // (rank << 32) | thread; already landed with TmaLanding::at_issue), and the
+  // arrivals waiting for their copies (at_wait), by barrier.
+  std::map<uint64_t, std::vector<AsyncCopy>> open_copies;
+  std::map<ClusterAddress, std::vector<std::vector<AsyncCopy>>> copy_arrivals;
   std::map<int, std::vector<PendingStore>> stores;     // by thread
   std::vector<Warpgroup> warpgroups;
   std::map<int, std::pair<ClusterAddress, uint32_t>> spinning;  // thread -> (barrier, parity) of its failed try_wait
@@ -120,6 +133,20 @@ void maybe_complete(Barrier& b) {
     b.pending = b.expected;
     note_progress();
   }
+}
+
+void arrive(ClusterAddress bar) {
+  Barrier& b = barrier(bar);
+  if (b.pending == 0) fail("an mbarrier arrival beyond its count");
+  --b.pending;
+  note_progress();
+  maybe_complete(b);
+}
+
+void land_copy(const AsyncCopy& copy) {
+  unsigned char* to = cluster_shared_memory(copy.rank) + copy.dst;
+  if (copy.src_bytes > 0) std::memcpy(to, copy.src, copy.src_bytes);
+  std::memset(to + copy.src_bytes, 0, 16 - copy.src_bytes);
 }
 
 // The box at `coords` between global memory and shared memory at `smem`.
@@ -182,6 +209,15 @@ void land_loads_of(ClusterAddress bar) {
     stores->second.clear();
     for (const PendingAsyncStore& store : pending) land_store(bar, store);
   }
+  auto arrivals = g_state->copy_arrivals.find(bar);
+  if (arrivals != g_state->copy_arrivals.end() && !arrivals->second.empty()) {
+    std::vector<std::vector<AsyncCopy>> pending = std::move(arrivals->second);
+    arrivals->second.clear();
+    for (const std::vector<AsyncCopy>& copies : pending) {
+      for (const AsyncCopy& copy : copies) land_copy(copy);
+      arrive(bar);
+    }
+  }
 }
 
 // Before a deadlock is declared: which threads spin on which barrier, in runs of threads.
@@ -216,6 +252,8 @@ bool land_everything() {
     if (!loads.empty()) bars.push_back(bar);
   for (const auto& [bar, stores] : g_state->async_stores)
     if (!stores.empty()) bars.push_back(bar);
+  for (const auto& [bar, arrivals] : g_state->copy_arrivals)
+    if (!arrivals.empty()) bars.push_back(bar);
   for (ClusterAddress bar : bars) land_loads_of(bar);
   return !bars.empty();
 }
@@ -352,6 +390,10 @@ void run_cluster(Index3 first_block, int ranks, int threads, unsigned char* cons
     if (!loads.empty()) fail("TMA loads never waited for");
   for (auto& [bar, stores] : state.async_stores)
     if (!stores.empty()) fail("st.async stores never waited for");
+  for (auto& [thread, copies] : state.open_copies)
+    if (!copies.empty()) fail("cp.async copies without a cp.async.mbarrier.arrive after them");
+  for (auto& [bar, arrivals] : state.copy_arrivals)
+    if (!arrivals.empty()) fail("cp.async arrivals never waited for");
   for (const Warpgroup& group : state.warpgroups)
     if (group.executed != group.ops.size()) fail("wgmma operations never waited for");
   g_state = nullptr;
@@ -364,16 +406,6 @@ void mbarrier_init(uint32_t bar, uint32_t arrivals) {
   g_state->barriers[local(bar)] = b;
   note_progress();
 }
-
-namespace {
-void arrive(ClusterAddress bar) {
-  Barrier& b = barrier(bar);
-  if (b.pending == 0) fail("an mbarrier arrival beyond its count");
-  --b.pending;
-  note_progress();
-  maybe_complete(b);
-}
-}  // namespace
 
 void mbarrier_arrive(uint32_t bar) {
   arrive(local(bar));
@@ -433,6 +465,31 @@ void store_async_cluster_f32x4(uint32_t remote, float a, float b, float c, float
   } else {
     g_state->async_stores[bar].push_back(store);
   }
+  preempt_point();
+}
+
+void cp_async_16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  if (dst % 16 != 0 || reinterpret_cast<uintptr_t>(src) % 16 != 0) fail("cp.async.cg 16: an address not 16-byte aligned");
+  if (src_bytes > 16) fail("cp.async: a source size above the copy's 16 bytes");
+  const AsyncCopy copy{cluster_rank(), dst, src, src_bytes};
+  if (g_state->landing == TmaLanding::at_issue) land_copy(copy);
+  g_state->open_copies[(static_cast<uint64_t>(cluster_rank()) << 32) | static_cast<uint32_t>(current_thread())].push_back(
+      copy);
+  note_progress();
+}
+
+void cp_async_arrive_noinc(uint32_t bar) {
+  const ClusterAddress address = local(bar);
+  (void)barrier(address);
+  std::vector<AsyncCopy>& open =
+      g_state->open_copies[(static_cast<uint64_t>(cluster_rank()) << 32) | static_cast<uint32_t>(current_thread())];
+  if (g_state->landing == TmaLanding::at_issue) {
+    arrive(address);  // the copies have landed
+  } else {
+    g_state->copy_arrivals[address].push_back(std::move(open));
+  }
+  open.clear();
+  note_progress();
   preempt_point();
 }
 

@@ -3,7 +3,8 @@
 // transaction counts, TMA tensor copies through emulated tensor maps (the
 // 128-byte swizzle, zero fill out of range), wgmma with shared-memory
 // descriptors (128-byte swizzle, K-major and N-major B), its groups and
-// waits. The kernel sources compile unchanged as host code through the shims
+// waits; cp.async with its mbarrier arrival (noinc), landing as TMA loads
+// do. The kernel sources compile unchanged as host code through the shims
 // of kernels/sm90_wgmma/ptx.cuh and wgmma.cuh in shim/.
 //
 // Asynchrony is modelled at its latest where that exposes a missing wait:
@@ -59,6 +60,12 @@ void mbarrier_arrive_cluster(uint32_t remote_bar);
 // st.async.shared::cluster.mbarrier::complete_tx::bytes.v4: lands (as TMA
 // loads do, per TmaLanding) and completes 16 bytes on the barrier in that CTA.
 void store_async_cluster_f32x4(uint32_t remote, float a, float b, float c, float d, uint32_t remote_bar);
+// cp.async.cg of 16 bytes, the first src_bytes (0..16) read from src, the
+// rest zero-filled; the thread's copies land (per TmaLanding, as TMA loads)
+// with its next cp.async.mbarrier.arrive.noinc, which arrives once they have:
+// every copy must be followed by one.
+void cp_async_16(uint32_t dst, const void* src, uint32_t src_bytes);
+void cp_async_arrive_noinc(uint32_t bar);
 void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3);
 void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3);
 void tma_store_wait_read();

@@ -1,7 +1,9 @@
 // The sm90_wgmma kernel on serving calls (docs/serving.md), on the CPU
 // emulator, against the fp64 oracle of support/serving_inputs.hpp: packed and
 // batched queries over packed, batched and paged keys (TMA boxes of a page:
-// page sizes 8 to 256, NHD / HND / stacked caches, V inside K's rows), the
+// page sizes 64 to 256; gathered by the producer warpgroup's cp.async: page
+// sizes 1 to 56, their unused rows NaN; NHD / HND / stacked caches, V inside
+// K's rows, D_qk != D_v), the
 // plan computed on the host, windows, softcap, sinks, GQA-packed decode, a
 // sequence's last partial row block stored without TMA (rows of no sequence
 // stay NaN), a cluster of two CTAs (D > 512), mixed batches in two passes
@@ -131,12 +133,29 @@ int run_instance(const detail::AttentionProblem& problem, TmaLanding landing, in
   return static_cast<int>(passes.size());
 }
 
+// A paged cache's rows past each sequence's keys in its last page: NaN in K
+// and V (the gather zero-fills them, TMA loads them and the consumers zero
+// V's: a NaN there would reach P V as 0 x NaN).
+void poison_unused_page_rows(const ServingInputs& in) {
+  const ServingCase& c = in.c;
+  const double nan = std::nan("");
+  for (int64_t b = 0; b < c.batch(); ++b)
+    for (int64_t j = c.seq_kv[b]; j < static_cast<int64_t>(in.pages[b].size()) * c.page_size; ++j) {
+      const int64_t page = in.pages[b][j / c.page_size], row = j % c.page_size;
+      for (int64_t h = 0; h < c.heads_kv; ++h) {
+        for (int64_t d = 0; d < c.dim; ++d) set_element(in.k, {page, h, row, d}, nan);
+        for (int64_t d = 0; d < c.value_dim; ++d) set_element(in.v, {page, h, row, d}, nan);
+      }
+    }
+}
+
 // passes: how many passes the case must run in (0: any).
 template <int kHeadDim>
 void expect_matches_oracle(const ServingCase& c, int split_slots = 0, int passes = 0) {
   for (TmaLanding landing : {TmaLanding::at_issue, TmaLanding::at_wait}) {
     SCOPED_TRACE(c.describe() + (landing == TmaLanding::at_issue ? " [tma at issue]" : " [tma at wait]"));
     ServingInputs in = make_serving_inputs(c);
+    if (c.keys == KeyForm::paged) poison_unused_page_rows(in);  // TMA loads them: the consumers zero V's
     detail::AttentionProblem problem;
     const Status status = detail::validate_forward(in.params, &problem);
     ASSERT_TRUE(status.ok()) << status.message;
@@ -190,7 +209,7 @@ TEST(EmulatedSm90Serving, PackedSequencesPartialRowBlocks) {
 }
 
 TEST(EmulatedSm90Serving, PagedCachesByTmaBoxes) {
-  const int64_t pages[] = {8, 16, 64, 256};
+  const int64_t pages[] = {64, 72, 128, 256};
   const CacheLayout layouts[] = {CacheLayout::nhd, CacheLayout::hnd, CacheLayout::stacked, CacheLayout::nhd};
   for (int i = 0; i < 4; ++i) {
     ServingCase c = base_case(10 + static_cast<uint64_t>(i), 256);
@@ -202,6 +221,69 @@ TEST(EmulatedSm90Serving, PagedCachesByTmaBoxes) {
     c.dtype = i % 2 ? DType::f16 : DType::bf16;
     expect_matches_oracle<256>(c);
   }
+}
+
+// Page sizes TMA cannot box and small ones (gathers_pages): the producer
+// warpgroup's cp.async, every key row a thread, prefill and decode rows, odd
+// lengths (keys past Nkv, NaN in the cache, zero-filled), every cache layout.
+TEST(EmulatedSm90Serving, PagedCachesGathered) {
+  const int64_t pages[] = {1, 3, 5, 7, 63};
+  const CacheLayout layouts[] = {CacheLayout::nhd, CacheLayout::hnd, CacheLayout::stacked, CacheLayout::nhd,
+                                 CacheLayout::hnd};
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(sm90::gathers_pages(pages[i]));
+    ServingCase c = base_case(50 + static_cast<uint64_t>(i), 256);
+    c.keys = KeyForm::paged;
+    c.page_size = pages[i];
+    c.cache = layouts[i];
+    c.seq_q = {70, 1, 9};
+    c.seq_kv = {131 + 20 * i, 257 - 50 * i, 9};
+    c.dtype = i % 2 ? DType::f16 : DType::bf16;
+    expect_matches_oracle<256>(c);
+  }
+}
+
+// D_qk != D_v through the gather: K's columns past D and V's past Dv of the
+// instance's boxes zero-filled (the narrower one of each pair).
+TEST(EmulatedSm90Serving, GatheredValueDimOtherThanKeyDim) {
+  ServingCase c = base_case(60, 192);
+  c.value_dim = 128;
+  c.keys = KeyForm::paged;
+  c.page_size = 3;
+  c.seq_q = {20, 1};
+  c.seq_kv = {150, 77};
+  expect_matches_oracle<256>(c);
+  ServingCase wide = base_case(61, 128);
+  wide.value_dim = 256;
+  wide.keys = KeyForm::paged;
+  wide.page_size = 5;
+  wide.cache = CacheLayout::hnd;
+  wide.causal = Causal::none;
+  wide.seq_q = {3};
+  wide.seq_kv = {200};
+  expect_matches_oracle<256>(wide);
+}
+
+// Decode at D 512: GQA-packed rows over pages of 1 and 3 keys, unsplit and
+// split (the partial rows combined on the host).
+TEST(EmulatedSm90Serving, GatheredDecodePackedHeadsD512) {
+  ServingCase c = base_case(62, 512);
+  c.packed_q = false;
+  c.keys = KeyForm::paged;
+  c.page_size = 1;
+  c.heads_q = 8, c.heads_kv = 1;
+  c.seq_q.assign(3, 1);
+  c.seq_kv = {1, 200, 0};
+  expect_matches_oracle<512>(c);
+  ServingCase split = base_case(63, 512);
+  split.packed_q = false;
+  split.keys = KeyForm::paged;
+  split.page_size = 3;
+  split.heads_q = 4, split.heads_kv = 2;
+  split.seq_q.assign(2, 1);
+  split.seq_kv = {700, 130};
+  split.sinks = true;
+  expect_matches_oracle<512>(split, 12);
 }
 
 TEST(EmulatedSm90Serving, DecodePackedHeadsOverPagesD512) {
@@ -278,6 +360,12 @@ TEST(EmulatedSm90Serving, ClusterMlaLatentCache) {
   c.heads_q = 4, c.heads_kv = 1;
   c.seq_q = {1, 1};
   c.seq_kv = {130, 70};
+  expect_matches_oracle<640>(c);
+  // Pages of one key, gathered: each CTA of the pair its half of K's columns
+  // (576 = 320 + 256: rank 1's last box past D, zero-filled).
+  c.seed = 41;
+  c.page_size = 1;
+  c.seq_kv = {140, 3};
   expect_matches_oracle<640>(c);
 }
 

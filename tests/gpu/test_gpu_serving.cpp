@@ -8,6 +8,8 @@
 // Faulty lengths or block ids in device memory: the kernels write nothing.
 // Mixed batches (a prefill chunk beside decode rows: sm90_wgmma's two
 // passes), with the call's own plan and with a caller's (plan_sequences).
+// sm90_wgmma serves every page size (small ones gathered by its producer
+// warpgroup's cp.async): GpuServingSm90Gather asserts it does.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -74,9 +76,13 @@ bool device_runs_sm90() { return device_support(0, Impl::sm90_wgmma).ok(); }
 // Runs `c` under `impl` and checks every row of every sequence; false when
 // the impl declines the case (impl_unavailable), which auto never does.
 // caller_plan: the call reads a plan made by plan_sequences (every pass's).
-bool run_and_check(const ServingCase& c, Impl impl, bool caller_plan = false) {
+// `prepare`: changes the host inputs before they are copied (rows the oracle
+// never reads).
+bool run_and_check(const ServingCase& c, Impl impl, bool caller_plan = false,
+                   void (*prepare)(const ServingInputs&) = nullptr) {
   SCOPED_TRACE(c.describe() + " impl " + std::to_string(static_cast<int>(impl)) + (caller_plan ? " caller's plan" : ""));
   ServingInputs in = make_serving_inputs(c);
+  if (prepare != nullptr) prepare(in);
   DeviceServing d;
   to_device(in, &d);
   if (::testing::Test::HasFatalFailure()) return false;
@@ -233,6 +239,91 @@ TEST_P(GpuServing, MatchesTheOracleUnderEveryImpl) {
 INSTANTIATE_TEST_SUITE_P(Small, GpuServing, ::testing::ValuesIn(serving_cases()),
                          [](const ::testing::TestParamInfo<ServingCase>& info) {
                            return "case" + std::to_string(info.index) + "_d" + std::to_string(info.param.dim);
+                         });
+
+// Page sizes sm90_wgmma gathers (gathers_pages: not multiples of 8, or
+// below 64), which it must serve: decode rows (GQA-packed, split by the plan
+// on long keys, D 512 and MLA's 576 / 512 in a cluster) and prefill rows, with
+// the unused rows of every sequence's last page NaN (the gather zero-fills
+// keys past Nkv).
+std::vector<ServingCase> gathered_page_cases() {
+  std::vector<ServingCase> cases;
+  const int64_t pages[] = {1, 3, 5, 16};
+  uint64_t seed = 100;
+  for (int64_t page : pages) {
+    ServingCase decode;
+    decode.seed = seed++;
+    decode.dtype = page % 2 ? DType::bf16 : DType::f16;
+    decode.dim = decode.value_dim = 512;
+    decode.heads_q = 16, decode.heads_kv = 2;
+    decode.packed_q = false;
+    decode.keys = KeyForm::paged;
+    decode.page_size = page;
+    decode.cache = static_cast<CacheLayout>(seed % 3);
+    decode.causal = Causal::bottom_right;
+    decode.seq_q.assign(6, 1);
+    decode.seq_kv = {1, 700, 0, 3001, 129, 64};
+    cases.push_back(decode);
+    ServingCase prefill = decode;
+    prefill.seed = seed++;
+    prefill.dim = 256, prefill.value_dim = 192;
+    prefill.heads_q = 4;
+    prefill.packed_q = true;
+    prefill.seq_q = {150, 1, 67};
+    prefill.seq_kv = {400, 33, 67};
+    prefill.softcap = page == 3 ? 30.0f : 0.0f;
+    prefill.sinks = page == 5;
+    if (page == 16) prefill.window_left = 100;
+    cases.push_back(prefill);
+  }
+  ServingCase mla;
+  mla.seed = seed++;
+  mla.dtype = DType::bf16;
+  mla.dim = 576, mla.value_dim = 512;
+  mla.value_in_key_rows = true;
+  mla.heads_q = 16, mla.heads_kv = 1;
+  mla.packed_q = false;
+  mla.keys = KeyForm::paged;
+  mla.page_size = 1;
+  mla.causal = Causal::bottom_right;
+  mla.seq_q.assign(4, 1);
+  mla.seq_kv = {1000, 1, 257, 0};
+  cases.push_back(mla);
+  return cases;
+}
+
+// NaN in the rows of each sequence's last page past its keys.
+void poison_unused_page_rows(const ServingInputs& in) {
+  const ServingCase& c = in.c;
+  for (int64_t b = 0; b < c.batch(); ++b)
+    for (int64_t j = c.seq_kv[b]; j < static_cast<int64_t>(in.pages[b].size()) * c.page_size; ++j)
+      for (int64_t h = 0; h < c.heads_kv; ++h) {
+        const int64_t page = in.pages[b][j / c.page_size], row = j % c.page_size;
+        for (int64_t d = 0; d < c.dim; ++d) set_element(in.k, {page, h, row, d}, std::nan(""));
+        for (int64_t d = 0; d < c.value_dim; ++d) set_element(in.v, {page, h, row, d}, std::nan(""));
+      }
+}
+
+class GpuServingSm90Gather : public ::testing::TestWithParam<ServingCase> {
+ protected:
+  void SetUp() override {
+    if (gpu_unavailable_reason()) GTEST_SKIP() << *gpu_unavailable_reason();
+    if (!device_runs_sm90()) GTEST_SKIP() << "no sm_90a device";
+  }
+};
+
+TEST_P(GpuServingSm90Gather, ServesAndMatchesTheOracle) {
+  const std::vector<int32_t> dims = library_info().sm90_wgmma_head_dims;
+  const int64_t width = std::max(GetParam().dim, GetParam().value_dim);
+  if (dims.empty() || dims.back() < width) GTEST_SKIP() << "no sm90_wgmma instance of this build holds D " << width;
+  EXPECT_TRUE(run_and_check(GetParam(), Impl::sm90_wgmma, false, poison_unused_page_rows)) << "sm90_wgmma declined it";
+  EXPECT_TRUE(run_and_check(GetParam(), Impl::automatic, false, poison_unused_page_rows));
+}
+
+INSTANTIATE_TEST_SUITE_P(Pages, GpuServingSm90Gather, ::testing::ValuesIn(gathered_page_cases()),
+                         [](const ::testing::TestParamInfo<ServingCase>& info) {
+                           return "case" + std::to_string(info.index) + "_page" +
+                                  std::to_string(info.param.page_size) + "_d" + std::to_string(info.param.dim);
                          });
 
 class GpuServingSmall : public ::testing::Test {

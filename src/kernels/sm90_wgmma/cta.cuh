@@ -111,7 +111,10 @@ struct Cta {
       }
       if (!idle()) *key_bounds() = tile_key_bounds(p, *tile(), *sequence());
       mbarrier_init(q_full(), 1);
-      for (int f = 0; f < kFull; ++f) mbarrier_init(full(f), 1);
+      // A ring position completes on one TMA arrival with its bytes, or on
+      // every producer thread's cp.async arrival (the paged gather).
+      const uint32_t full_arrivals = Traits::kGathersPages && args.gather_pages ? 128 : 1;
+      for (int f = 0; f < kFull; ++f) mbarrier_init(full(f), full_arrivals);
       for (int s = 0; s < kStages; ++s) mbarrier_init(empty(s), 4);  // a warp of the consumer each
       for (int b = 0; b < 2; ++b) {
         mbarrier_init(p_full(b), 128);  // every thread of the owner writes part of P

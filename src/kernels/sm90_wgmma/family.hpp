@@ -61,12 +61,21 @@ inline SequenceTiling sequence_tiling(const TileLaunch& tiles) {
   return {kTileRows, kTileKeys, tiles.heads_per_tile, tiles.split_slots};
 }
 
+// How a paged cache's K and V reach shared memory, by page size: gathered by
+// the producer warpgroup with cp.async, a key row a thread
+// (producer_gather.cuh; any page size), or by TMA, a box per page
+// (paged_box_rows; page sizes that are multiples of 8: the 128-byte swizzle
+// repeats every 8 rows, so a box of fewer would land inside a swizzle atom).
+// TMA boxes issued a lane each run page 16 at 0.90 and page 32 at 0.96 of a
+// batched cache on the H200 (docs/kernels/serving.md); where the gather
+// overtakes them is not measured yet, so every multiple of 8 stays TMA.
+constexpr int64_t kTmaPageMinRows = 8;
+inline bool gathers_pages(int64_t page_size) { return page_size % 8 != 0 || page_size < kTmaPageMinRows; }
+
 // A paged cache's rows in one TMA load of a box of `rows` keys: the largest
 // power of two dividing both the page size and the box (a load never crosses
-// a page). The family serves page sizes that are multiples of 8: the
-// 128-byte swizzle repeats every 8 rows, so a load of fewer would land
-// inside a swizzle atom (and a 128-key block stays within 16 loads: the
-// producer warp's lanes look up one page-box each).
+// a page): at least 8 where !gathers_pages (and a 128-key block stays within
+// 16 loads: the producer warp's lanes look up one page-box each).
 inline int paged_box_rows(int64_t page_size, int rows) {
   int box = rows;
   while (page_size % box != 0) box /= 2;

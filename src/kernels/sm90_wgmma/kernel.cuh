@@ -2,7 +2,8 @@
 //
 // One CTA: 64 query rows of one (batch, head), all of O. Three warpgroups:
 //   - a producer (one thread issues TMA loads into a ring of shared-memory stages;
-//     with dropout, its warps 1-3 draw the keep bits: dropout_warps.cuh);
+//     with dropout, its warps 1-3 draw the keep bits: dropout_warps.cuh; a
+//     paged cache of small pages is gathered by all 128: producer_gather.cuh);
 //   - two consumers; consumer w owns columns [w * kHalfCols, (w + 1) * kHalfCols)
 //     of O (fp32 in registers: 64 x 512 does not fit one warpgroup).
 // KV blocks of 128 keys alternate between the consumers: consumer
@@ -54,6 +55,7 @@
 #include "kernels/sm90_wgmma/epilogue.cuh"
 #include "kernels/sm90_wgmma/mainloop.cuh"
 #include "kernels/sm90_wgmma/producer.cuh"
+#include "kernels/sm90_wgmma/producer_gather.cuh"
 #include "kernels/sm90_wgmma/softmax.cuh"
 #include "kernels/sm90_wgmma/traits.cuh"
 
@@ -161,9 +163,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (warpgroup == 0) {
     setmaxnreg_decrease<Traits::kProducerRegisters>();
     // Thread 0 issues every TMA load; with a paged cache its whole warp runs
-    // the producer, each lane looking up a page of a block (producer.cuh).
-    const bool paged = !Traits::kFp8 && args.p.sequences.paged();
-    if (paged && threadIdx.x < 32) {
+    // the producer, each lane looking up a page of a block (producer.cuh),
+    // or the whole warpgroup gathers the pages (producer_gather.cuh).
+    const bool gather = Traits::kGathersPages && args.gather_pages;
+    const bool paged = !Traits::kFp8 && args.p.sequences.paged() && !gather;
+    if (gather) {
+      if constexpr (Traits::kGathersPages) GatherProducer<Traits>{cta, static_cast<int>(threadIdx.x)}.run(&q_map);
+    } else if (paged && threadIdx.x < 32) {
       if constexpr (!Traits::kFp8) Producer<Traits, true>{cta, static_cast<int>(threadIdx.x)}.run(&q_map, &k_map, &v_map);
     } else if (!paged && threadIdx.x == 0) {
       Producer<Traits, false>{cta, 0}.run(&q_map, &k_map, &v_map);

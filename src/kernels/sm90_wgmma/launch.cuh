@@ -38,6 +38,9 @@ Status launch_tiles(const Args& args, const CUtensorMap (&maps)[4], int64_t tile
 template <class Traits>
 Status launch(const AttentionProblem& problem, const TileLaunch& tiles, cudaStream_t stream) {
   const ForwardLaunch launch = forward_launch<Traits>(problem, tiles);
+  if (launch.args.gather_pages && !Traits::kGathersPages) {  // a paged cache with a mask or dropout: validation refuses
+    return {StatusCode::impl_unavailable, "impl sm90_wgmma: this kernel variant does not gather a paged cache"};
+  }
   CUtensorMap maps[4];
   if (Status status = encode_tensor_maps(attention_tensor_shapes(problem), launch.box_rows, launch.box_heads, maps);
       !status.ok()) {

@@ -17,6 +17,19 @@
 
 namespace ffpa::detail::sm90_wgmma {
 
+// The tile's Q by TMA on its own barrier (one thread; every producer).
+template <class Traits>
+__device__ __forceinline__ void load_q(const Cta<Traits>& cta, const CUtensorMap* q_map) {
+  const TileCoordinates* tile = cta.tile();
+  prefetch_tensor_map(q_map);
+  mbarrier_arrive_expect_tx(cta.q_full(), Traits::kQKChunks * Traits::kTileBytes);
+#pragma unroll 1
+  for (int c = 0; c < Traits::kQKChunks; ++c)  // (kFp8: the codes' rows start at the first quantized row)
+    tma_load_4d(cta.q_tiles() + c * Traits::kTileBytes, q_map, cta.q_full(), cta.qk_col0() + c * Traits::kBoxCols,
+                cta.sequence()->q_begin + tile->q0 - (Traits::kFp8 ? cta.args.first_row_block * Traits::kBlockM : 0),
+                tile->head, cta.sequence()->q_batch);
+}
+
 template <class Traits, bool kPaged>
 struct Producer {
   static constexpr int kStages = Traits::kStages, kKStages = Traits::kKStages, kBoxCols = Traits::kBoxCols;
@@ -157,16 +170,10 @@ struct Producer {
                                       const CUtensorMap* v_map) {
     const TileCoordinates* tile = cta.tile();
     if (lane == 0) {
-      prefetch_tensor_map(q_map);
       prefetch_tensor_map(k_map);
       prefetch_tensor_map(v_map);
-      mbarrier_arrive_expect_tx(cta.q_full(), Traits::kQKChunks * Traits::kTileBytes);
+      load_q(cta, q_map);
     }
-#pragma unroll 1
-    for (int c = 0; c < Traits::kQKChunks && lane == 0; ++c)  // (kFp8: the codes' rows start at the first quantized row)
-      tma_load_4d(cta.q_tiles() + c * Traits::kTileBytes, q_map, cta.q_full(), cta.qk_col0() + c * kBoxCols,
-                  cta.sequence()->q_begin + tile->q0 - (Traits::kFp8 ? cta.args.first_row_block * Traits::kBlockM : 0),
-                  tile->head, cta.sequence()->q_batch);
     if (tile->kv_blocks > 0) {
       if constexpr (kPaged) look_up_pages(0);
       load_k(k_map, 0);

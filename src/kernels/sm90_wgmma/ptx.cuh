@@ -2,7 +2,8 @@
 // copies, cluster barriers and proxy fences through the toolkit's own
 // cuda::ptx (CCCL); in inline PTX only what cuda::ptx does not cover here
 // (mapa and stores to a peer's shared memory, tensor-map prefetch, wgmma
-// bookkeeping and descriptors, setmaxnreg, named barriers). Each wrapper is
+// bookkeeping and descriptors, setmaxnreg, named barriers, the gather's
+// cp.async and its barrier arrival). Each wrapper is
 // one instruction (or a wait loop around one); the schedule lives in
 // kernel.cuh and its role files.
 //
@@ -131,6 +132,24 @@ __device__ __forceinline__ void mbarrier_wait_cluster(uint32_t bar, uint32_t par
   while (!cuda::ptx::mbarrier_try_wait_parity(cuda::ptx::sem_acquire, cuda::ptx::scope_cta, barrier_pointer(bar),
                                               parity)) {
   }
+}
+
+// ---- cp.async (the paged gather: producer_gather.cuh) ---------------------------
+// 16 bytes from global memory into shared memory, of which the first
+// `src_bytes` (0..16) are read and the rest zero-filled: 0 reads nothing (a
+// key past the sequence, columns past D). dst and src 16-byte aligned.
+// (cuda::ptx has no non-bulk cp.async.)
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, uint32_t src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+}
+
+// One arrival on `bar` once every cp.async this thread has issued so far has
+// landed; noinc: the arrival is one of those the barrier was initialised
+// with (a phase of N such threads' copies is N arrivals). Inline PTX naming
+// the .shared::cta space of the shared-window address (CCCL 13.0's
+// cp_async_mbarrier_arrive_noinc names no state space).
+__device__ __forceinline__ void cp_async_arrive_noinc(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
 
 // ---- TMA ----------------------------------------------------------------------

@@ -45,11 +45,8 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
     *reason = "a logit softcap above D 512: the cluster kernels carry no softcap (sm80_split_d serves it)";
     return nullptr;
   }
-  if (problem.sequences.paged() && problem.sequences.page_size % 8 != 0) {
-    *reason = "a paged cache of page size " + std::to_string(problem.sequences.page_size) +
-              ": this family loads pages by TMA, in boxes of a multiple of 8 rows (sm80_split_d serves any page size)";
-    return nullptr;
-  }
+  // Any page size: small pages are gathered with cp.async (gathers_pages),
+  // whose 16-byte copies need the alignment TMA needs.
   for (const TensorMapShape& tensor : attention_tensor_shapes(problem)) {
     if (!tensor_map_addressable(tensor)) {
       *reason = "TMA needs 16-byte aligned base addresses and strides";
@@ -133,10 +130,12 @@ Status run(const AttentionProblem& problem, int head_dim, const TileLaunch& tile
 
 std::string kernel_name(const AttentionProblem& problem, const Instance& instance) {
   const int ctas = cluster_size(instance.head_dim);
+  const bool gather = problem.sequences.paged() && gathers_pages(problem.sequences.page_size);
   return std::string("sm90_wgmma<") + (problem.dtype == DType::bf16 ? "bf16" : "f16") + ",d" +
          std::to_string(instance.head_dim) + ",m64,n128,s" + std::to_string(ring_stages(ctas)) +
          (ctas == 1 ? "" : ",cluster" + std::to_string(ctas)) + (problem.has_dropout()                             ? ",dropout>"
           : starts_s_at_mask(problem, instance.head_dim) ? ",mask-in-s>"
+          : gather                                       ? ",paged-gather>"
                                                            : ">");
 }
 

@@ -91,6 +91,11 @@ struct Traits {
   // Whether the kernel carries the logit softcap (kernels that never get one
   // leave its code out: their consumers run at the register file's edge).
   static constexpr bool kSoftcap = !kMaskInS && kSplit == 1 && !kFp8;
+  // Whether the kernel carries the paged gather (producer_gather.cuh: the
+  // whole producer warpgroup loads K and V with cp.async). A sequence batch
+  // takes no mask or dropout (docs/serving.md), so only the plain 16-bit
+  // kernels meet a paged cache; the dropout warps would need the warpgroup.
+  static constexpr bool kGathersPages = !kFp8 && !kDropout && !kMaskInS;
   // How the softmax reads the user's mask (score_mask.cuh): column blocks of
   // loads in flight, and whether a key pair is one load. The most that do not
   // spill: the cluster kernels' consumers hold more, and either the pair path
@@ -182,10 +187,15 @@ struct Args {
   // current block's scale, each block's factor times old / new scale.
   bool v_scale_per_block = false;
   const float* v_mean = nullptr;  // smooth-V: added back to every row that attends a key
-  // A paged cache (AttentionProblem::sequences): the rows of one TMA load of
-  // K and V, dividing the page size and a V stage's 64 keys (the maps' boxes:
-  // a load never crosses a page), at least 8: a KV block is at most 16 of them.
+  // A paged cache (AttentionProblem::sequences) loaded by TMA: the rows of
+  // one load of K and V, dividing the page size and a V stage's 64 keys (the
+  // maps' boxes: a load never crosses a page), at least 8: a KV block is at
+  // most 16 of them.
   int page_box_rows = 0;
+  // A paged cache gathered instead (gathers_pages, family.hpp): the producer
+  // warpgroup copies K and V a key row a thread (producer_gather.cuh); only
+  // with Traits::kGathersPages.
+  bool gather_pages = false;
 };
 
 }  // namespace ffpa::detail::sm90_wgmma

@@ -41,6 +41,9 @@ inline void store_async_cluster_f32x4(uint32_t remote, float a, float b, float c
 }
 inline void mbarrier_wait_cluster(uint32_t bar, uint32_t parity) { mbarrier_wait(bar, parity); }
 
+inline void cp_async_16(uint32_t dst, const void* src, uint32_t src_bytes) { emu::cp_async_16(dst, src, src_bytes); }
+inline void cp_async_arrive_noinc(uint32_t bar) { emu::cp_async_arrive_noinc(bar); }
+
 inline void prefetch_tensor_map(const CUtensorMap*) {}
 inline void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3) {
   emu::tma_load_4d(dst, map, bar, c0, c1, c2, c3);
