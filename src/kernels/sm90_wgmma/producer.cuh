@@ -60,6 +60,11 @@ struct Producer {
     const int stage = position % kStages;
     mbarrier_wait(cta.empty(stage), ((position / kStages) & 1) ^ 1);
     if (lane == 0) mbarrier_arrive_expect_tx(cta.full(position), bytes);
+    // A paged cache's warp stays together stage by stage: a lane with no box
+    // in a stage gates none of its barriers, so without this it could fall two
+    // phases behind lane 0 and wait on a parity that has come round again
+    // (the emulator's shuffled schedules deadlocked so).
+    if constexpr (kPaged) __syncwarp();
     ++position;
     return stage;
   }
