@@ -480,6 +480,23 @@ Status run_fp8(const AttentionProblem& problem, const Fp8KvCache* kv_cache, void
   return memory.release(fp8_forward(problem, problem.quantization, base, bytes, stream, kv_cache));
 }
 
+// Split-KV's partial rows of `layout` (O, then the row states) from `memory`.
+struct PartialRows {
+  float* o = nullptr;
+  RowSoftmaxState* states = nullptr;
+};
+Status acquire_partial_rows(Workspace& memory, const split_kv::PartialLayout& layout, PartialRows* rows) {
+  void* partials = nullptr;
+  if (Status status = memory.acquire(static_cast<size_t>(layout.bytes), "split-KV's partial rows", &partials);
+      !status.ok()) {
+    return status;
+  }
+  unsigned char* const base = static_cast<unsigned char*>(partials);
+  rows->o = reinterpret_cast<float*>(base + layout.o_offset);
+  rows->states = reinterpret_cast<RowSoftmaxState*>(base + layout.states_offset);
+  return {};
+}
+
 // A dense call's split-KV: the partial rows in the caller's workspace, or in stream-ordered
 // memory freed after the combine; `run_splits(partial_o, partial_states)`
 // launches the family's kernel on them, then the combine merges them
@@ -490,17 +507,11 @@ Status run_split_kv(const AttentionProblem& problem, const KernelChoice& choice,
   const split_kv::PartialLayout layout = call_partial_layout(problem, choice);
   const int kv_splits = choice.kv_splits;
   Workspace memory(workspace, workspace_size, stream);
-  void* partials = nullptr;
-  if (Status status = memory.acquire(static_cast<size_t>(layout.bytes), "split-KV's partial rows", &partials);
-      !status.ok()) {
-    return status;
-  }
-  unsigned char* const base = static_cast<unsigned char*>(partials);
-  float* const partial_o = reinterpret_cast<float*>(base + layout.o_offset);
-  RowSoftmaxState* const partial_states = reinterpret_cast<RowSoftmaxState*>(base + layout.states_offset);
-  Status status = run_splits(partial_o, partial_states);
+  PartialRows rows;
+  if (Status status = acquire_partial_rows(memory, layout, &rows); !status.ok()) return status;
+  Status status = run_splits(rows.o, rows.states);
   if (status.ok()) {
-    status = split_kv::launch_combine(problem, {partial_o, partial_states, kv_splits}, programmatic, stream);
+    status = split_kv::launch_combine(problem, {rows.o, rows.states, kv_splits}, programmatic, stream);
   }
   return memory.release(status);
 }
@@ -546,12 +557,8 @@ Status run_sm90_passes(const AttentionProblem& problem, const KernelChoice& choi
   const split_kv::PartialLayout layout =
       writes_partials(problem, choice) ? call_partial_layout(problem, choice) : split_kv::PartialLayout{};
   Workspace memory(workspace, workspace_size, stream);
-  void* partials = nullptr;
-  if (Status status = memory.acquire(static_cast<size_t>(layout.bytes), "split-KV's partial rows", &partials);
-      !status.ok()) {
-    return status;
-  }
-  unsigned char* const base = static_cast<unsigned char*>(partials);
+  PartialRows rows;
+  if (Status status = acquire_partial_rows(memory, layout, &rows); !status.ok()) return status;
   Status status;
   for (int i = 0; i < passes.count && status.ok(); ++i) {
     const ServingPass& pass = passes.pass[i];
@@ -560,10 +567,7 @@ Status run_sm90_passes(const AttentionProblem& problem, const KernelChoice& choi
     tiles.heads_per_tile = pass.tiling.heads_per_tile;
     tiles.split_slots = pass.tiling.split_slots;
     tiles.pass = pass.rows;
-    if (tiles.split_slots > 0) {
-      tiles.partial_o = reinterpret_cast<float*>(base + layout.o_offset);
-      tiles.partial_states = reinterpret_cast<RowSoftmaxState*>(base + layout.states_offset);
-    }
+    if (tiles.split_slots > 0) tiles.partial_o = rows.o, tiles.partial_states = rows.states;
     status = sm90_wgmma::run(planned, static_cast<int>(choice.padded_head_dim), tiles, stream);
     if (status.ok() && tiles.split_slots > 0) {
       status = split_kv::launch_combine(planned, {tiles.partial_o, tiles.partial_states, 0, pass.rows},
@@ -572,7 +576,6 @@ Status run_sm90_passes(const AttentionProblem& problem, const KernelChoice& choi
   }
   return memory.release(status);
 }
-
 
 }  // namespace
 
