@@ -88,11 +88,17 @@ FFPA_HOST_DEVICE int planned_tiles(const SequenceScheduleHeader& header, const S
   return header.fault == 0 && header.tiling == tiling ? header.tiles : 0;
 }
 
+// The KV splits of kv_blocks blocks in splits of split_blocks (1 unsplit, or
+// with no key). Any integer type: the plan kernel counts in 32 bits.
+template <typename Int>
+FFPA_HOST_DEVICE Int kv_splits_of_blocks(Int kv_blocks, Int split_blocks) {
+  if (!(split_blocks > 0 && kv_blocks > 0)) return 1;  // (no "<= 0" on an unsigned Int)
+  return (kv_blocks + split_blocks - 1) / split_blocks;
+}
+
 // A sequence's KV splits of split_blocks blocks (1 unsplit, or with no key).
 FFPA_HOST_DEVICE int64_t sequence_splits(const Sequence& seq, int block_n, int64_t split_blocks) {
-  if (split_blocks <= 0) return 1;
-  const int64_t kv_blocks = (seq.seq_kv + block_n - 1) / block_n;
-  return kv_blocks > 0 ? (kv_blocks + split_blocks - 1) / split_blocks : 1;
+  return kv_splits_of_blocks<int64_t>((seq.seq_kv + block_n - 1) / block_n, split_blocks);
 }
 
 // The tiles of one sequence (its row blocks, splits and head groups).

@@ -86,23 +86,24 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const AttentionProbl
   // cost the plan ~80 us on the H200).
   for (int64_t chunk = 0; chunk < p.batch; chunk += kPlanThreads) {
     const int64_t b = chunk + tid;
-    uint32_t blocks = 0, tiles_per_split = 0;  // 32-bit: a sequence's fit, and 64-bit divisions are long
+    uint32_t blocks = 0, tiles_per_split = 0;  // 32-bit: a sequence's counts fit
     if (b < p.batch) {
       if (check_sequence(s, b, p.seq_q, p.seq_kv).fault != SequenceFault::none) {
         atomicMin(&first_fault, fault_key(b, -1));
-      } else if (tiling.split_slots > 0 && pass.in_pass(sequence_at(s, b))) {  // another pass's: no tiles
+      } else if (tiling.split_slots > 0) {
         const Sequence seq = sequence_at(s, b);
-        const int rows = tiling.block_m / tiling.heads_per_tile;
-        blocks = static_cast<uint32_t>((seq.seq_kv + tiling.block_n - 1) / tiling.block_n);
-        tiles_per_split = static_cast<uint32_t>((seq.seq_q + rows - 1) / rows * groups);
+        if (pass.in_pass(seq)) {  // another pass's sequence: no tiles
+          const int rows = tiling.block_m / tiling.heads_per_tile;
+          blocks = static_cast<uint32_t>((seq.seq_kv + tiling.block_n - 1) / tiling.block_n);
+          tiles_per_split = static_cast<uint32_t>((seq.seq_q + rows - 1) / rows * groups);
+        }
       }
     }
     if (tiling.split_slots <= 0) continue;
     const uint32_t warp_max_blocks = __reduce_max_sync(0xFFFFFFFFu, blocks);
     if (tid % 32 == 0) atomicMax(&max_blocks, static_cast<int>(warp_max_blocks));
     for (int c = 0; c < kSplitCandidates; ++c) {
-      const uint32_t split = static_cast<uint32_t>(split_candidate(c));
-      const uint32_t splits = split == 0 || split >= blocks ? 1 : (blocks + split - 1) / split;
+      const uint32_t splits = kv_splits_of_blocks(blocks, static_cast<uint32_t>(split_candidate(c)));
       const uint32_t tiles = __reduce_add_sync(0xFFFFFFFFu, splits * tiles_per_split);
       if (tid % 32 == 0) atomicAdd(&candidate_tiles[c], static_cast<unsigned long long>(tiles));
     }

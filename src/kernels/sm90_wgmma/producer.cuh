@@ -92,7 +92,8 @@ struct Producer {
   __device__ __forceinline__ void look_up_pages(int j) {
     if (j >= cta.tile()->kv_blocks) return;
     KeyCoordinates at{0, 0};
-    if (lane * cta.args.page_box_rows < Traits::kBlockN) at = key_coordinates(cta.block_key(j) + lane * cta.args.page_box_rows);
+    const int box_key = lane * cta.args.page_box_rows;  // this lane's page-box's first key in the block
+    if (box_key < Traits::kBlockN) at = key_coordinates(cta.block_key(j) + box_key);
     const int slot = j % 3;
     if (slot == 0) {
       page_box0 = at;
