@@ -9,6 +9,8 @@ On the H200, from the repository root (about 30 s):
 The batch: B decode rows (Nq = 1), Hq/Hkv, D (defaults: compass_serving's paged-decode-gemma4-b32, B32 Hq32/Hkv4
 D512 bf16, causal), contexts either all --context long (--lengths equal) or compass_serving's log-normal draw
 (--lengths lognormal). Columns, each ffpa_attn.flash_attn_with_kvcache on the same keys:
+  dense        compass_serving's dense reference: one dense call, every sequence at the mean context (its own
+               bytes), through torch.ops.ffpa_attn.forward (bhnd, bottom-right causal)
   batched      cache [B, Nmax, Hkv, D] with cache_seqlens (a sequence batch without pages)
   page P       vLLM's NHD cache [num_blocks, P, Hkv, D], the block table shuffled, for each --pages P
 Timing: CUDA events around --iters calls after warm-up, the median of --rounds interleaved rounds (order reversed
@@ -119,6 +121,14 @@ def main(argv: list[str]) -> int:
     columns: dict[str, Any] = {
         "batched": lambda: ffpa_attn.flash_attn_with_kvcache(q, inputs["k"], inputs["v"], cache_seqlens=seqlens,
                                                              causal=True, impl=args.impl)}
+    mean = round(sum(lengths) / len(lengths))
+    gen = torch.Generator(device="cuda").manual_seed(args.seed + 1)
+    dq = torch.randn(len(lengths), args.heads_q, 1, args.head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
+    dk, dv = (torch.randn(len(lengths), args.heads_kv, mean, args.head_dim, device="cuda", dtype=torch.bfloat16,
+                          generator=gen) for _ in range(2))
+    dense_bytes = len(lengths) * mean * args.heads_kv * 2 * args.head_dim * 2
+    columns["dense"] = lambda: torch.ops.ffpa_attn.forward(dq, dk, dv, None, 0.0, 2, args.head_dim ** -0.5, 0,
+                                                           0, 0, 0, False)[0]
     reference = columns["batched"]().float()
     errors: dict[str, float] = {}
     for page in [int(p) for p in args.pages.split(",")]:
@@ -134,7 +144,8 @@ def main(argv: list[str]) -> int:
           f"K/V {kv_bytes / 1e9:.2f} GB")
     for name, t in ms.items():
         kernels = kernels_of(columns[name])
-        row = {"column": name, "ms": t, "gbps": kv_bytes / t / 1e6, "vs_batched": ms["batched"] / t,
+        nbytes = dense_bytes if name == "dense" else kv_bytes
+        row = {"column": name, "ms": t, "gbps": nbytes / t / 1e6, "vs_batched": ms["batched"] / t,
                "max_abs_diff_vs_batched": errors.get(name, 0.0), "kernels": kernels}
         rows.append(row)
         print(f"{name:>10}: {t:.3f} ms  {row['gbps']:.0f} GB/s  {row['vs_batched']:.2f} of batched  "

@@ -33,10 +33,20 @@ To bits_as(From from) {
   return to;
 }
 
-// 32-bit shuffles (bits_as asserts the size).
+// 32-bit shuffles (bits_as asserts the size); a 64-bit one as two, as the
+// hardware does.
 template <typename T>
 T __shfl_sync(unsigned, T value, int source_lane, int width = 32) {
-  return bits_as<T>(::ffpa::emulation::shuffle(bits_as<uint32_t>(value), source_lane, width));
+  if constexpr (sizeof(T) == 8) {
+    uint32_t half[2];
+    std::memcpy(half, &value, 8);
+    for (uint32_t& h : half) h = ::ffpa::emulation::shuffle(h, source_lane, width);
+    T to;
+    std::memcpy(&to, half, 8);
+    return to;
+  } else {
+    return bits_as<T>(::ffpa::emulation::shuffle(bits_as<uint32_t>(value), source_lane, width));
+  }
 }
 
 template <typename T>

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ffpa/ffpa.hpp"
@@ -354,8 +355,9 @@ TEST_F(GpuServingSmall, AMixedBatchRunsInTwoPasses) {
   ASSERT_TRUE(sequence_plan_size(d.params, &plan_bytes).ok());
   ASSERT_TRUE(workspace_size(d.params, &without_plan).ok());
   EXPECT_GT(plan_bytes, 256u);  // two plans, the second on a 256-byte offset
-  int64_t plan_word = 0;
-  d.params.sequence_plan = &plan_word;  // only its presence counts here
+  DeviceBuffer plan;  // only its presence counts here (device memory, as the tensors)
+  plan.allocate(plan_bytes);
+  d.params.sequence_plan = plan.data();
   ASSERT_TRUE(workspace_size(d.params, &with_plan).ok());
   EXPECT_GE(without_plan, with_plan + plan_bytes);
   EXPECT_TRUE(run_and_check(c, Impl::sm90_wgmma));
@@ -389,6 +391,46 @@ TEST_F(GpuServingSmall, AFaultyBlockTableWritesNothing) {
   for (Impl impl : {Impl::sm80_split_d, Impl::sm90_wgmma}) {
     if (impl == Impl::sm90_wgmma && !device_runs_sm90()) continue;
     d.params.options.impl = impl;
+    const Status status = forward(d.params);
+    ASSERT_TRUE(status.ok()) << status.message;  // asynchronous: the fault is the plan's
+    FFPA_ASSERT_CUDA(cudaDeviceSynchronize());
+    copy_to_host(*d.o, &in.o, nullptr);
+    const auto* bits = static_cast<const uint16_t*>(in.o.tensor.data);
+    for (int64_t e = 0; e < in.o.numel(); ++e) ASSERT_EQ(bits[e], 0x7FC0u) << "element " << e << " written";
+  }
+}
+
+// A table of more pages than one plan CTA checks (page size 1, 24 sequences
+// of ~1k keys: ~24k pages, a CTA a sequence beside the plan's CTA 0, then the
+// verdict kernel): the plan serves it, and of two faulty pages the verdict is
+// the lowest sequence's, whichever CTA found it; nothing is written.
+TEST_F(GpuServingSmall, AManyPageTableIsCheckedByManyCtas) {
+  ServingCase c;
+  c.dtype = DType::bf16;
+  c.dim = c.value_dim = 64;
+  c.keys = KeyForm::paged;
+  c.page_size = 1;
+  c.causal = Causal::bottom_right;
+  std::mt19937 rng(45);
+  for (int b = 0; b < 24; ++b) {
+    c.seq_q.push_back(1 + b % 2);
+    c.seq_kv.push_back(700 + static_cast<int64_t>(rng() % 400));
+  }
+  c.seq_kv[20] = 1000;
+  EXPECT_TRUE(run_and_check(c, Impl::automatic));
+  for (const auto& [sequence, page] : {std::pair<int64_t, int64_t>{20, 700}, {5, c.seq_kv[5] - 1}}) {
+    SCOPED_TRACE("faulty sequence " + std::to_string(sequence));
+    ServingInputs in = make_serving_inputs(c);
+    auto* table = static_cast<int32_t*>(in.table.tensor.data);
+    table[in.table.tensor.stride[0] * sequence + page] = -5;
+    table[in.table.tensor.stride[0] * 22 + 3] = 1 << 30;  // a later sequence's, found by another CTA
+    DeviceServing d;
+    ASSERT_NO_FATAL_FAILURE(to_device(in, &d));
+    const Status checked = check_sequences(d.params);
+    EXPECT_EQ(checked.code, StatusCode::invalid_block_table) << checked.message;
+    const std::string named = "block_table[" + std::to_string(sequence) + "][" + std::to_string(page) + "] = -5";
+    EXPECT_NE(checked.message.find(named), std::string::npos) << checked.message;
+    d.params.options.impl = Impl::automatic;
     const Status status = forward(d.params);
     ASSERT_TRUE(status.ok()) << status.message;  // asynchronous: the fault is the plan's
     FFPA_ASSERT_CUDA(cudaDeviceSynchronize());

@@ -136,31 +136,57 @@ FFPA_HOST_DEVICE int64_t split_candidate(int c) {
   return (c & 1) ? int64_t{3} << (c / 2 - 1) : int64_t{1} << (c / 2);
 }
 
-// The split-KV rule for a sequence batch (the dense rule's time model,
-// split_kv.hpp's split_cost, over the batch's own lengths): the candidate
-// blocks per split (split_candidate) that give the fewest waves times the
-// work of a split, at most `max_tiles` tiles and kMaxKvSplits splits a
-// sequence; 0 when no split beats the unsplit tiles. `tiles_of(c)`: the
-// batch's tiles with split_candidate(c) blocks a split; max_blocks: its
-// longest sequence's blocks.
-#ifdef __CUDACC__
-#pragma nv_exec_check_disable  // tiles_of is a host lambda on the host, a device one on the device
-#endif
-template <class TilesOf>
-FFPA_HOST_DEVICE int64_t choose_split_blocks(TilesOf&& tiles_of, int64_t max_blocks, int block_n, int slots,
+// The split-KV rule's cost of candidate c for a sequence batch (the dense
+// rule's time model, split_kv.hpp's split_cost, over the batch's own
+// lengths): the waves of its `tiles` times the work of a split; c = 0 is the
+// unsplit tiles. Negative where c may not be taken: its splits are not
+// shorter than the longest sequence (max_blocks), or it has more than
+// max_tiles tiles or more than kMaxKvSplits splits a sequence (the
+// combine's). Each candidate is evaluated alone, so a device plan can
+// evaluate them all at once.
+FFPA_HOST_DEVICE double split_candidate_cost(int c, int64_t tiles, int64_t max_blocks, int block_n, int slots,
                                              int64_t max_tiles) {
-  if (max_blocks <= 1 || slots <= 0) return 0;
-  const int64_t unsplit_tiles = tiles_of(0);
-  if (unsplit_tiles >= slots) return 0;  // the tiles fill the slots alone (the dense rule)
-  double best_cost = split_cost(unsplit_tiles, 1, max_blocks * block_n, slots);
+  if (c == 0) return split_cost(tiles, 1, max_blocks * block_n, slots);
+  const int64_t s = split_candidate(c);
+  if (s >= max_blocks || tiles > max_tiles || (max_blocks + s - 1) / s > kMaxKvSplits) return -1.0;
+  return split_cost(tiles, 1, s * block_n, slots);
+}
+
+// Whether the rule splits at all: a longest sequence of more than one block,
+// and unsplit tiles that do not fill the slots alone (the dense rule).
+FFPA_HOST_DEVICE bool may_split_batch(int64_t unsplit_tiles, int64_t max_blocks, int slots) {
+  return max_blocks > 1 && slots > 0 && unsplit_tiles < slots;
+}
+
+// The rule's choice from the candidates' costs (cost_of(c):
+// split_candidate_cost): the candidate blocks per split with the lowest
+// cost, the lowest candidate on a tie; 0 (unsplit) when no split beats the
+// unsplit tiles.
+#ifdef __CUDACC__
+#pragma nv_exec_check_disable  // cost_of is a host lambda on the host, a device one on the device
+#endif
+template <class CostOf>
+FFPA_HOST_DEVICE int64_t cheapest_split_blocks(CostOf&& cost_of) {
+  double best_cost = cost_of(0);
   int64_t best = 0;
-  for (int c = 1; c < kSplitCandidates && split_candidate(c) < max_blocks; ++c) {
-    const int64_t s = split_candidate(c), tiles = tiles_of(c);
-    if (tiles > max_tiles || (max_blocks + s - 1) / s > kMaxKvSplits) continue;  // the combine's splits a row
-    const double cost = split_cost(tiles, 1, s * block_n, slots);
-    if (cost < best_cost) best_cost = cost, best = s;
+  for (int c = 1; c < kSplitCandidates; ++c) {
+    const double cost = cost_of(c);
+    if (cost >= 0.0 && cost < best_cost) best_cost = cost, best = split_candidate(c);
   }
   return best;
+}
+
+// The split-KV rule for a sequence batch on the host: `tiles_of(c)`, the
+// batch's tiles with split_candidate(c) blocks a split; max_blocks: its
+// longest sequence's blocks; at most `max_tiles` tiles. 0: unsplit.
+template <class TilesOf>
+int64_t choose_split_blocks(TilesOf&& tiles_of, int64_t max_blocks, int block_n, int slots, int64_t max_tiles) {
+  const int64_t unsplit_tiles = tiles_of(0);
+  if (!may_split_batch(unsplit_tiles, max_blocks, slots)) return 0;
+  return cheapest_split_blocks([&](int c) {
+    if (c > 0 && split_candidate(c) >= max_blocks) return -1.0;  // (not counted: tiles_of walks the batch)
+    return split_candidate_cost(c, c == 0 ? unsplit_tiles : tiles_of(c), max_blocks, block_n, slots, max_tiles);
+  });
 }
 
 }  // namespace ffpa::detail

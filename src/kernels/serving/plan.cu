@@ -1,12 +1,18 @@
 // The plan of a serving call (plan.hpp): one CTA checks every sequence's
 // lengths, then every page its keys read; with the KV split on it chooses the
 // blocks per split from the batch's lengths (sequence_schedule.hpp's rule,
-// evaluated for every candidate by block reductions); then it writes each
+// every candidate summed by its own warp and costed by its own thread); then it writes each
 // sequence's first tile, page, partial row and query row. A fault is reported
 // for the lowest sequence that has one (its lowest page), the same sequence
 // the host's checks name; a faulty plan has no tiles, so the kernels that
 // read it write nothing. A pass's plan (PassRows) gives tiles, partial rows
 // and query rows to the pass's sequences only, and checks every sequence.
+//
+// A table of many pages (page size 1: 271k pages at B32 and 8k keys took the
+// one CTA 136 us on the H200) is checked by more CTAs: CTA c >= 1 takes the
+// sequences c - 1, c - 1 + (G - 1), ... and writes its lowest page fault in
+// the plan's fault slot c; a verdict kernel (one CTA, launched after it)
+// merges the slots with CTA 0's length verdict into the header.
 #include "kernels/serving/plan.hpp"
 
 #include <algorithm>
@@ -21,10 +27,64 @@ namespace {
 
 constexpr int kPlanThreads = 1024;
 
+// Pages one CTA checks at most (16 a thread); a table with more (its bound,
+// B x max_blocks) gets a CTA per sequence beside CTA 0, at most kCheckCtas.
+constexpr int64_t kPagesOneCta = 16 * kPlanThreads;
+constexpr int kCheckCtas = 128;
+
+// The page-checking CTAs beside CTA 0 (0: CTA 0 checks the pages itself).
+int page_check_ctas(const AttentionProblem& p) {
+  const SequenceLayout& s = p.sequences;
+  if (!s.paged() || p.batch * s.max_blocks <= kPagesOneCta) return 0;
+  return static_cast<int>(std::min<int64_t>(p.batch, kCheckCtas));
+}
+
+// The fault slots after the plan's arrays: slot c for CTA c (8-byte aligned).
+__host__ __device__ int64_t fault_slots_offset(int64_t batch) { return (plan_bytes_for(batch) + 7) / 8 * 8; }
+__host__ __device__ unsigned long long* fault_slots(void* plan, int64_t batch) {
+  return reinterpret_cast<unsigned long long*>(static_cast<char*>(plan) + fault_slots_offset(batch));
+}
+
 // A fault's order: the sequence, then (a page fault) the page; a length fault
 // of a sequence comes before its pages (they are not read then).
 __device__ unsigned long long fault_key(int64_t b, int64_t page) {
   return (static_cast<unsigned long long>(b) << 32) | static_cast<unsigned long long>(page + 1);
+}
+
+// The header's fault from a fault key (ULLONG_MAX: none): the sequence's
+// length check, or (a page) that page's.
+__device__ void write_fault(const AttentionProblem& p, unsigned long long key, SequenceScheduleHeader* header) {
+  const SequenceLayout& s = p.sequences;
+  const int64_t b = static_cast<int64_t>(key >> 32);
+  const int64_t page = static_cast<int64_t>(key & 0xFFFFFFFFull) - 1;
+  const SequenceCheck check = page < 0 ? check_sequence(s, b, p.seq_q, p.seq_kv) : check_pages(s, b, page, page + 1);
+  header->fault = static_cast<int32_t>(check.fault);
+  header->sequence = static_cast<int32_t>(b);
+  header->value = check.value;
+  header->index = check.index;
+  header->tiles = 0;
+}
+
+// CTA c >= 1 of a plan with page-checking CTAs: the pages of its sequences
+// (those whose lengths hold), its lowest fault into slot c.
+__device__ void check_pages_of_sequences(const AttentionProblem& p, void* plan) {
+  __shared__ unsigned long long cta_fault;
+  const SequenceLayout& s = p.sequences;
+  const int tid = static_cast<int>(threadIdx.x);
+  if (tid == 0) cta_fault = ULLONG_MAX;
+  __syncthreads();
+  for (int64_t b = blockIdx.x - 1; b < p.batch; b += gridDim.x - 1) {
+    if (check_sequence(s, b, p.seq_q, p.seq_kv).fault != SequenceFault::none) continue;
+    const int64_t pages = pages_read(s, b);
+    for (int64_t page = tid; page < pages; page += kPlanThreads) {
+      if (check_pages(s, b, page, page + 1).fault != SequenceFault::none) {
+        atomicMin(&cta_fault, fault_key(b, page));
+        break;  // this thread's later pages come after it
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) fault_slots(plan, p.batch)[blockIdx.x] = cta_fault;
 }
 
 // Block-wide exclusive prefix sum of one value per thread, with the running
@@ -70,20 +130,24 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const AttentionProbl
   __shared__ int32_t tile_carry, page_carry, partial_carry, row_carry;
   __shared__ unsigned long long first_fault;
   __shared__ unsigned long long candidate_tiles[kSplitCandidates];
+  __shared__ double candidate_cost[kSplitCandidates];
   __shared__ int max_blocks;
   __shared__ int32_t split_blocks;
+  if (blockIdx.x > 0) {
+    check_pages_of_sequences(p, plan);
+    return;
+  }
   const int tid = static_cast<int>(threadIdx.x);
   const SequenceLayout& s = p.sequences;
   const PlanArrays arrays = plan_arrays(plan, p.batch);
   const int64_t groups = p.heads_q / tiling.heads_per_tile;
   if (tid == 0) tile_carry = page_carry = partial_carry = row_carry = 0, first_fault = ULLONG_MAX, max_blocks = 0;
-  if (tid < kSplitCandidates) candidate_tiles[tid] = 0;
   __syncthreads();
 
-  // Lengths (a faulty sequence gets no tiles), and with the split on every
-  // candidate's tiles over the batch: summed within each warp first, then one
-  // shared atomic a warp (32 lanes' 64-bit atomics on one address, 40 times,
-  // cost the plan ~80 us on the H200).
+  // Lengths (a faulty sequence gets no tiles), a thread a sequence; with the
+  // split on, each sequence's blocks and tiles a split go into the first_tile
+  // and first_partial arrays (scratch until the scans below overwrite them)
+  // and the longest sequence's blocks into max_blocks.
   for (int64_t chunk = 0; chunk < p.batch; chunk += kPlanThreads) {
     const int64_t b = chunk + tid;
     uint32_t blocks = 0, tiles_per_split = 0;  // 32-bit: a sequence's counts fit
@@ -98,21 +162,43 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const AttentionProbl
           tiles_per_split = static_cast<uint32_t>((seq.seq_q + rows - 1) / rows * groups);
         }
       }
+      if (tiling.split_slots > 0) arrays.first_tile[b] = blocks, arrays.first_partial[b] = tiles_per_split;
     }
     if (tiling.split_slots <= 0) continue;
     const uint32_t warp_max_blocks = __reduce_max_sync(0xFFFFFFFFu, blocks);
-    if (tid % 32 == 0) atomicMax(&max_blocks, static_cast<int>(warp_max_blocks));
-    for (int c = 0; c < kSplitCandidates; ++c) {
-      const uint32_t splits = kv_splits_of_blocks(blocks, static_cast<uint32_t>(split_candidate(c)));
-      const uint32_t tiles = __reduce_add_sync(0xFFFFFFFFu, splits * tiles_per_split);
-      if (tid % 32 == 0) atomicAdd(&candidate_tiles[c], static_cast<unsigned long long>(tiles));
+    if (tid % 32 == 0 && warp_max_blocks > 0) atomicMax(&max_blocks, static_cast<int>(warp_max_blocks));
+  }
+  __syncthreads();  // (global writes too: the scratch is read by other threads)
+  // With the split on, every candidate's tiles over the batch: warp c sums
+  // candidate c over the sequences its lanes take, without atomics; then each
+  // candidate's cost by its own thread, and thread 0 picks the cheapest. (32
+  // warps adding each of the 40 candidates into shared memory, then one
+  // thread evaluating them in turn, were most of the plan's ~20 us for a
+  // decode batch of 32 on the H200.)
+  if (tiling.split_slots > 0) {
+    const int warp = tid / 32, lane = tid % 32;
+    for (int c = warp; c < kSplitCandidates; c += kPlanThreads / 32) {
+      const uint32_t split = static_cast<uint32_t>(split_candidate(c));
+      unsigned long long sum = 0;
+      for (int64_t b = lane; b < p.batch; b += 32) {
+        const uint32_t blocks = static_cast<uint32_t>(arrays.first_tile[b]);
+        sum += kv_splits_of_blocks(blocks, split) * static_cast<uint32_t>(arrays.first_partial[b]);
+      }
+      for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, offset);
+      if (lane == 0) candidate_tiles[c] = sum;
     }
   }
   __syncthreads();
+  if (tid < kSplitCandidates && tiling.split_slots > 0) {
+    candidate_cost[tid] = split_candidate_cost(tid, static_cast<int64_t>(candidate_tiles[tid]), max_blocks,
+                                               tiling.block_n, tiling.split_slots, split_tile_bound(p, tiling));
+  }
+  __syncthreads();
   if (tid == 0) {
-    split_blocks = static_cast<int32_t>(choose_split_blocks(
-        [&](int c) { return static_cast<int64_t>(candidate_tiles[c]); }, max_blocks, tiling.block_n,
-        tiling.split_slots, split_tile_bound(p, tiling)));
+    split_blocks = tiling.split_slots > 0 &&
+                           may_split_batch(static_cast<int64_t>(candidate_tiles[0]), max_blocks, tiling.split_slots)
+                       ? static_cast<int32_t>(cheapest_split_blocks([&](int c) { return candidate_cost[c]; }))
+                       : 0;
   }
   __syncthreads();
 
@@ -146,9 +232,10 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const AttentionProbl
   }
   __syncthreads();
 
-  // Every page read, spread over the threads: thread t takes pages t, t +
-  // kPlanThreads, ... of the flat list, walking its sequence forward.
-  if (s.paged()) {
+  // Every page read (unless CTAs 1.. check them), spread over the threads:
+  // thread t takes pages t, t + kPlanThreads, ... of the flat list, walking
+  // its sequence forward.
+  if (s.paged() && gridDim.x == 1) {
     // A thread's first page's sequence by binary search (a walk from sequence
     // 0 was a chain of dependent loads), the later ones by walking on.
     int64_t b = tid < page_carry ? sequence_holding(arrays.first_page, static_cast<int>(p.batch), tid) : 0;
@@ -164,25 +251,30 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const AttentionProbl
     SequenceScheduleHeader header;
     header.tiling = tiling;
     header.split_blocks = split_blocks;
-    if (first_fault != ULLONG_MAX) {
-      const int64_t b = static_cast<int64_t>(first_fault >> 32);
-      const int64_t page = static_cast<int64_t>(first_fault & 0xFFFFFFFFull) - 1;
-      const SequenceCheck check = page < 0 ? check_sequence(s, b, p.seq_q, p.seq_kv) : check_pages(s, b, page, page + 1);
-      header.fault = static_cast<int32_t>(check.fault);
-      header.sequence = static_cast<int32_t>(b);
-      header.value = check.value;
-      header.index = check.index;
-      header.tiles = 0;
-    } else {
-      header.tiles = tile_carry;
-    }
+    header.tiles = tile_carry;
+    if (first_fault != ULLONG_MAX) write_fault(p, first_fault, &header);
     *static_cast<SequenceScheduleHeader*>(plan) = header;
+    if (gridDim.x > 1) fault_slots(plan, p.batch)[0] = first_fault;
   }
+}
+
+// After a plan kernel with page-checking CTAs: the lowest fault of its slots
+// (CTA 0's: a length fault) into the header, which then has no tiles.
+__global__ void __launch_bounds__(32) verdict_kernel(const AttentionProblem p, void* plan, int slots) {
+  const unsigned long long* const keys = fault_slots(plan, p.batch);
+  unsigned long long key = ULLONG_MAX;
+  for (int c = static_cast<int>(threadIdx.x); c < slots; c += 32) key = min(key, keys[c]);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) key = min(key, __shfl_xor_sync(0xFFFFFFFFu, key, offset));
+  if (threadIdx.x == 0 && key != ULLONG_MAX) write_fault(p, key, static_cast<SequenceScheduleHeader*>(plan));
 }
 
 }  // namespace
 
-int64_t plan_bytes(const AttentionProblem& problem) { return plan_bytes_for(problem.batch); }
+int64_t plan_bytes(const AttentionProblem& problem) {
+  const int check_ctas = page_check_ctas(problem);
+  return check_ctas > 0 ? fault_slots_offset(problem.batch) + (check_ctas + 1) * 8 : plan_bytes_for(problem.batch);
+}
 
 int64_t max_query_rows(const AttentionProblem& problem, const PassRows& pass) {
   const SequenceLayout& s = problem.sequences;
@@ -224,8 +316,13 @@ bool may_split(const AttentionProblem& problem, int block_m, int heads_per_tile)
 
 Status launch_plan(const AttentionProblem& problem, const SequenceTiling& tiling, void* plan, cudaStream_t stream,
                    const PassRows& pass) {
-  plan_kernel<<<1, kPlanThreads, 0, stream>>>(problem, tiling, pass, plan);
-  return cuda_status(cudaGetLastError(), "the serving plan kernel");
+  const int check_ctas = page_check_ctas(problem);
+  plan_kernel<<<1 + check_ctas, kPlanThreads, 0, stream>>>(problem, tiling, pass, plan);
+  if (Status status = cuda_status(cudaGetLastError(), "the serving plan kernel"); !status.ok() || check_ctas == 0) {
+    return status;
+  }
+  verdict_kernel<<<1, 32, 0, stream>>>(problem, plan, 1 + check_ctas);
+  return cuda_status(cudaGetLastError(), "the serving plan's verdict kernel");
 }
 
 void plan_on_host(const AttentionProblem& problem, const SequenceTiling& tiling, void* plan, const PassRows& pass) {

@@ -62,15 +62,12 @@ inline SequenceTiling sequence_tiling(const TileLaunch& tiles) {
 }
 
 // How a paged cache's K and V reach shared memory, by page size: gathered by
-// the producer warpgroup with cp.async, a key row a thread
-// (producer_gather.cuh; any page size), or by TMA, a box per page
-// (paged_box_rows; page sizes that are multiples of 8: the 128-byte swizzle
-// repeats every 8 rows, so a box of fewer would land inside a swizzle atom).
-// TMA boxes issued a lane each run page 16 at 0.90 and page 32 at 0.96 of a
-// batched cache on the H200 (docs/kernels/serving.md); where the gather
-// overtakes them is not measured yet, so every multiple of 8 stays TMA.
-constexpr int64_t kTmaPageMinRows = 8;
-inline bool gathers_pages(int64_t page_size) { return page_size % 8 != 0 || page_size < kTmaPageMinRows; }
+// the producer warpgroup with cp.async (producer_gather.cuh; any page size),
+// or by TMA, a box per page (paged_box_rows; page sizes that are multiples of
+// 8: the 128-byte swizzle repeats every 8 rows, so a box of fewer would land
+// inside a swizzle atom). The threshold and its measurements: routing.cpp
+// (defined there, so that tuning it rebuilds no kernel).
+bool gathers_pages(int64_t page_size);
 
 // A paged cache's rows in one TMA load of a box of `rows` keys: the largest
 // power of two dividing both the page size and the box (a load never crosses

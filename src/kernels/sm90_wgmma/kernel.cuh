@@ -155,6 +155,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
                    const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
                    const __grid_constant__ CUtensorMap o_map) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // The split-KV combine (a programmatic dependent) may take the SMs this
+  // grid's last CTAs leave idle and find its rows there.
+  launch_dependent_grid();
   const Cta<Traits> cta(args);
   cta.setup();
   if (cta.idle()) return;  // the whole cluster: its CTAs share the tile index

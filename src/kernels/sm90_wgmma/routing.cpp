@@ -11,6 +11,14 @@
 
 namespace ffpa::detail::sm90_wgmma {
 
+// Page sizes that are multiples of kTmaPageMinRows go by TMA boxes (issued a
+// lane each), the others are gathered. On the H200 (docs/kernels/
+// serving.md, 2026-12-03) TMA ran pages 8 / 16 / 32 / 64 at 869 / 634 / 590 /
+// 573 us of kernel time for a decode batch whose batched cache took 560, the
+// gather (each thread its own row then) ~1000 us at pages 4, 12 and 20.
+constexpr int64_t kTmaPageMinRows = 8;
+bool gathers_pages(int64_t page_size) { return page_size % 8 != 0 || page_size < kTmaPageMinRows; }
+
 const Instance* route(const AttentionProblem& problem, std::string* reason) {
   if (kInstanceCount == 0) {
     *reason = "this build has no sm_90a kernels (CMAKE_CUDA_ARCHITECTURES without 90)";

@@ -1,14 +1,20 @@
 // Split-KV's combine kernel (portable: every architecture the library builds):
-// one CTA per output row and 128 columns of it (blockIdx.y), so that a decode
-// call's few rows still spread over many SMs. Its warps take the splits
-// round-robin and every warp's loads are independent (a lane reads four
-// columns of a split's row as one float4), so a row's partials are read in
-// about one memory latency, not one per split; shared memory sums the warps.
-// Each warp merges the states itself (a split per lane, up to four per lane:
-// kMaxKvSplits = 128) and broadcasts a split's weight from its lane.
+// one CTA per output row and a group of its 128-column chunks (blockIdx.y),
+// so that a decode call's few rows still spread over many SMs (a chunk a
+// CTA) and a batch's many rows take one wave (the whole row a CTA: a CTA per
+// chunk paid the row's plan lookups and state merge once per chunk, in four
+// waves). Its warps take the splits round-robin and every warp's loads are
+// independent (a lane reads four columns of each chunk of a split's row as
+// float4s), so a row's partials are read in about one memory latency, not
+// one per split; shared memory sums the warps. Each warp merges the states
+// itself (a split per lane, up to four per lane: kMaxKvSplits = 128) and
+// broadcasts a split's weight from its lane. Where the row's partials lie
+// (the plan's arrays, written before the attention kernel started) is read
+// before the wait for the attention kernel, so it overlaps that kernel's
+// tail.
 // Measured at B1 H32 Nkv32768 with 37 splits (ncu): a warp per row, one split
-// at a time, 58 us; a warp per 128 columns, four splits in flight, 36; this
-// kernel 8.6 (docs/perf/h200-2026-12-01d/).
+// at a time, 58 us; a warp per 128 columns, four splits in flight, 36; a CTA
+// per 128 columns 8.6 (docs/perf/h200-2026-12-01d/).
 #include "kernels/split_kv/combine.hpp"
 
 #include <cuda_bf16.h>
@@ -31,8 +37,15 @@ namespace {
 
 constexpr int kMaxWarps = 8;
 constexpr int kSplitsPerLane = kMaxKvSplits / 32;
-constexpr int kChunkColumns = 128;  // columns of a row per CTA: a float4 per lane
-static_assert(kChunkColumns == 32 * 4, "a lane reads one float4 of a split's row");
+constexpr int kChunkColumns = 128;  // columns of a chunk: a float4 per lane
+static_assert(kChunkColumns == 32 * 4, "a lane reads one float4 of each chunk of a split's row");
+// A CTA's chunks at most: a 512-column row, its chunks' partial sums from
+// every warp in shared memory (16 KB), and a warp to finish each chunk.
+constexpr int kMaxGroupChunks = 4;
+static_assert(kMaxGroupChunks <= kMaxWarps, "warp c finishes chunk c");
+// Rows from which a CTA takes a group of chunks, not one: enough CTAs to fill
+// the H200's 132 SMs twice over at one chunk each.
+constexpr int64_t kRowsForGroups = 256;
 
 __device__ __forceinline__ float warp_max(float x) {
 #pragma unroll
@@ -98,17 +111,17 @@ __device__ __forceinline__ CombineRow combine_row(const AttentionProblem& p, con
 
 template <typename Out>
 __global__ void __launch_bounds__(kMaxWarps * 32) combine_kernel(const AttentionProblem p, const Partials partials,
-                                                                  int64_t rows) {
+                                                                  int64_t rows, int group_chunks) {
+  __shared__ float4 warp_sums[kMaxWarps][kMaxGroupChunks][32];
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const int warps = static_cast<int>(blockDim.x / 32);
+  const CombineRow row = combine_row(p, partials, blockIdx.x, rows);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   // Launched as a programmatic dependent of the attention kernel (Hopper):
   // its partial rows are complete and visible from here on.
   cudaGridDependencySynchronize();
 #endif
-  __shared__ float4 warp_sums[kMaxWarps][32];
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  const int warps = static_cast<int>(blockDim.x / 32);
-  const CombineRow row = combine_row(p, partials, blockIdx.x, rows);
   if (!row.valid) return;
   // The merged state: the maximum over the splits, then the sum relative to it
   // (split_kv.hpp's merge_split_states, spread over the lanes).
@@ -136,11 +149,15 @@ __global__ void __launch_bounds__(kMaxWarps * 32) combine_kernel(const Attention
 #pragma unroll
   for (int k = 0; k < kSplitsPerLane; ++k) weight[k] = split_weight(mine[k], merged) * keep_scale;
 
+  // This CTA's chunks: [first_chunk, first_chunk + chunks), lane's columns
+  // 4 x lane + 128 x chunk of each (Dv % 8 == 0: a lane has all four or none).
   const int head_dim = static_cast<int>(p.dv());  // O's columns (Dv)
-  const int col = static_cast<int>(blockIdx.y) * kChunkColumns + 4 * lane;
-  const bool in_row = col < head_dim;  // Dv % 8 == 0: all four columns or none
-  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
+  const int first_chunk = static_cast<int>(blockIdx.y) * group_chunks;
+  const int chunks = min(group_chunks, (head_dim + kChunkColumns - 1) / kChunkColumns - first_chunk);
+  float4 acc[kMaxGroupChunks];
+#pragma unroll
+  for (int c = 0; c < kMaxGroupChunks; ++c) acc[c] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 2
   for (int s = warp; s < row.splits; s += warps) {
     float w = 0.0f;  // split s's weight: lane s % 32, slot s / 32
 #pragma unroll
@@ -149,28 +166,30 @@ __global__ void __launch_bounds__(kMaxWarps * 32) combine_kernel(const Attention
       if (s / 32 == k) w = from_lane;
     }
     const float* const o_split = partials.o + (row.first + s * row.stride) * head_dim;
-    const float4 value = in_row ? __ldg(reinterpret_cast<const float4*>(o_split + col)) : make_float4(0, 0, 0, 0);
-    add_scaled(acc, value, w);
+#pragma unroll
+    for (int c = 0; c < kMaxGroupChunks; ++c) {
+      const int col = (first_chunk + c) * kChunkColumns + 4 * lane;
+      if (c < chunks && col < head_dim) add_scaled(acc[c], __ldg(reinterpret_cast<const float4*>(o_split + col)), w);
+    }
   }
-  warp_sums[warp][lane] = acc;
+#pragma unroll
+  for (int c = 0; c < kMaxGroupChunks; ++c) warp_sums[warp][c][lane] = acc[c];
   __syncthreads();
-  if (warp != 0 || !in_row) return;
-  for (int w = 1; w < warps; ++w) {
-    const float4 other = warp_sums[w][lane];
-    acc.x += other.x;
-    acc.y += other.y;
-    acc.z += other.z;
-    acc.w += other.w;
-  }
+  // Warp c finishes chunk c (warps >= kMaxGroupChunks >= chunks).
+  if (warp >= chunks) return;
+  const int col = (first_chunk + warp) * kChunkColumns + 4 * lane;
+  float4 total = warp_sums[0][warp][lane];
+  for (int w = 1; w < warps; ++w) add_scaled(total, warp_sums[w][warp][lane], 1.0f);
   const int64_t h = row.h, i = row.seq.q_begin + row.i;  // a sequence's rows lie from q_begin
-  if (p.lse != nullptr && lane == 0 && blockIdx.y == 0) {
+  if (p.lse != nullptr && lane == 0 && first_chunk + warp == 0) {
     store_lse(p, row.seq.q_batch, static_cast<int>(h), static_cast<int>(i), log_sum_exp(merged));
   }
+  if (col >= head_dim) return;
   Out* const out = static_cast<Out*>(p.o) + row.seq.q_batch * p.o_stride[0] + h * p.o_stride[1] + i * p.o_stride[2] + col;
-  out[0] = Out(combined_output(acc.x, keys));
-  out[1] = Out(combined_output(acc.y, keys));
-  out[2] = Out(combined_output(acc.z, keys));
-  out[3] = Out(combined_output(acc.w, keys));
+  out[0] = Out(combined_output(total.x, keys));
+  out[1] = Out(combined_output(total.y, keys));
+  out[2] = Out(combined_output(total.z, keys));
+  out[3] = Out(combined_output(total.w, keys));
 }
 
 }  // namespace
@@ -201,12 +220,18 @@ Status launch_combine(const AttentionProblem& problem, const Partials& partials,
   if (rows == 0) return {};
   if (rows > INT_MAX) return {StatusCode::impl_unavailable, "split-KV combine: more than 2^31 rows"};
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(rows), static_cast<unsigned>((problem.dv() + kChunkColumns - 1) / kChunkColumns));
-  config.blockDim = dim3(32 * (sequences ? kMaxWarps : std::min(partials.splits, kMaxWarps)));
+  const int chunks = static_cast<int>((problem.dv() + kChunkColumns - 1) / kChunkColumns);
+  const int group_chunks = rows >= kRowsForGroups ? kMaxGroupChunks : 1;
+  config.gridDim = dim3(static_cast<unsigned>(rows), static_cast<unsigned>((chunks + group_chunks - 1) / group_chunks));
+  // Warps: with groups, kMaxGroupChunks (a warp to finish each chunk; at 63
+  // registers, eight 8-warp CTAs an SM took two waves of a 1024-row batch);
+  // else up to kMaxWarps, the splits in flight at once.
+  const int warps = group_chunks > 1 ? kMaxGroupChunks : sequences ? kMaxWarps : std::min(partials.splits, kMaxWarps);
+  config.blockDim = dim3(32 * warps);
   config.stream = stream;
   // On Hopper the combine is the attention kernel's programmatic dependent:
-  // its CTAs launch while the last attention CTAs finish and wait in
-  // cudaGridDependencySynchronize (the kernel's first statement there).
+  // its CTAs launch while the last attention CTAs finish, find their rows and
+  // wait in cudaGridDependencySynchronize.
   cudaLaunchAttribute attribute = {};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -214,8 +239,8 @@ Status launch_combine(const AttentionProblem& problem, const Partials& partials,
   config.numAttrs = programmatic ? 1 : 0;
   const cudaError_t launched =
       problem.dtype == DType::bf16
-          ? cudaLaunchKernelEx(&config, combine_kernel<__nv_bfloat16>, problem, partials, rows)
-          : cudaLaunchKernelEx(&config, combine_kernel<__half>, problem, partials, rows);
+          ? cudaLaunchKernelEx(&config, combine_kernel<__nv_bfloat16>, problem, partials, rows, group_chunks)
+          : cudaLaunchKernelEx(&config, combine_kernel<__half>, problem, partials, rows, group_chunks);
   if (launched != cudaSuccess) {
     (void)cudaGetLastError();
     return device_status(launched, "split_kv", "combine_kernel launch");
