@@ -7,18 +7,18 @@
 //
 // Thread t owns key t of every 128-key block: it loads its table entry once a
 // block (block j + 1's while block j's stages are filled, so that the
-// table's latency passes under copies) and computes its row's address; the
-// copies of a box are spread over its warp's lanes by that address
-// (shuffled): lane l copies 16-byte chunk l % 8 of rows l / 8, l / 8 + 4, ...
-// of the warp's 32 keys, so a warp's copy reads four whole 128-byte lines. (A
-// thread copying its own row's eight chunks read half of a 32-byte sector a
-// copy: the L2 fetched every sector twice, and a gathered page of 12 keys
-// ran at 0.57 of a batched cache, L2-bound at 85 %: ncu, H200, 2026-12-03.)
-// Every K stage is copied by all four warps, each V stage ([64 keys]
-// [kHalfCols] per (key half, consumer)) by the two warps of its key half. It
-// keeps pages, not addresses, across the blocks (a row's address is two
-// registers; the producer runs in Traits::kProducerRegisters = 24). A key
-// past the sequence's Nkv, and
+// table's latency passes under copies), and copies its row's columns of each
+// K stage and, where its key is in the stage's half, of each V stage ([64
+// keys][kHalfCols] per (key half, consumer)). It keeps pages, not addresses,
+// across the blocks (a row's address is two registers; the producer runs in
+// Traits::kProducerRegisters = 24). A warp's copy reads chunk c of 32 rows,
+// half of 32 sectors; the next copy's chunk c + 1 reads the other halves from
+// L1 (cp_async_16 is .ca). Copies spread over a warp's lanes by row address
+// instead (lane l: chunk l % 8 of rows l / 8 + 4 i, each row's address
+// shuffled from its lane) read whole lines but ran slower (pages 4 to 31:
+// 1.57 ms against 1.12, H200 2026-12-03; the shuffle-to-copy chain a copy,
+// in order behind the volatile copies, is the suspect): docs/kernels/
+// serving.md. A key past the sequence's Nkv, and
 // columns past D (K) or Dv (V), are zero-filled (src-size 0): an unused cache
 // row's NaN never meets P = 0. Each thread arrives on a stage's full barrier
 // once its copies have landed (cp.async.mbarrier.arrive.noinc: 128 arrivals a
@@ -84,24 +84,22 @@ struct GatherProducer {
     return reinterpret_cast<uint64_t>(base) + static_cast<uint64_t>(offset * kElementBytes);
   }
 
-  // Columns [col, col + kBoxCols) of the rows of this thread's warp (`row`:
-  // this thread's row's global address, 0: none; `width` columns in the
-  // tensor) into rows warp_row0 + 0..31 of the 1024-byte aligned box at `box`
-  // (128-byte rows): chunk c of box row r at chunk c ^ (r % 8). Lane l copies
-  // chunk l % 8 of the rows l / 8 + 4 i, each row's address from its lane.
-  // Addresses are computed here, once a copy, not hoisted across the stages
-  // (held across the loop they would spill the producer's 24 registers).
-  __device__ __forceinline__ void copy_rows(uint32_t box, int warp_row0, uint64_t row, int col, int width) const {
-    const int lane = thread % 32, chunk = lane % kRowChunks;
-    const int chunk_bytes = min(max((width - col) * kElementBytes - 16 * chunk, 0), 16);  // of a row that exists
-    const uint32_t col_bytes = static_cast<uint32_t>(col * kElementBytes + 16 * chunk);
+  // Columns [col, col + kBoxCols) of a row (global address `row`, 0: none;
+  // `width` columns in the tensor) into row `box_row` of the 1024-byte
+  // aligned box at `box` (128-byte rows): chunk c at chunk c ^ (box_row % 8),
+  // i.e. at address (box + 128 box_row + 16 (box_row % 8)) ^ 16 c. The row is
+  // opaque: its address is computed here, once a box, not hoisted across the
+  // stages (eight swizzled addresses, or even one, held across the loop
+  // would spill the producer's 24 registers).
+  __device__ __forceinline__ void copy_row(uint32_t box, int box_row, uint64_t row, int col, int width) const {
+    const int bytes = row == 0 ? 0 : (width - col) * kElementBytes;  // of the row from `col` on
+    const uint64_t src = row + static_cast<uint64_t>(col * kElementBytes);
+    const int r = opaque(box_row);
+    const uint32_t swizzled = box + r * kSwizzleRowBytes + ((r & 7) << 4);
 #pragma unroll
-    for (int i = 0; i < 32 / (32 / kRowChunks); ++i) {
-      const int source = lane / kRowChunks + (32 / kRowChunks) * i;  // the row's lane
-      const uint64_t src_row = __shfl_sync(0xFFFFFFFFu, row, source);
-      const int r = opaque(warp_row0 + source);
-      const uint32_t dst = box + r * kSwizzleRowBytes + ((chunk ^ (r & 7)) << 4);
-      cp_async_16(dst, reinterpret_cast<const void*>(src_row + col_bytes), src_row == 0 ? 0u : static_cast<uint32_t>(chunk_bytes));
+    for (int c = 0; c < kRowChunks; ++c) {
+      const int chunk_bytes = min(max(bytes - 16 * c, 0), 16);
+      cp_async_16(swizzled ^ (c << 4), reinterpret_cast<const void*>(src + 16 * c), static_cast<uint32_t>(chunk_bytes));
     }
   }
 
@@ -117,8 +115,8 @@ struct GatherProducer {
       const int col0 = Traits::kSplit == 2 ? opaque(cta.qk_col0()) : cta.qk_col0();
 #pragma unroll
       for (int b = 0; b < (ks + 1 < kKStages ? 2 : kLast); ++b)
-        copy_rows(cta.ring() + stage * Traits::kStageBytes + b * Traits::kKBoxBytes, thread / 32 * 32, k_row,
-                  col0 + (2 * ks + b) * kBoxCols, static_cast<int>(cta.p.head_dim));
+        copy_row(cta.ring() + stage * Traits::kStageBytes + b * Traits::kKBoxBytes, thread, k_row,
+                 col0 + (2 * ks + b) * kBoxCols, static_cast<int>(cta.p.head_dim));
       cp_async_arrive_noinc(cta.full(position - 1));
     }
   }
@@ -136,8 +134,8 @@ struct GatherProducer {
           const int col0 = (Traits::kSplit == 2 ? opaque(cta.vo_col0()) : cta.vo_col0()) + w * Traits::kHalfCols;
 #pragma unroll
           for (int box = 0; box < Traits::kHalfCols / kBoxCols; ++box)
-            copy_rows(cta.ring() + stage * Traits::kStageBytes + box * Traits::kTileBytes, thread % 64 / 32 * 32,
-                      v_row, col0 + box * kBoxCols, static_cast<int>(cta.p.dv()));
+            copy_row(cta.ring() + stage * Traits::kStageBytes + box * Traits::kTileBytes, thread % 64, v_row,
+                     col0 + box * kBoxCols, static_cast<int>(cta.p.dv()));
         }
         cp_async_arrive_noinc(cta.full(position - 1));  // every thread: 128 arrivals a phase
       }
