@@ -179,8 +179,16 @@ Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
   choice->impl = Impl::sm80_split_d;
   choice->padded_head_dim = route.out_cols;
   choice->value_splits = route.value_splits;
-  // Split-KV where the tiles leave SMs idle (decode; not yet for a sequence batch).
-  const KvSplits splits = problem.sequences.active ? KvSplits{} : sm80_split_d::plan_kv_splits(problem, route, sm_count);
+  if (problem.sequences.active) {
+    // A sequence batch of decode rows: its plan chooses the KV split on the
+    // device from the batch's lengths (kv_splits 0, split_blocks: the slots).
+    const int slots = sm80_split_d::sequence_split_slots(problem, route, sm_count);
+    choice->kv_splits = slots > 0 ? 0 : 1;
+    choice->split_blocks = slots;
+    return {};
+  }
+  // Split-KV where the tiles leave SMs idle (decode).
+  const KvSplits splits = sm80_split_d::plan_kv_splits(problem, route, sm_count);
   choice->kv_splits = splits.count;
   choice->split_blocks = static_cast<int32_t>(splits.keys_per_split / sm80_split_d::tile_shape(route.out_cols).block_n);
   return {};
@@ -275,6 +283,7 @@ std::string kernel_name(const AttentionProblem& problem, const KernelChoice& cho
       std::string name = sm80_split_d::kernel_name(
           problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits});
       if (choice.kv_splits > 1) name += ",kv_splits" + std::to_string(choice.kv_splits);
+      if (choice.kv_splits == 0) name += ",kv_splits planned";  // by the sequence plan
       return name;
     }
     case Impl::sm90_wgmma:
@@ -288,6 +297,7 @@ std::string kernel_name(const AttentionProblem& problem, const KernelChoice& cho
         }
         if (choice.heads_per_tile > 1) name.insert(name.size() - 1, ",heads" + std::to_string(choice.heads_per_tile));
         if (choice.kv_splits > 1) name.insert(name.size() - 1, ",kv_splits" + std::to_string(choice.kv_splits));
+        if (choice.kv_splits == 0) name.insert(name.size() - 1, ",kv_splits planned");  // by the sequence plan
         return name;
       }
       break;
@@ -531,6 +541,25 @@ Status run_sm80_split_kv(const AttentionProblem& problem, const KernelChoice& ch
                       });
 }
 
+// A sequence batch on sm80_split_d whose plan splits its keys: the partial
+// rows where the plan placed them, then the combine (not a programmatic
+// dependent: sm80 has no PDL).
+Status run_sm80_sequence_splits(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
+                                size_t workspace_size, cudaStream_t stream) {
+  const split_kv::PartialLayout layout = call_partial_layout(problem, choice);
+  Workspace memory(workspace, workspace_size, stream);
+  PartialRows rows;
+  if (Status status = acquire_partial_rows(memory, layout, &rows); !status.ok()) return status;
+  sm80_split_d::SplitLaunch split;
+  split.split_slots = choice.split_blocks;
+  split.partial_o = rows.o;
+  split.partial_states = rows.states;
+  Status status = sm80_split_d::run(
+      problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits}, split, stream);
+  if (status.ok()) status = split_kv::launch_combine(problem, {rows.o, rows.states, 0, PassRows{}}, false, stream);
+  return memory.release(status);
+}
+
 Status run_sm90_split_kv(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
                          size_t workspace_size, cudaStream_t stream) {
   return run_split_kv(problem, choice, /*programmatic=*/true, workspace, workspace_size, stream,
@@ -632,6 +661,9 @@ Status run_planned(const AttentionProblem& problem, const KernelChoice& choice, 
       }
       return {};
     case Impl::sm80_split_d:
+      if (problem.sequences.active && choice.kv_splits == 0) {
+        return run_sm80_sequence_splits(problem, choice, workspace, workspace_size, stream);
+      }
       if (choice.kv_splits > 1) return run_sm80_split_kv(problem, choice, workspace, workspace_size, stream);
       return sm80_split_d::run(
           problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits}, {},

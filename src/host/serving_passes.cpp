@@ -15,8 +15,8 @@ ServingPasses serving_passes(const AttentionProblem& problem, const KernelChoice
     ++passes.count;
   };
   if (choice.impl != Impl::sm90_wgmma) {
-    add(PassRows{}, sm80_split_d::sequence_tiling(problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim),
-                                                                                choice.value_splits}));
+    const sm80_split_d::Route route{static_cast<int>(choice.padded_head_dim), choice.value_splits};
+    add(PassRows{}, sm80_split_d::sequence_tiling(problem, route, choice.kv_splits == 0 ? choice.split_blocks : 0));
     return passes;
   }
   sm90_wgmma::TileLaunch tiles;

@@ -4,7 +4,9 @@
 // caches, V inside K's rows), the plan computed on the host
 // (kernels/serving/plan.hpp), windows, softcap, sinks, GQA packing,
 // empty sequences; rows of no sequence stay NaN, CTAs past the plan's tiles
-// write nothing.
+// write nothing. Decode batches split their keys where the plan says (CTA
+// slots chosen so that these short batches split), the partial rows
+// combined on the host.
 #include "emulation/device_shim.hpp"  // first: the CUDA built-ins as the emulator's
 
 #include <gtest/gtest.h>
@@ -20,6 +22,7 @@
 #include "kernels/serving/plan.hpp"
 #include "kernels/sm80_split_d/family.hpp"
 #include "kernels/sm80_split_d/kernel.cuh"
+#include "emulation/sequence_combine.hpp"
 #include "support/serving_inputs.hpp"
 
 namespace ffpa::detail::sm80_split_d {
@@ -37,42 +40,62 @@ using TileTraits = split_d::Traits<Element, false, kOutCols, split_d::tile_shape
                                    split_d::tile_shape(kOutCols).block_n, split_d::tile_shape(kOutCols).pv_keys,
                                    split_d::tile_shape(kOutCols).stages>;
 
-// The plan on the host, then every CTA of the launch's bound.
+// The plan on the host (its keys split for `split_slots` CTA slots where the
+// call may split: sequence_split_slots), then every CTA of the launch's
+// bound, then the combine of the partial rows on the host.
 template <class Traits>
-void run_emulated(detail::AttentionProblem problem, int value_splits) {
+void run_emulated(detail::AttentionProblem problem, int value_splits, int split_slots) {
   const split_d::Route route{Traits::kOutCols, value_splits};
+  const int slots = split_slots > 0 ? split_d::sequence_split_slots(problem, route, split_slots * value_splits) : 0;
+  const detail::SequenceTiling tiling = split_d::sequence_tiling(problem, route, slots);
   std::vector<unsigned char> plan(static_cast<size_t>(detail::serving::plan_bytes(problem)));
-  detail::serving::plan_on_host(problem, split_d::sequence_tiling(problem, route), plan.data());
+  detail::serving::plan_on_host(problem, tiling, plan.data());
   ASSERT_EQ(detail::serving::plan_header(plan.data())->fault, 0);
   problem.sequences.plan = plan.data();
-  const split_d::Args args = split_d::forward_args<Traits>(problem, value_splits);
+  split_d::SplitLaunch split;
+  std::vector<float> partial_o;
+  std::vector<detail::RowSoftmaxState> states;
+  if (slots > 0) {
+    const int64_t rows = detail::serving::max_partial_rows(problem, tiling);
+    partial_o.assign(static_cast<size_t>(rows * problem.dv()), std::nanf(""));
+    states.assign(static_cast<size_t>(rows), detail::RowSoftmaxState{std::nanf(""), std::nanf("")});
+    split.split_slots = slots;
+    split.partial_o = partial_o.data();
+    split.partial_states = states.data();
+  }
+  const split_d::Args args = split_d::forward_args<Traits>(problem, value_splits, split);
   for (int64_t cta = 0; cta < split_d::forward_ctas<Traits>(args); ++cta)
     emulation::run_cta({static_cast<unsigned>(cta), 0, 0}, Traits::kThreads, split_d::cta_smem,
                        [&] { split_d::forward_kernel<Traits>(args); });
+  // The split cases' batches are long enough for a few slots to split them.
+  if (slots > 0) EXPECT_GT(detail::serving::plan_header(plan.data())->split_blocks, 0) << "the plan did not split";
+  if (detail::serving::plan_header(plan.data())->split_blocks > 0)
+    combine_sequences_on_host(problem, detail::PassRows{}, partial_o, states);
 }
 
 template <int kOutCols>
-void run_instance(const detail::AttentionProblem& problem) {
+void run_instance(const detail::AttentionProblem& problem, int split_slots) {
   const int value_splits = static_cast<int>((problem.dv() + kOutCols - 1) / kOutCols);
   if (problem.dtype == DType::bf16) {
-    run_emulated<TileTraits<__nv_bfloat16, kOutCols>>(problem, value_splits);
+    run_emulated<TileTraits<__nv_bfloat16, kOutCols>>(problem, value_splits, split_slots);
   } else {
-    run_emulated<TileTraits<__half, kOutCols>>(problem, value_splits);
+    run_emulated<TileTraits<__half, kOutCols>>(problem, value_splits, split_slots);
   }
 }
 
-void expect_matches_oracle(const ServingCase& c) {
-  SCOPED_TRACE(c.describe());
+// split_slots > 0: the plan splits decode batches for that many CTA slots.
+void expect_matches_oracle(const ServingCase& c, int split_slots = 0) {
+  SCOPED_TRACE(c.describe() + " split slots " + std::to_string(split_slots));
   ServingInputs in = make_serving_inputs(c);
   detail::AttentionProblem problem;
   const Status status = detail::validate_forward(in.params, &problem);
   ASSERT_TRUE(status.ok()) << status.message;
   if (c.value_dim <= 64) {
-    run_instance<64>(problem);
+    run_instance<64>(problem, split_slots);
   } else if (c.value_dim <= 128) {
-    run_instance<128>(problem);
+    run_instance<128>(problem, split_slots);
   } else {
-    run_instance<512>(problem);
+    run_instance<512>(problem, split_slots);
   }
   const double tolerance = c.dtype == DType::bf16 ? 2e-2 : 4e-3;
   std::vector<bool> written(static_cast<size_t>(in.o.tensor.shape[0] * in.o.tensor.shape[2]), false);
@@ -197,6 +220,42 @@ TEST(EmulatedSm80Serving, WindowSoftcapSinks) {
 
 // An e4m3 cache (the serving engines' FP8 format): codes converted as they
 // are loaded, the descales on the scores and the output.
+// Decode batches whose plan splits the keys (more CTA slots than the
+// unsplit tiles): GQA-packed rows
+// over pages of 1 and 16 keys, an empty sequence, a window and sinks, an
+// e4m3 cache with per-sequence descales (V's applied before the splits
+// merge), D_qk != D_v; the partial rows combined on the host.
+TEST(EmulatedSm80Serving, DecodeBatchesSplitTheirKeys) {
+  ServingCase c = base_case(70);
+  c.packed_q = false;
+  c.keys = KeyForm::paged;
+  c.heads_q = 8, c.heads_kv = 2;
+  c.seq_q.assign(4, 1);
+  c.seq_kv = {700, 1, 0, 390};
+  for (int64_t page : {1, 16}) {
+    c.page_size = page;
+    expect_matches_oracle(c, /*split_slots=*/32);
+  }
+  ServingCase w = c;
+  w.seed = 71;
+  w.window_left = 200, w.window_right = 0;
+  w.sinks = true;
+  expect_matches_oracle(w, 24);
+  ServingCase e = base_case(72);
+  e.e4m3_kv = true;
+  e.per_sequence_descale = true;
+  e.keys = KeyForm::paged;
+  e.page_size = 16;
+  e.seq_q = {1, 2, 1};
+  e.seq_kv = {500, 260, 33};
+  expect_matches_oracle(e, 32);
+  ServingCase v = base_case(73);
+  v.dim = 128, v.value_dim = 64;
+  v.seq_q = {1, 1};
+  v.seq_kv = {640, 300};
+  expect_matches_oracle(v, 16);
+}
+
 TEST(EmulatedSm80Serving, E4m3CacheWithDescales) {
   for (bool per_sequence : {false, true}) {
     ServingCase c = base_case(per_sequence ? 50 : 51);

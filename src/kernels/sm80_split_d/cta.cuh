@@ -88,7 +88,7 @@ struct Cta {
     idle = false;
     if (p.sequences.active) {
       const auto* header = static_cast<const SequenceScheduleHeader*>(p.sequences.plan);
-      const SequenceTiling tiling{Traits::kBlockM, Traits::kBlockN, args.heads_per_tile, 0};
+      const SequenceTiling tiling = args_sequence_tiling<Traits>(args);
       idle = block >= planned_tiles(*header, tiling);
       if (!idle) tile = sequence_tile_coordinates(p, p.sequences.plan, static_cast<int>(block), tiling, &seq);
     } else {
@@ -108,6 +108,13 @@ struct Cta {
     n_qk = (head_dim + Traits::kChunk - 1) / Traits::kChunk;
     out_cols = min(Traits::kOutCols, static_cast<int>(p.dv()) - dv0);
     steps_per_tile = n_qk + Traits::kPVSteps;
+  }
+
+  // Whether the tile writes split-KV's partial rows instead of O and LSE (a
+  // sequence batch: where its plan split the keys).
+  __device__ __forceinline__ bool writes_partials() const {
+    if (!p.sequences.active) return args.kv_splits > 1;
+    return static_cast<const SequenceScheduleHeader*>(p.sequences.plan)->split_blocks > 0;
   }
 
   // Tile row of thread row r (r = 2 * mt + h: row 16 * mt + g + 8 * h of the warp).

@@ -23,7 +23,7 @@ __device__ __forceinline__ void Cta<Traits>::store_output(const OAccumulator& o_
 #pragma unroll
   for (int r = 0; r < kRows; ++r) row_sum[r] = quad_sum(row_sum[r]);
   reduce_across_warps(row_sum, SumOp{});
-  if (args.kv_splits > 1) {
+  if (writes_partials()) {
     store_partial(o_acc, row_max, row_sum);
     return;
   }

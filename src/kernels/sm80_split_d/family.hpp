@@ -55,8 +55,15 @@ Status runnable(const AttentionProblem& problem, Route route, int device);
 Status run(const AttentionProblem& problem, Route route, const SplitLaunch& split, cudaStream_t stream);
 
 // How a serving call's sequences are cut into tiles by a routed instance
-// (the serving plan's tiling: kernels/serving/plan.hpp; no KV split yet).
-SequenceTiling sequence_tiling(const AttentionProblem& problem, Route route);
+// (the serving plan's tiling: kernels/serving/plan.hpp), its keys split by
+// the plan for `split_slots` CTA slots (0: unsplit; sequence_split_slots).
+SequenceTiling sequence_tiling(const AttentionProblem& problem, Route route, int split_slots = 0);
+
+// The CTA slots a serving call's plan splits its keys for on `sm_count` SMs:
+// the SMs over the value splits (a tile is that many CTAs) where every
+// sequence is one row block (decode, speculative decode: serving::may_split),
+// else 0 (unsplit).
+int sequence_split_slots(const AttentionProblem& problem, Route route, int sm_count);
 
 // The split-KV plan of a routed call on `sm_count` SMs: the tiles a call has
 // (GQA-packed rows, value splits) against the SMs, split_kv.hpp's rule.

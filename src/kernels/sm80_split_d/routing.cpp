@@ -1,8 +1,10 @@
 // Routing a head dim to a compiled split-D instance, naming and running it.
+#include <algorithm>
 #include <string>
 
 #include "kernels/sm80_split_d/family.hpp"
 #include "kernels/common/tile_schedule.hpp"
+#include "kernels/serving/plan.hpp"
 
 namespace ffpa::detail::sm80_split_d {
 
@@ -57,10 +59,16 @@ Status run(const AttentionProblem& problem, Route route, const SplitLaunch& spli
   return instance->launch(problem, route.value_splits, split, stream);
 }
 
-SequenceTiling sequence_tiling(const AttentionProblem& problem, Route route) {
+SequenceTiling sequence_tiling(const AttentionProblem& problem, Route route, int split_slots) {
   const TileShape tile = tile_shape(route.out_cols);
   const int block_m = tile.warp_rows * tile.warps_m;  // Traits::kBlockM
-  return {block_m, tile.block_n, packed_heads(problem.group_size(), problem.seq_q, block_m), 0};
+  return {block_m, tile.block_n, packed_heads(problem.group_size(), problem.seq_q, block_m), split_slots};
+}
+
+int sequence_split_slots(const AttentionProblem& problem, Route route, int sm_count) {
+  const SequenceTiling tiling = sequence_tiling(problem, route);
+  if (!serving::may_split(problem, tiling.block_m, tiling.heads_per_tile)) return 0;
+  return std::max(1, sm_count / std::max(1, route.value_splits));
 }
 
 KvSplits plan_kv_splits(const AttentionProblem& problem, Route route, int sm_count) {

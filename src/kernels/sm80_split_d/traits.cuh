@@ -90,6 +90,9 @@ struct Args {
   // softmax state (split_kv/combine.hpp's layout) instead of O and LSE.
   int kv_splits;
   int split_blocks;
+  // A sequence batch: the CTA slots its plan split the keys for (0: unsplit);
+  // the plan's split_blocks say where (kernels/serving/plan.hpp).
+  int split_slots;
   float* partial_o;
   RowSoftmaxState* partial_states;
   int64_t block_offset;  // first linear CTA index of this launch
@@ -105,6 +108,7 @@ inline Args forward_args(const AttentionProblem& problem, int value_splits, cons
   args.value_splits = value_splits;
   args.kv_splits = split.kv_splits;
   args.split_blocks = static_cast<int>(split.keys_per_split / Traits::kBlockN);
+  args.split_slots = split.split_slots;
   args.partial_o = split.partial_o;
   args.partial_states = split.partial_states;
   args.heads_per_tile = packed_heads(problem.group_size(), problem.seq_q, Traits::kBlockM);
@@ -113,14 +117,18 @@ inline Args forward_args(const AttentionProblem& problem, int value_splits, cons
   return args;
 }
 
+// The tiling a serving call's plan cut its sequences by (the plan's own must
+// be the same: planned_tiles).
+template <class Traits>
+FFPA_HOST_DEVICE SequenceTiling args_sequence_tiling(const Args& args) {
+  return {Traits::kBlockM, Traits::kBlockN, args.heads_per_tile, args.split_slots};
+}
+
 // A serving call's grid is the bound on its tiles (its plan says how many
 // there are: the CTAs past them return at once).
 template <class Traits>
 inline int64_t forward_ctas(const Args& args) {
-  if (args.p.sequences.active) {
-    const SequenceTiling tiling{Traits::kBlockM, Traits::kBlockN, args.heads_per_tile, 0};
-    return serving::max_tiles(args.p, tiling) * args.value_splits;
-  }
+  if (args.p.sequences.active) return serving::max_tiles(args.p, args_sequence_tiling<Traits>(args)) * args.value_splits;
   return args.p.batch * (args.p.heads_q / args.heads_per_tile) * args.row_blocks *
          static_cast<int64_t>(args.value_splits) * args.kv_splits;
 }
