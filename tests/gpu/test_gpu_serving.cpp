@@ -110,10 +110,11 @@ bool run_and_check(const ServingCase& c, Impl impl, bool caller_plan = false,
   copy_to_host(*d.lse, &in.lse, nullptr);
   const double tolerance = c.dtype == DType::bf16 ? 2e-2 : 4e-3;
   std::vector<bool> written(static_cast<size_t>(in.o.tensor.shape[0] * in.o.tensor.shape[2]), false);
+  const OracleRows oracle = serving_oracle_rows(in);
   for (int64_t b = 0; b < c.batch(); ++b)
     for (int64_t h = 0; h < c.heads_q; ++h)
       for (int64_t i = 0; i < c.seq_q[b]; ++i) {
-        const OracleRow want = serving_oracle_row(in, b, h, i);
+        const OracleRow& want = oracle.at(b, h, i);
         const int64_t batch = c.packed_q ? 0 : b, row = in.q_begin[b] + i;
         written[batch * in.o.tensor.shape[2] + row] = true;
         double scale = 1e-30;
