@@ -8,11 +8,14 @@
 # needed); then it writes $OUT/report.json and prints a short summary as its
 # last lines.
 #
-#   scripts/gpu_check.sh [--quick] [--only tests|sanitizer|bench] [BUILD_DIR]
+#   scripts/gpu_check.sh [--quick] [--only tests|sanitizer|bench|serving] [BUILD_DIR]
 #
 #   BUILD_DIR  default: build (relative to the repository root)
 #   --quick    small benchmark shapes instead of the full sweeps
-#   --only S   run one stage group: tests, sanitizer or bench
+#   --only S   run one stage group: tests, sanitizer, bench, or serving (the
+#              serving API's GPU tests and pytest files, memcheck of its
+#              small cases, bench/paged_decode_sweep.py and
+#              bench/compass_serving.py; not part of "all")
 #
 # Each stage runs under a time limit so that the whole script ends well
 # within 9 minutes; a stage that fails or times out is recorded and the next
@@ -30,16 +33,19 @@
 #                      bench/attention_bench.py's report and tables
 #   charts/*.png       its charts: two, one with --quick
 #   report.json        every stage's status, time and numbers
+#   --only serving instead: gpu_check.log, gpu_tests.json, sweep.json,
+#   compass_serving.json (rows to merge into docs/perf/compass.json),
+#   compass_serving.md, report.json
 # Exit status: 0 when every stage that ran passed, 1 otherwise, 2 for a bad
 # command line.
 set -u -o pipefail
 
 usage() {
   cat <<'EOF'
-usage: scripts/gpu_check.sh [--quick] [--only tests|sanitizer|bench] [BUILD_DIR]
+usage: scripts/gpu_check.sh [--quick] [--only tests|sanitizer|bench|serving] [BUILD_DIR]
   BUILD_DIR  the build made on the CPU machine (default: build)
   --quick    small benchmark shapes instead of the full sweeps
-  --only S   run one stage group: tests, sanitizer or bench
+  --only S   run one stage group: tests, sanitizer, bench or serving
 EOF
 }
 
@@ -50,7 +56,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
     --only)
-      [ $# -ge 2 ] || { echo "gpu_check: --only needs tests, sanitizer or bench" >&2; usage >&2; exit 2; }
+      [ $# -ge 2 ] || { echo "gpu_check: --only needs tests, sanitizer, bench or serving" >&2; usage >&2; exit 2; }
       ONLY=$2
       shift
       ;;
@@ -62,8 +68,8 @@ while [ $# -gt 0 ]; do
   shift
 done
 case "$ONLY" in
-  all | tests | sanitizer | bench) ;;
-  *) echo "gpu_check: --only takes tests, sanitizer or bench, not '$ONLY'" >&2; exit 2 ;;
+  all | tests | sanitizer | bench | serving) ;;
+  *) echo "gpu_check: --only takes tests, sanitizer, bench or serving, not '$ONLY'" >&2; exit 2 ;;
 esac
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -253,7 +259,58 @@ stage_bench() {
   if [ "$rc" != 0 ] || [ "$detail_rc" != 0 ]; then show_tail "$LOG"; fi
 }
 
+# The serving API (issue 31; docs/serving.md): its GPU tests, pytest files
+# and memcheck of its small cases, then the decode sweep by page size and
+# the compass's serving rows (compass_serving.json: merge its rows into
+# docs/perf/compass.json by hand, keeping that file's top-level fields).
+SERVING_FILTER='*Serving*:*Sequence*:*Plan*:GpuNan*:*SplitKv*'
+SERVING_MEMCHECK_FILTER='GpuServingSmall.*:GpuServingSm90Gather.*'
+stage_serving() {
+  local start=$SECONDS
+  if [ ! -x "$TESTS" ] || [ ! -f "$LIBRARY" ]; then record serving failed 0 "missing $TESTS or the library"; return; fi
+  rm -f "$OUT/gpu_tests.json"
+  limited 200 "$LOG" "$LOG" "$TESTS" --gtest_filter="$SERVING_FILTER" --gtest_output="json:$OUT/gpu_tests.json"
+  local rc=$RC detail detail_rc
+  detail=$($REPORT_TOOL tests "$OUT/gpu_tests.json" 2>&1)
+  detail_rc=$?
+  record serving-tests "$(status_of "$rc" "$detail_rc")" $((SECONDS - start)) "$detail (exit $rc)"
+  if [ "$rc" != 0 ] || [ "$detail_rc" != 0 ]; then show_tail "$LOG"; fi
+  local python_env=(env PYTHONUNBUFFERED=1 PYTHONPATH="$ROOT/python:$ROOT/bench${PYTHONPATH:+:$PYTHONPATH}" FFPA_LIBRARY="$LIBRARY")
+  start=$SECONDS
+  local pytest_log=$WORK/serving_pytest.log
+  : >"$pytest_log"
+  limited 120 "$pytest_log" "$pytest_log" "${python_env[@]}" python3 -m pytest "$ROOT/python/tests/test_serving_gpu.py" \
+    "$ROOT/python/tests/test_nan_inputs_gpu.py" -q -rs -p no:cacheprovider
+  rc=$RC
+  cat "$pytest_log" >>"$LOG"
+  record serving-pytest "$(status_of "$rc")" $((SECONDS - start)) "$(grep -E '(passed|failed|error)' "$pytest_log" | tail -n 1) (exit $rc)"
+  start=$SECONDS
+  local sanitizer tool_log=$WORK/serving_memcheck.log
+  sanitizer=$(command -v compute-sanitizer || command -v /usr/local/cuda/bin/compute-sanitizer)
+  if [ -z "$sanitizer" ]; then sanitizer=compute-sanitizer; fi  # not found: the stage fails and says so
+  : >"$tool_log"
+  printf '\n##### compute-sanitizer --tool memcheck\n' >>"$SANITIZER_LOG"
+  limited 150 "$tool_log" "$tool_log" "$sanitizer" --tool memcheck --error-exitcode 1 "$TESTS" \
+    --gtest_filter="$SERVING_MEMCHECK_FILTER" --gtest_brief=1
+  rc=$RC
+  cat "$tool_log" >>"$SANITIZER_LOG"
+  cat "$tool_log" >>"$LOG"
+  detail=$($REPORT_TOOL sanitizer "$tool_log" 2>&1)
+  detail_rc=$?
+  record serving-memcheck "$(status_of "$rc" "$detail_rc")" $((SECONDS - start)) "$detail (exit $rc)"
+  start=$SECONDS
+  limited 80 "$LOG" "$LOG" "${python_env[@]}" python3 "$ROOT/bench/paged_decode_sweep.py" --pages 1,4,8,16,32,64 \
+    --rounds 3 --out "$OUT/sweep.json"
+  record paged-sweep "$(status_of "$RC")" $((SECONDS - start)) "bench/paged_decode_sweep.py (exit $RC)"
+  start=$SECONDS
+  rm -f "$OUT/compass_serving.json"
+  limited 150 "$LOG" "$LOG" "${python_env[@]}" python3 "$ROOT/bench/compass_serving.py" \
+    --out "$OUT/compass_serving.json" --markdown "$OUT/compass_serving.md"
+  record compass-serving "$(status_of "$RC")" $((SECONDS - start)) "bench/compass_serving.py (exit $RC)"
+}
+
 stage_device
+case "$ONLY" in serving) stage_serving ;; esac
 case "$ONLY" in all | tests) stage_tests; stage_pytest ;; esac
 case "$ONLY" in all | sanitizer) stage_sanitizer ;; esac
 case "$ONLY" in all | bench) stage_bench ;; esac
