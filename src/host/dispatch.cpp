@@ -507,10 +507,11 @@ Status acquire_partial_rows(Workspace& memory, const split_kv::PartialLayout& la
   return {};
 }
 
-// A dense call's split-KV: the partial rows in the caller's workspace, or in stream-ordered
+// A call's split-KV: the partial rows in the caller's workspace, or in stream-ordered
 // memory freed after the combine; `run_splits(partial_o, partial_states)`
 // launches the family's kernel on them, then the combine merges them
-// (`programmatic`: as the kernel's programmatic dependent, Hopper's PDL).
+// (`programmatic`: as the kernel's programmatic dependent, Hopper's PDL). A
+// sequence batch (kv_splits 0): where its plan split the keys and placed the rows.
 template <class RunSplits>
 Status run_split_kv(const AttentionProblem& problem, const KernelChoice& choice, bool programmatic, void* workspace,
                     size_t workspace_size, cudaStream_t stream, RunSplits&& run_splits) {
@@ -532,32 +533,17 @@ Status run_sm80_split_kv(const AttentionProblem& problem, const KernelChoice& ch
   return run_split_kv(problem, choice, /*programmatic=*/false, workspace, workspace_size, stream,
                       [&](float* partial_o, RowSoftmaxState* partial_states) {
                         sm80_split_d::SplitLaunch split;
-                        split.kv_splits = choice.kv_splits;
-                        split.keys_per_split = static_cast<int64_t>(choice.split_blocks) *
-                                               sm80_split_d::tile_shape(route.out_cols).block_n;
+                        if (problem.sequences.active) {
+                          split.split_slots = choice.split_blocks;  // the plan's split
+                        } else {
+                          split.kv_splits = choice.kv_splits;
+                          split.keys_per_split = static_cast<int64_t>(choice.split_blocks) *
+                                                 sm80_split_d::tile_shape(route.out_cols).block_n;
+                        }
                         split.partial_o = partial_o;
                         split.partial_states = partial_states;
                         return sm80_split_d::run(problem, route, split, stream);
                       });
-}
-
-// A sequence batch on sm80_split_d whose plan splits its keys: the partial
-// rows where the plan placed them, then the combine (not a programmatic
-// dependent: sm80 has no PDL).
-Status run_sm80_sequence_splits(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
-                                size_t workspace_size, cudaStream_t stream) {
-  const split_kv::PartialLayout layout = call_partial_layout(problem, choice);
-  Workspace memory(workspace, workspace_size, stream);
-  PartialRows rows;
-  if (Status status = acquire_partial_rows(memory, layout, &rows); !status.ok()) return status;
-  sm80_split_d::SplitLaunch split;
-  split.split_slots = choice.split_blocks;
-  split.partial_o = rows.o;
-  split.partial_states = rows.states;
-  Status status = sm80_split_d::run(
-      problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits}, split, stream);
-  if (status.ok()) status = split_kv::launch_combine(problem, {rows.o, rows.states, 0, PassRows{}}, false, stream);
-  return memory.release(status);
 }
 
 Status run_sm90_split_kv(const AttentionProblem& problem, const KernelChoice& choice, void* workspace,
@@ -661,10 +647,7 @@ Status run_planned(const AttentionProblem& problem, const KernelChoice& choice, 
       }
       return {};
     case Impl::sm80_split_d:
-      if (problem.sequences.active && choice.kv_splits == 0) {
-        return run_sm80_sequence_splits(problem, choice, workspace, workspace_size, stream);
-      }
-      if (choice.kv_splits > 1) return run_sm80_split_kv(problem, choice, workspace, workspace_size, stream);
+      if (choice.kv_splits != 1) return run_sm80_split_kv(problem, choice, workspace, workspace_size, stream);
       return sm80_split_d::run(
           problem, sm80_split_d::Route{static_cast<int>(choice.padded_head_dim), choice.value_splits}, {},
           stream);
