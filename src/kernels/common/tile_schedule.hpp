@@ -213,6 +213,14 @@ FFPA_HOST_DEVICE TileCoordinates sequence_tile_coordinates(const AttentionProble
                                splits, split_blocks, tiling.heads_per_tile, 0);
 }
 
+// Whether a call's tiles write split-KV's partial rows instead of O and LSE:
+// a dense call's when it has kv_splits > 1, a serving call's where its plan
+// split the keys (both families' epilogues ask).
+FFPA_HOST_DEVICE bool writes_split_partials(const AttentionProblem& p, int kv_splits) {
+  if (!p.sequences.active) return kv_splits > 1;
+  return static_cast<const SequenceScheduleHeader*>(p.sequences.plan)->split_blocks > 0;
+}
+
 // A split-KV partial row's index: dense calls (split_kv/combine.hpp) row
 // (b x Hq + h) x Nq + i of split s at s x B x Hq x Nq + row; a serving call's
 // sequence b at the plan's first partial row of b, then (s x Hq + h) x Nq_b + i.

@@ -112,10 +112,7 @@ struct Cta {
 
   // Whether the tile writes split-KV's partial rows instead of O and LSE (a
   // sequence batch: where its plan split the keys).
-  __device__ __forceinline__ bool writes_partials() const {
-    if (!p.sequences.active) return args.kv_splits > 1;
-    return static_cast<const SequenceScheduleHeader*>(p.sequences.plan)->split_blocks > 0;
-  }
+  __device__ __forceinline__ bool writes_partials() const { return writes_split_partials(p, args.kv_splits); }
 
   // Tile row of thread row r (r = 2 * mt + h: row 16 * mt + g + 8 * h of the warp).
   __device__ __forceinline__ int local_row(int r) const {

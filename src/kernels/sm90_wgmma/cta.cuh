@@ -52,10 +52,7 @@ struct Cta {
   __device__ __forceinline__ bool idle() const { return sequence()->seq_q < 0; }
   // Whether the tile writes split-KV's partial rows (a sequence batch: where
   // its plan split the keys) instead of O and LSE.
-  __device__ __forceinline__ bool writes_partials() const {
-    if (!p.sequences.active) return args.kv_splits > 1;
-    return static_cast<const SequenceScheduleHeader*>(p.sequences.plan)->split_blocks > 0;
-  }
+  __device__ __forceinline__ bool writes_partials() const { return writes_split_partials(p, args.kv_splits); }
   // The first key of the tile's KV block j (blocks count from its split's first).
   __device__ __forceinline__ int block_key(int j) const { return (tile()->kv_first + j) * Traits::kBlockN; }
 
