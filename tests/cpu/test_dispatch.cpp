@@ -217,6 +217,30 @@ TEST(Sm90Routing, ServesEveryPageSizeGatheringSmallOnes) {
   }
 }
 
+// The gather shuffles a row's place in the cache in one 32-bit register of
+// 16-byte units: a gathered cache of 64 GiB or more is left to sm80_split_d,
+// with a reason; TMA boxes (page 64) address it as before.
+TEST(Sm90Routing, LeavesAGatheredCacheOf64GiBToAnotherFamily) {
+  namespace sm90 = ffpa::detail::sm90_wgmma;
+  ffpa::detail::AttentionProblem p = sm90_paged_problem(256, 1);
+  EXPECT_TRUE(sm90::gather_units_fit(p));
+  const int64_t units = int64_t{1} << 32;  // a page stride of 2^32 16-byte units: block 1 is past the limit
+  for (int64_t* stride : {p.k_stride, p.v_stride}) stride[0] = units * 8;
+  p.sequences.num_blocks = 2;
+  EXPECT_FALSE(sm90::gather_units_fit(p));
+  p.sequences.num_blocks = 1;  // only block 0: rows within one page
+  EXPECT_TRUE(sm90::gather_units_fit(p));
+  p.sequences.num_blocks = 2;
+  if (sm90::kInstanceCount == 0) GTEST_SKIP() << "built without sm_90a";
+  std::string reason;
+  EXPECT_EQ(sm90::route(p, &reason), nullptr);
+  EXPECT_NE(reason.find("64 GiB"), std::string::npos) << reason;
+  ffpa::detail::AttentionProblem boxed = sm90_paged_problem(256, 64);
+  for (int64_t* stride : {boxed.k_stride, boxed.v_stride}) stride[0] = units * 8;
+  boxed.sequences.num_blocks = 2;
+  EXPECT_NE(sm90::route(boxed, &reason), nullptr) << reason;
+}
+
 // --- sm90 backward: what it serves and why it declines ---------------------------
 
 ffpa::detail::BackwardProblem sm90_backward_problem(int64_t head_dim, int64_t value_dim = 0) {

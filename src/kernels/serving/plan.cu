@@ -124,6 +124,16 @@ __host__ __device__ int64_t split_tile_bound(const AttentionProblem& p, const Se
   return (p.heads_q / tiling.heads_per_tile) * p.batch + 4LL * tiling.split_slots;
 }
 
+// The attention kernel after a plan is its programmatic dependent on Hopper
+// (sm90_wgmma's launch_tiles): its CTAs may start, and set up, while the plan
+// runs, and they wait for its completion before any global read. A
+// scheduling hint only: the plan's writes are ordered by that wait.
+__device__ __forceinline__ void start_dependent_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cudaTriggerProgrammaticLaunchCompletion();
+#endif
+}
+
 __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const AttentionProblem p, const SequenceTiling tiling,
                                                             const PassRows pass, void* plan) {
   __shared__ int32_t warp_totals[kPlanThreads / 32];
@@ -133,6 +143,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const AttentionProbl
   __shared__ double candidate_cost[kSplitCandidates];
   __shared__ int max_blocks;
   __shared__ int32_t split_blocks;
+  start_dependent_grid();
   if (blockIdx.x > 0) {
     check_pages_of_sequences(p, plan);
     return;
@@ -261,6 +272,7 @@ __global__ void __launch_bounds__(kPlanThreads) plan_kernel(const AttentionProbl
 // After a plan kernel with page-checking CTAs: the lowest fault of its slots
 // (CTA 0's: a length fault) into the header, which then has no tiles.
 __global__ void __launch_bounds__(32) verdict_kernel(const AttentionProblem p, void* plan, int slots) {
+  start_dependent_grid();
   const unsigned long long* const keys = fault_slots(plan, p.batch);
   unsigned long long key = ULLONG_MAX;
   for (int c = static_cast<int>(threadIdx.x); c < slots; c += 32) key = min(key, keys[c]);

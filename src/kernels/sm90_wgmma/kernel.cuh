@@ -158,6 +158,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   // The split-KV combine (a programmatic dependent) may take the SMs this
   // grid's last CTAs leave idle and find its rows there.
   launch_dependent_grid();
+  // A serving call's kernel is itself the programmatic dependent of the
+  // kernel before it (its plan, or whatever the caller ran): every global
+  // read, the plan's and the inputs', follows this wait.
+  wait_prerequisite_grid();
   const Cta<Traits> cta(args);
   cta.setup();
   if (cta.idle()) return;  // the whole cluster: its CTAs share the tile index

@@ -7,18 +7,17 @@
 //
 // Thread t owns key t of every 128-key block: it loads its table entry once a
 // block (block j + 1's while block j's stages are filled, so that the
-// table's latency passes under copies), and copies its row's columns of each
-// K stage and, where its key is in the stage's half, of each V stage ([64
-// keys][kHalfCols] per (key half, consumer)). It keeps pages, not addresses,
-// across the blocks (a row's address is two registers; the producer runs in
-// Traits::kProducerRegisters = 24). A warp's copy reads chunk c of 32 rows,
-// half of 32 sectors; the next copy's chunk c + 1 reads the other halves from
-// L1 (cp_async_16 is .ca). Copies spread over a warp's lanes by row address
-// instead (lane l: chunk l % 8 of rows l / 8 + 4 i, each row's address
-// shuffled from its lane) read whole lines but ran slower (pages 4 to 31:
-// 1.57 ms against 1.12, H200 2026-12-03; the shuffle-to-copy chain a copy,
-// in order behind the volatile copies, is the suspect): docs/kernels/
-// serving.md. A key past the sequence's Nkv, and
+// table's latency passes under copies) and turns it into its row's place in
+// K or V (row_units: 16-byte units from the tensor's base, one register). A
+// warp copies the rows of its 32 keys a box at a time in whole lines: lane l
+// copies chunk l % 8 of rows l / 8 + 4 i, each row's units shuffled from its
+// owner (copy_rows), through L2 only (cp_async_16 is .cg). Where a thread
+// copied its own row instead, each copy read half of 32 sectors (1.57 ms at
+// page 1 through L1, 3.04 through L2 alone); whole lines took it to 0.77 ms
+// (H200, 2026-12-03: docs/kernels/serving.md). The producer issues copies
+// as fast as its latency chain lets it (ncu: the ring is rarely full), so the
+// box's copies stay unrolled: the same loop in 24 registers without spills
+// (rolled) ran 20-33 % slower. A key past the sequence's Nkv, and
 // columns past D (K) or Dv (V), are zero-filled (src-size 0): an unused cache
 // row's NaN never meets P = 0. Each thread arrives on a stage's full barrier
 // once its copies have landed (cp.async.mbarrier.arrive.noinc: 128 arrivals a
@@ -74,39 +73,62 @@ struct GatherProducer {
                     : -1;
   }
 
-  // The global address of this thread's key row of block j, on page
-  // `block_page`, in a k or v tensor (b, h, n strides); 0: past the sequence.
-  __device__ __forceinline__ uint64_t row_address(const void* base, const int64_t (&stride)[3], int block_page,
-                                                  int j) const {
-    if (block_page < 0) return 0;
+  // This thread's key row of block j, on page `block_page`, in a k or v
+  // tensor (b, h, n strides): its offset from the tensor's base in 16-byte
+  // units (a shuffle carries it in one register: gather_units_fit keeps a
+  // gathered cache's rows below 2^32 - 1 units), kNoRow past the sequence.
+  static constexpr uint32_t kNoRow = 0xFFFFFFFFu;
+  __device__ __forceinline__ uint32_t row_units(const int64_t (&stride)[3], int block_page, int j) const {
+    if (block_page < 0) return kNoRow;
     const int row = (cta.block_key(j) + thread) % static_cast<int>(cta.p.sequences.page_size);
-    const int64_t offset = block_page * stride[0] + cta.tile()->kv_head * stride[1] + row * stride[2];
-    return reinterpret_cast<uint64_t>(base) + static_cast<uint64_t>(offset * kElementBytes);
+    return static_cast<uint32_t>((block_page * stride[0] + cta.tile()->kv_head * stride[1] + row * stride[2]) *
+                                 kElementBytes / 16);
   }
 
-  // Columns [col, col + kBoxCols) of a row (global address `row`, 0: none;
-  // `width` columns in the tensor) into row `box_row` of the 1024-byte
-  // aligned box at `box` (128-byte rows): chunk c at chunk c ^ (box_row % 8),
-  // i.e. at address (box + 128 box_row + 16 (box_row % 8)) ^ 16 c. The row is
-  // opaque: its address is computed here, once a box, not hoisted across the
-  // stages (eight swizzled addresses, or even one, held across the loop
-  // would spill the producer's 24 registers).
-  __device__ __forceinline__ void copy_row(uint32_t box, int box_row, uint64_t row, int col, int width) const {
-    const int bytes = row == 0 ? 0 : (width - col) * kElementBytes;  // of the row from `col` on
-    const uint64_t src = row + static_cast<uint64_t>(col * kElementBytes);
-    const int r = opaque(box_row);
-    const uint32_t swizzled = box + r * kSwizzleRowBytes + ((r & 7) << 4);
+  // Columns [col, col + kBoxCols) of the 32 rows of this thread's warp (its
+  // lanes' keys; `units`: this lane's row in `tensor`, row_units; `width`
+  // columns in the tensor) into rows warp_row0 + 0..31 of the 1024-byte
+  // aligned box at `box` (128-byte rows): chunk c of box row r at chunk
+  // c ^ (r % 8). A copy reads whole lines: lane l copies chunk l % 8 of rows
+  // l / 8 + 4 i (i = 0..7), each row's units shuffled from the lane that owns
+  // it. Row l / 8 + 4 i is at box + 128 (l / 8) + 512 i, its swizzle
+  // (l / 8 + 4 i) % 8 is l / 8, or l / 8 + 4 for odd i: bit 6 of the
+  // address flipped. The copies of a box, and the boxes of a stage, are
+  // unrolled: their independent shuffle -> copy chains overlap. ptxas then
+  // spills some of the producer's block-level state (~400 bytes in 24
+  // registers), which costs less than the overlap gains (page 1: rolled
+  // without spills 1.03 ms, the boxes rolled 0.84, unrolled 0.75).
+  __device__ __forceinline__ void copy_rows(uint32_t box, int warp_row0, const void* tensor, uint32_t units, int col,
+                                            int width) const {
+    constexpr int kRowsPerCopy = 32 / kRowChunks, kCopies = 32 / kRowsPerCopy, kShuffleBatch = 2;
+    const int lane = opaque(thread) % 32, chunk = lane % kRowChunks, first = lane / kRowChunks;
+    const uint32_t dst = (box + (warp_row0 + first) * kSwizzleRowBytes + 16 * chunk) ^ (first << 4);
+    const uint32_t col_units = static_cast<uint32_t>(col * kElementBytes / 16 + chunk);
+    units = opaque(units);  // this box's own shuffles: the first box's, held across the others, would spill
+    const bool whole = col + kBoxCols <= width;  // uniform: the box's columns all exist
+    const uint32_t chunk_bytes = whole ? 16u : static_cast<uint32_t>(min(max((width - col) * kElementBytes - 16 * chunk, 0), 16));
 #pragma unroll
-    for (int c = 0; c < kRowChunks; ++c) {
-      const int chunk_bytes = min(max(bytes - 16 * c, 0), 16);
-      cp_async_16(swizzled ^ (c << 4), reinterpret_cast<const void*>(src + 16 * c), static_cast<uint32_t>(chunk_bytes));
+    for (int b = 0; b < kCopies; b += kShuffleBatch) {
+      uint32_t rows[kShuffleBatch];
+#pragma unroll
+      for (int k = 0; k < kShuffleBatch; ++k) {
+        rows[k] = __shfl_sync(0xFFFFFFFFu, units, first + kRowsPerCopy * (b + k));
+      }
+#pragma unroll
+      for (int k = 0; k < kShuffleBatch; ++k) {
+        const int i = b + k;
+        const bool none = rows[k] == kNoRow;
+        cp_async_16(((i % 2) ? dst ^ 64u : dst) + i * kRowsPerCopy * kSwizzleRowBytes,
+                    static_cast<const char*>(tensor) + 16 * static_cast<uint64_t>(none ? col_units : rows[k] + col_units),
+                    none ? 0u : chunk_bytes);
+      }
     }
   }
 
   // K_j (on `page`): its kKStages stages, this thread's row of each box.
   __device__ __forceinline__ void load_k(int j) {
-    const uint64_t k_row = row_address(cta.p.k, cta.p.k_stride, page, j);
-#pragma unroll
+    const uint32_t k_units = row_units(cta.p.k_stride, page, j);
+#pragma unroll 1
     for (int ks = 0; ks < kKStages; ++ks) {
       constexpr int kLast = Traits::kQKChunks - 2 * (kKStages - 1);
       const int stage = acquire();
@@ -115,8 +137,8 @@ struct GatherProducer {
       const int col0 = Traits::kSplit == 2 ? opaque(cta.qk_col0()) : cta.qk_col0();
 #pragma unroll
       for (int b = 0; b < (ks + 1 < kKStages ? 2 : kLast); ++b)
-        copy_row(cta.ring() + stage * Traits::kStageBytes + b * Traits::kKBoxBytes, thread, k_row,
-                 col0 + (2 * ks + b) * kBoxCols, static_cast<int>(cta.p.head_dim));
+        copy_rows(cta.ring() + stage * Traits::kStageBytes + b * Traits::kKBoxBytes, thread / 32 * 32,
+                  cta.p.k, k_units, col0 + (2 * ks + b) * kBoxCols, static_cast<int>(cta.p.head_dim));
       cp_async_arrive_noinc(cta.full(position - 1));
     }
   }
@@ -124,7 +146,7 @@ struct GatherProducer {
   // V_j (this thread's key on `block_page`): a stage per (key half,
   // consumer), this thread's row in its half.
   __device__ __forceinline__ void load_v(int j, int block_page) {
-    const uint64_t v_row = row_address(cta.p.v, cta.p.v_stride, block_page, j);
+    const uint32_t v_units = row_units(cta.p.v_stride, block_page, j);
 #pragma unroll 1
     for (int key_half = 0; key_half < 2; ++key_half)
 #pragma unroll 1
@@ -134,8 +156,8 @@ struct GatherProducer {
           const int col0 = (Traits::kSplit == 2 ? opaque(cta.vo_col0()) : cta.vo_col0()) + w * Traits::kHalfCols;
 #pragma unroll
           for (int box = 0; box < Traits::kHalfCols / kBoxCols; ++box)
-            copy_row(cta.ring() + stage * Traits::kStageBytes + box * Traits::kTileBytes, thread % 64, v_row,
-                     col0 + box * kBoxCols, static_cast<int>(cta.p.dv()));
+            copy_rows(cta.ring() + stage * Traits::kStageBytes + box * Traits::kTileBytes, thread % 64 / 32 * 32,
+                      cta.p.v, v_units, col0 + box * kBoxCols, static_cast<int>(cta.p.dv()));
         }
         cp_async_arrive_noinc(cta.full(position - 1));  // every thread: 128 arrivals a phase
       }

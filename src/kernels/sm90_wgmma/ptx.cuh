@@ -138,12 +138,11 @@ __device__ __forceinline__ void mbarrier_wait_cluster(uint32_t bar, uint32_t par
 // 16 bytes from global memory into shared memory, of which the first
 // `src_bytes` (0..16) are read and the rest zero-filled: 0 reads nothing (a
 // key past the sequence, columns past D). dst and src 16-byte aligned.
-// (cuda::ptx has no non-bulk cp.async.) Through L1 (.ca): the gather's warp
-// copies half of 32 sectors and its next copy the other halves, which L1
-// then serves; with .cg the L2 fetched each sector twice (H200, page 1
-// decode: 3.04 -> 1.53 ms; docs/kernels/serving.md).
+// (cuda::ptx has no non-bulk cp.async.) Through L2 only (.cg): the gather
+// copies whole lines, and through the L1 that 227 KB of shared memory leave
+// its page-1 decode ran 1.47 ms against 0.77 (H200; docs/kernels/serving.md).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, uint32_t src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
 // One arrival on `bar` once every cp.async this thread has issued so far has

@@ -1,6 +1,7 @@
 // Which calls the sm90 family serves, and naming its kernels.
 #include <climits>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/common/tile_schedule.hpp"
@@ -18,6 +19,18 @@ namespace ffpa::detail::sm90_wgmma {
 // gather (each thread its own row then) ~1000 us at pages 4, 12 and 20.
 constexpr int64_t kTmaPageMinRows = 8;
 bool gathers_pages(int64_t page_size) { return page_size % 8 != 0 || page_size < kTmaPageMinRows; }
+
+bool gather_units_fit(const AttentionProblem& problem) {
+  const SequenceLayout& s = problem.sequences;
+  const int64_t bytes = 2;  // bf16 or fp16: the gather's kernels
+  for (const int64_t* stride : {problem.k_stride, problem.v_stride}) {
+    const int64_t last_row = ((s.num_blocks - 1) * std::abs(stride[0]) + (problem.heads_kv - 1) * std::abs(stride[1]) +
+                              (s.page_size - 1) * std::abs(stride[2])) *
+                             bytes;
+    if (last_row / 16 >= 0xFFFFFFFFll) return false;
+  }
+  return true;
+}
 
 const Instance* route(const AttentionProblem& problem, std::string* reason) {
   if (kInstanceCount == 0) {
@@ -51,6 +64,11 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
   }
   if (problem.softcap > 0.0f && cluster_size(instance_width(problem)) > 1) {
     *reason = "a logit softcap above D 512: the cluster kernels carry no softcap (sm80_split_d serves it)";
+    return nullptr;
+  }
+  if (problem.sequences.paged() && gathers_pages(problem.sequences.page_size) && !gather_units_fit(problem)) {
+    *reason = "a gathered paged cache (page size " + std::to_string(problem.sequences.page_size) +
+              ") whose rows span 64 GiB or more: the gather counts rows in 32-bit 16-byte units";
     return nullptr;
   }
   // Any page size: small pages are gathered with cp.async (gathers_pages),
