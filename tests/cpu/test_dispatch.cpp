@@ -198,13 +198,15 @@ ffpa::detail::AttentionProblem sm90_paged_problem(int64_t head_dim, int64_t page
 }
 
 // Any page size: the producer warpgroup gathers the page sizes TMA cannot
-// box (not multiples of 8) and, by the measured threshold, small ones; TMA
-// loads a box per page of the others (at least the large multiples of 8).
+// box (not multiples of 8) and, by the measured threshold, those whose
+// boxes would hold 8 rows; TMA loads a box per page of the multiples of 16.
 // The kernel's name says which.
 TEST(Sm90Routing, ServesEveryPageSizeGatheringSmallOnes) {
   namespace sm90 = ffpa::detail::sm90_wgmma;
-  for (int64_t page : {1, 2, 3, 5, 7, 63, 65, 100, 250}) EXPECT_TRUE(sm90::gathers_pages(page)) << "page size " << page;
-  for (int64_t page : {64, 72, 128, 256, 4096}) EXPECT_FALSE(sm90::gathers_pages(page)) << "page size " << page;
+  for (int64_t page : {1, 2, 3, 5, 7, 8, 24, 63, 65, 72, 100, 250}) {
+    EXPECT_TRUE(sm90::gathers_pages(page)) << "page size " << page;
+  }
+  for (int64_t page : {16, 48, 64, 80, 128, 256, 4096}) EXPECT_FALSE(sm90::gathers_pages(page)) << "page size " << page;
   if (sm90::kInstanceCount == 0) GTEST_SKIP() << "built without sm_90a";
   for (int64_t page : {1, 3, 5, 16, 64, 100, 256}) {
     SCOPED_TRACE("page size " + std::to_string(page));

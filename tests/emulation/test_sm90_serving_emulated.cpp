@@ -175,7 +175,7 @@ TEST(EmulatedSm90Serving, PackedSequencesPartialRowBlocks) {
 }
 
 TEST(EmulatedSm90Serving, PagedCachesByTmaBoxes) {
-  const int64_t pages[] = {64, 72, 128, 256};
+  const int64_t pages[] = {64, 80, 128, 256};
   const CacheLayout layouts[] = {CacheLayout::nhd, CacheLayout::hnd, CacheLayout::stacked, CacheLayout::nhd};
   for (int i = 0; i < 4; ++i) {
     ServingCase c = base_case(10 + static_cast<uint64_t>(i), 256);
@@ -190,10 +190,10 @@ TEST(EmulatedSm90Serving, PagedCachesByTmaBoxes) {
 }
 
 // Page sizes TMA cannot box and small ones (gathers_pages): the producer
-// warpgroup's cp.async, every key row a thread, prefill and decode rows, odd
+// warpgroup's cp.async, whole lines a warp, prefill and decode rows, odd
 // lengths (keys past Nkv, NaN in the cache, zero-filled), every cache layout.
 TEST(EmulatedSm90Serving, PagedCachesGathered) {
-  const int64_t pages[] = {1, 3, 5, 7, 63};
+  const int64_t pages[] = {1, 3, 8, 7, 63};
   const CacheLayout layouts[] = {CacheLayout::nhd, CacheLayout::hnd, CacheLayout::stacked, CacheLayout::nhd,
                                  CacheLayout::hnd};
   for (int i = 0; i < 5; ++i) {

@@ -256,14 +256,14 @@ INSTANTIATE_TEST_SUITE_P(Small, GpuServing, ::testing::ValuesIn(serving_cases())
                            return "case" + std::to_string(info.index) + "_d" + std::to_string(info.param.dim);
                          });
 
-// Page sizes sm90_wgmma gathers (gathers_pages: not multiples of 8, or
-// below 64), which it must serve: decode rows (GQA-packed, split by the plan
+// Page sizes sm90_wgmma gathers (gathers_pages: not multiples of 16; 16
+// itself by TMA here), which it must serve: decode rows (GQA-packed, split by the plan
 // on long keys, D 512 and MLA's 576 / 512 in a cluster) and prefill rows, with
 // the unused rows of every sequence's last page NaN (the gather zero-fills
 // keys past Nkv).
 std::vector<ServingCase> gathered_page_cases() {
   std::vector<ServingCase> cases;
-  const int64_t pages[] = {1, 3, 5, 16};
+  const int64_t pages[] = {1, 3, 8, 16};
   uint64_t seed = 100;
   for (int64_t page : pages) {
     ServingCase decode;

@@ -64,8 +64,9 @@ inline SequenceTiling sequence_tiling(const TileLaunch& tiles) {
 // How a paged cache's K and V reach shared memory, by page size: gathered by
 // the producer warpgroup with cp.async (producer_gather.cuh; any page size),
 // or by TMA, a box per page (paged_box_rows; page sizes that are multiples of
-// 8: the 128-byte swizzle repeats every 8 rows, so a box of fewer would land
-// inside a swizzle atom). The threshold and its measurements: routing.cpp
+// 16: the 128-byte swizzle repeats every 8 rows, so a box of fewer than 8
+// would land inside a swizzle atom, and boxes of 8 rows ran slower than the
+// gather). The threshold and its measurements: routing.cpp
 // (defined there, so that tuning it rebuilds no kernel).
 bool gathers_pages(int64_t page_size);
 
@@ -77,7 +78,7 @@ bool gather_units_fit(const AttentionProblem& problem);
 
 // A paged cache's rows in one TMA load of a box of `rows` keys: the largest
 // power of two dividing both the page size and the box (a load never crosses
-// a page): at least 8 where !gathers_pages (and a 128-key block stays within
+// a page): at least 16 where !gathers_pages (and a 128-key block stays within
 // 16 loads: the producer warp's lanes look up one page-box each).
 inline int paged_box_rows(int64_t page_size, int rows) {
   int box = rows;

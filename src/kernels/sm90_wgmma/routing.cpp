@@ -12,13 +12,16 @@
 
 namespace ffpa::detail::sm90_wgmma {
 
-// Page sizes that are multiples of kTmaPageMinRows go by TMA boxes (issued a
-// lane each), the others are gathered. On the H200 (docs/kernels/
-// serving.md, 2026-12-03) TMA ran pages 8 / 16 / 32 / 64 at 869 / 634 / 590 /
-// 573 us of kernel time for a decode batch whose batched cache took 560, the
-// gather (each thread its own row then) ~1000 us at pages 4, 12 and 20.
-constexpr int64_t kTmaPageMinRows = 8;
-bool gathers_pages(int64_t page_size) { return page_size % 8 != 0 || page_size < kTmaPageMinRows; }
+// Page sizes that are multiples of kTmaPageRows go by TMA boxes (issued a
+// lane each; a box never crosses a page, so these are the page sizes whose
+// boxes hold at least kTmaPageRows rows), the others are gathered. On the
+// H200 (docs/kernels/serving.md, 2026-12-03, third session), for a decode
+// batch whose batched cache took 562 us of kernel time, TMA ran pages 8 / 16
+// / 32 / 64 at 861 / 628 / 592 / 568 us (its box rate bounds small boxes)
+// and the gather (whole lines a warp) 718 / 712 us at pages 1 / 4, ~0.74 ms
+// a call at pages 12 and 20: pages of 8 (and 24, 40, ...) gather faster.
+constexpr int64_t kTmaPageRows = 16;
+bool gathers_pages(int64_t page_size) { return page_size % kTmaPageRows != 0; }
 
 bool gather_units_fit(const AttentionProblem& problem) {
   const SequenceLayout& s = problem.sequences;
