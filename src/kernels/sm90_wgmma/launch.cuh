@@ -33,8 +33,9 @@ Status launch_tiles(const Args& args, const CUtensorMap (&maps)[4], int64_t tile
   // A serving call: the programmatic dependent of its plan kernel (plan.cu),
   // whose launch and set-up then pass under the plan (forward_kernel waits
   // before its first global read).
+  const bool after_plan = args.p.sequences.active;
   return launch_opted_in("sm90_wgmma", &opt_in, forward_kernel<Traits>, tile_count * Traits::kSplit, Traits::kThreads,
-                         Traits::kSmemBytes, Traits::kSplit, /*programmatic=*/args.p.sequences.active, stream, args, maps[0], maps[1],
+                         Traits::kSmemBytes, Traits::kSplit, /*programmatic=*/after_plan, stream, args, maps[0], maps[1],
                          maps[2], maps[3]);
 }
 
