@@ -70,8 +70,9 @@ inline SequenceTiling sequence_tiling(const TileLaunch& tiles) {
 // (defined there, so that tuning it rebuilds no kernel).
 bool gathers_pages(int64_t page_size);
 
-// Whether a gathered cache's rows all start within 2^32 - 1 16-byte units of
-// the tensor's base (the gather shuffles a row's offset in one register):
+// Whether a gathered cache's rows all end within 2^32 - 1 16-byte units of
+// the tensor's base (the gather shuffles a row's offset in one register and
+// adds its column's there):
 // false for a cache of 64 GiB or more, which the sm90 family then leaves to
 // sm80_split_d.
 bool gather_units_fit(const AttentionProblem& problem);

@@ -28,12 +28,12 @@ bool gather_units_fit(const AttentionProblem& problem) {
   const int64_t bytes = 2;  // bf16 or fp16: the gather's kernels
   // The last row's last unit, where a copy's row + column units end (the
   // instance's width: its boxes cover it); 0xFFFFFFFF marks "no row".
-  const int64_t row_units = (instance_width(problem) + 63) / 64 * 64 * bytes / 16;
+  const int64_t width_units = (instance_width(problem) + 63) / 64 * 64 * bytes / 16;
   for (const int64_t* stride : {problem.k_stride, problem.v_stride}) {
     const int64_t last_row = ((s.num_blocks - 1) * std::abs(stride[0]) + (problem.heads_kv - 1) * std::abs(stride[1]) +
                               (s.page_size - 1) * std::abs(stride[2])) *
                              bytes;
-    if (last_row / 16 + row_units >= 0xFFFFFFFFll) return false;
+    if (last_row / 16 + width_units >= 0xFFFFFFFFll) return false;
   }
   return true;
 }
