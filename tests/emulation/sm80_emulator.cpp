@@ -40,6 +40,7 @@ struct Copy {
   uint32_t dst;
   const void* src;
   bool valid;
+  int bytes;
 };
 
 struct Fiber {
@@ -367,7 +368,9 @@ void named_barrier(int id, int count) {
   rendezvous(r, count);
 }
 
-void cp_async_16(uint32_t dst, const void* src, bool valid) { me().open_group.push_back({dst, src, valid}); }
+void cp_async(uint32_t dst, const void* src, bool valid, int bytes) {
+  me().open_group.push_back({dst, src, valid, bytes});
+}
 
 void cp_async_commit() {
   Fiber& fiber = me();
@@ -381,9 +384,9 @@ void cp_async_wait(int pending) {
     for (const Copy& copy : fiber.groups.front()) {
       unsigned char* to = my_cta().shared + copy.dst;
       if (copy.valid) {
-        std::memcpy(to, copy.src, 16);
+        std::memcpy(to, copy.src, copy.bytes);
       } else {
-        std::memset(to, 0, 16);
+        std::memset(to, 0, copy.bytes);
       }
     }
     fiber.groups.pop_front();

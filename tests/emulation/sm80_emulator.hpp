@@ -49,10 +49,10 @@ unsigned char* cluster_shared_memory(int rank);
 // barrier.cluster arrive + wait: every thread of the cluster.
 void cluster_sync();
 
-// cp.async of 16 bytes (zero-fill when !valid) into shared-window address
+// cp.async of `bytes` (zero-fill when !valid) into shared-window address
 // dst, queued in the thread's open group; commit closes the group; wait
 // lands every group but the `pending` newest.
-void cp_async_16(uint32_t dst, const void* src, bool valid);
+void cp_async(uint32_t dst, const void* src, bool valid, int bytes);
 void cp_async_commit();
 void cp_async_wait(int pending);
 

@@ -271,6 +271,25 @@ TEST(EmulatedSm80Serving, E4m3CacheWithDescales) {
   }
 }
 
+// An e4m3 cache on every tile shape (tiles.hpp): each copies a different
+// number of chunks a thread per K and V step, which the codes' in-place
+// conversion (producer.cuh: convert_codes) walks; odd pages, D_qk != D_v.
+TEST(EmulatedSm80Serving, E4m3CacheOnEveryTileShape) {
+  const int64_t dims[][2] = {{64, 64}, {256, 208}, {320, 320}, {512, 512}, {704, 704}, {1024, 1024}};
+  uint64_t seed = 90;
+  for (const auto& dim : dims) {
+    ServingCase c = base_case(seed++);
+    c.e4m3_kv = true;
+    c.per_sequence_descale = seed % 2 == 0;
+    c.dim = dim[0], c.value_dim = dim[1];
+    c.keys = KeyForm::paged;
+    c.page_size = seed % 2 == 0 ? 3 : 1;
+    c.seq_q = {1, 20};
+    c.seq_kv = {150, 37};
+    expect_matches_oracle(c);
+  }
+}
+
 TEST(EmulatedSm80Serving, HeadDims) {
   ServingCase wide = base_case(40);
   wide.dim = 136, wide.value_dim = 120;

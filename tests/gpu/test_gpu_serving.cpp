@@ -222,6 +222,26 @@ std::vector<ServingCase> serving_cases() {
       cases.push_back(c);
     }
   }
+  // An e4m3 cache (the engines' FP8 format; sm80_split_d converts its codes
+  // in shared memory) on every tile shape, odd and TMA-sized pages, descales
+  // per tensor and per (sequence, KV head), decode rows beside a prefill.
+  const int64_t e4m3_dims[][2] = {{64, 64}, {128, 128}, {256, 208}, {320, 320}, {512, 512}, {704, 704}, {1024, 1024}};
+  for (const auto& dim : e4m3_dims) {
+    ServingCase c;
+    c.seed = seed++;
+    c.dtype = seed % 2 == 0 ? DType::f16 : DType::bf16;
+    c.dim = dim[0], c.value_dim = dim[1];
+    c.e4m3_kv = true;
+    c.per_sequence_descale = seed % 2 == 1;
+    c.heads_kv = 2, c.heads_q = 8;
+    c.causal = Causal::bottom_right;
+    c.keys = KeyForm::paged;
+    c.page_size = pages[seed % 6] == 8 ? 1 : pages[seed % 6];
+    c.cache = static_cast<CacheLayout>(seed % 3);
+    c.seq_q = {1, 1, 37, 1};
+    c.seq_kv = draw(rng, 4, 40, 700);
+    cases.push_back(c);
+  }
   // A mixed batch: one prefill chunk and decode rows over a paged cache
   // (sm90_wgmma: two passes).
   ServingCase mixed;

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 
+#include "common/fp8_e4m3.hpp"
+
 namespace ffpa::detail {
 
 template <typename Element>
@@ -39,6 +41,24 @@ template <typename Element>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   static_assert(ElementTraits<Element>::kBytes == 2, "a pair of 16-bit elements");
   return ElementTraits<Element>::pack2(lo, hi);
+}
+
+// Two e4m3 codes (the low byte first) as one register of two 16-bit
+// elements, exactly: every e4m3 value is an f16 and a bf16 value (NaN stays
+// NaN). Hardware conversion from sm_89; the bit arithmetic of
+// common/fp8_e4m3.hpp before.
+template <typename Element>
+__device__ __forceinline__ uint32_t unpack_e4m3x2(uint32_t pair) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t halves;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(static_cast<uint16_t>(pair)));
+  if constexpr (!ElementTraits<Element>::kIsBf16) return halves;
+  const float2 values = __half22float2(*reinterpret_cast<const __half2*>(&halves));
+  return pack2<Element>(values.x, values.y);
+#else
+  return pack2<Element>(e4m3_bits_to_float(static_cast<uint8_t>(pair & 0xFFu)),
+                        e4m3_bits_to_float(static_cast<uint8_t>((pair >> 8) & 0xFFu)));
+#endif
 }
 
 }  // namespace ffpa::detail

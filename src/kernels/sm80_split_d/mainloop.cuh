@@ -42,7 +42,7 @@ __device__ __forceinline__ void Cta<Traits>::compute_s(SAccumulator& s_acc) {
     for (int nt = 0; nt < kSTiles; ++nt)
       s_acc[mt][nt][0] = s_acc[mt][nt][1] = s_acc[mt][nt][2] = s_acc[mt][nt][3] = 0.0f;
   for (int c = 0; c < n_qk; ++c) {
-    advance_ring();
+    advance_ring(/*qk_step=*/true);
     const LdmatrixOffsets offsets = ldmatrix_offsets<Traits>(tid);
     const uint32_t q_tile = smem_address(ring() + slot * Traits::kStageBytes) + offsets.q_row;
     const uint32_t k_tile = q_tile - offsets.q_row + Traits::kQTileBytes + offsets.k_row;
@@ -73,7 +73,7 @@ __device__ __forceinline__ void Cta<Traits>::compute_s(SAccumulator& s_acc) {
 template <class Traits>
 __device__ __forceinline__ void Cta<Traits>::accumulate_pv(PFragments& p_frag, OAccumulator& o_acc, int step) {
   constexpr int kPVKeys = Traits::kPVKeys, kBlockN = Traits::kBlockN;
-  advance_ring();
+  advance_ring(/*qk_step=*/false);
   const LdmatrixOffsets offsets = ldmatrix_offsets<Traits>(tid);
   constexpr int kStepFrags = kPVKeys / 16;
   const int frag0 = Traits::kSharedP ? 0 : step * kStepFrags;

@@ -30,27 +30,39 @@ __device__ __forceinline__ int64_t Cta<Traits>::key_row(const int64_t (&stride)[
   return head + seq.kv_batch * stride[0] + static_cast<int64_t>(seq.kv_begin + key) * stride[2];
 }
 
-// 16 bytes of a K or V stage from `base` + `offset` elements: a cp.async of
-// 16-bit elements, or (an e4m3 cache) 8 codes read and converted to 16-bit
-// elements, exactly (every e4m3 value is an f16 and a bf16 value), stored by
-// this thread (the descales act on the scores and the output instead).
+// Chunk i (a 16-byte place of 8 elements, kRowsPerPass rows after chunk
+// i - 1) of a thread's run of K or V chunks at `run`, from `base` + `offset`
+// elements: a cp.async of 16-bit elements, or (an e4m3 cache) of its 8 codes
+// into the place of chunk i / 2, where convert_codes finds them once the step
+// is waited for. The loads stay asynchronous, kStages - 1 steps ahead, and
+// the codes take no shared memory of their own (a thread owns its run).
 template <class Traits>
-__device__ __forceinline__ void Cta<Traits>::copy_kv_16(uint32_t dst, const void* base, int64_t offset,
+__device__ __forceinline__ void Cta<Traits>::copy_kv_16(uint32_t run, int i, const void* base, int64_t offset,
                                                         bool valid) const {
+  constexpr uint32_t kPlaceBytes = Traits::kThreads / 8 * 128;
   if (!p.kv_e4m3) {
-    cp_async_16(dst, static_cast<const Element*>(base) + offset, valid);
+    cp_async_16(run + i * kPlaceBytes, static_cast<const Element*>(base) + offset, valid);
     return;
   }
-  uint2 codes = make_uint2(0u, 0u);
-  if (valid) codes = *reinterpret_cast<const uint2*>(static_cast<const uint8_t*>(base) + offset);
-  uint32_t words[4];
+  cp_async_8(run + (i / 2) * kPlaceBytes + (i % 2) * 8, static_cast<const uint8_t*>(base) + offset, valid);
+}
+
+// An e4m3 cache: this thread's run of kChunks chunks at `run`, codes (as
+// copy_kv_16 placed them) converted to 16-bit elements in place, exactly (the
+// descales act on the scores and the output instead). Descending: chunk i
+// overwrites the codes of chunks 2i and 2i + 1, converted before it (i > 0;
+// chunk 0 reads its own first).
+template <class Traits>
+template <int kChunks>
+__device__ __forceinline__ void Cta<Traits>::convert_codes(uint32_t run) const {
+  constexpr uint32_t kPlaceBytes = Traits::kThreads / 8 * 128;
 #pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    const uint32_t pair = ((w < 2 ? codes.x : codes.y) >> (16 * (w % 2))) & 0xFFFFu;
-    words[w] = pack2<Element>(e4m3_bits_to_float(static_cast<uint8_t>(pair & 0xFFu)),
-                              e4m3_bits_to_float(static_cast<uint8_t>(pair >> 8)));
+  for (int i = kChunks - 1; i >= 0; --i) {
+    const uint2 codes = ld_shared_8(run + (i / 2) * kPlaceBytes + (i % 2) * 8);
+    const uint32_t words[4] = {unpack_e4m3x2<Element>(codes.x), unpack_e4m3x2<Element>(codes.x >> 16),
+                               unpack_e4m3x2<Element>(codes.y), unpack_e4m3x2<Element>(codes.y >> 16)};
+    st_shared_16(run + i * kPlaceBytes, words);
   }
-  st_shared_16(dst, words);
 }
 
 // A stage is a stack of 128-byte rows. Thread tid copies 16-byte segment
@@ -87,7 +99,7 @@ __device__ __forceinline__ void Cta<Traits>::issue_next_step(int into_slot) {
           const int row = (k - kQPasses) * kRowsPerPass;
           const bool valid = valid_col && kv0 + first_row + row < seq_kv;
           const int64_t src = paged ? key_row(p.k_stride, kv0 + first_row + row) + seg * 8 : k_src + row * k_stride;
-          copy_kv_16(stage + k * kRowsPerPass * 128, p.k, src + col, valid);
+          copy_kv_16(stage + kQPasses * kRowsPerPass * 128, k - kQPasses, p.k, src + col, valid);
         }
       }
     } else {  // kPVKeys keys of V, every 64-column subtile of the O slice
@@ -100,7 +112,7 @@ __device__ __forceinline__ void Cta<Traits>::issue_next_step(int into_slot) {
         const int row = (k * kRowsPerPass) % kPVKeys, sub = (k * kRowsPerPass) / kPVKeys;
         const bool valid = (v_sub0 + sub) * 64 + seg * 8 < out_cols && key0 + row < seq_kv;
         const int64_t src = paged ? key_row(p.v_stride, key0 + row) + dv0 + v_sub0 * 64 + seg * 8 : v_src + row * v_stride;
-        copy_kv_16(stage + k * kRowsPerPass * 128, p.v, src + sub * 64, valid);
+        copy_kv_16(stage, k, p.v, src + sub * 64, valid);
       }
     }
     if (++load_r == steps_per_tile) load_r = 0, ++load_tile;
@@ -113,11 +125,24 @@ __device__ __forceinline__ void Cta<Traits>::prime_ring() {
   for (int s = 0; s < Traits::kStages - 1; ++s) issue_next_step(s);
 }
 
-// Waits for the buffer of the current step and refills the one freed by the
-// previous step (every thread has passed the barrier, so it is unused).
+// Waits for the buffer of the current step (a Q/K step or a V step; an e4m3
+// cache's codes converted by the threads that copied them) and refills the
+// one freed by the previous step (every thread has passed the barrier, so it
+// is unused).
 template <class Traits>
-__device__ __forceinline__ void Cta<Traits>::advance_ring() {
+__device__ __forceinline__ void Cta<Traits>::advance_ring(bool qk_step) {
   cp_async_wait<Traits::kStages - 2>();
+  if (p.kv_e4m3) {
+    constexpr int kRowsPerPass = Traits::kThreads / 8;
+    const unsigned thread = opaque(tid);
+    const uint32_t stage = smem_address(ring() + slot * Traits::kStageBytes) +
+                           swizzle128<Traits::kElementBytes>(thread / 8, (thread % 8) * 8);
+    if (qk_step) {
+      convert_codes<Traits::kBlockN / kRowsPerPass>(stage + Traits::kBlockM / kRowsPerPass * kRowsPerPass * 128);
+    } else {
+      convert_codes<Traits::kVStageBytes / 128 / kRowsPerPass>(stage);
+    }
+  }
   __syncthreads();
   issue_next_step(slot == 0 ? Traits::kStages - 1 : slot - 1);
 }

@@ -13,7 +13,14 @@
 
 namespace ffpa::detail::sm80_split_d {
 
-inline void cp_async_16(uint32_t dst, const void* src, bool valid) { ::ffpa::emulation::cp_async_16(dst, src, valid); }
+inline void cp_async_16(uint32_t dst, const void* src, bool valid) { ::ffpa::emulation::cp_async(dst, src, valid, 16); }
+inline void cp_async_8(uint32_t dst, const void* src, bool valid) { ::ffpa::emulation::cp_async(dst, src, valid, 8); }
+
+inline uint2 ld_shared_8(uint32_t src) {
+  uint2 v;
+  std::memcpy(&v, ::ffpa::emulation::shared_memory_base() + src, 8);
+  return v;
+}
 
 inline void st_shared_16(uint32_t dst, const uint32_t (&words)[4]) {
   std::memcpy(::ffpa::emulation::shared_memory_base() + dst, words, 16);
