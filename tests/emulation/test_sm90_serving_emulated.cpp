@@ -58,9 +58,9 @@ void run_traits(detail::AttentionProblem problem, sm90::TileLaunch tiles, TmaLan
     tiles.partial_states = states.data();
   }
   const sm90::ForwardLaunch launch = sm90::forward_launch<Traits>(problem, tiles);
-  const std::array<sm90::TensorMapShape, 4> shapes = sm90::attention_tensor_shapes(problem);
+  const std::array<sm90::TensorMapSpec, 4> specs = sm90::forward_map_specs<Traits>(problem, launch);
   CUtensorMap maps[4];
-  for (int i = 0; i < 4; ++i) maps[i] = emulated_map(shapes[static_cast<size_t>(i)], launch.box_rows[i], launch.box_heads[i]);
+  for (int i = 0; i < 4; ++i) maps[i] = emulated_map(specs[static_cast<size_t>(i)]);
   unsigned char* const shared[2] = {emulated::cta_smem[0], emulated::cta_smem[1]};
   for (int64_t tile = 0; tile < launch.tile_count; ++tile)
     emulation::sm90::run_cluster({static_cast<unsigned>(tile * Traits::kSplit), 0, 0}, Traits::kSplit, Traits::kThreads,
@@ -174,16 +174,22 @@ TEST(EmulatedSm90Serving, PackedSequencesPartialRowBlocks) {
   expect_matches_oracle<256>(c);
 }
 
+// Pages TMA boxes in key groups (Args::page_groups; D = Dv = the instance's:
+// the KV head folded into the chunks (NHD, stacked) or the pages (HND), or
+// one KV head), and a box per chunk (D_qk != D_v), every cache layout.
 TEST(EmulatedSm90Serving, PagedCachesByTmaBoxes) {
-  const int64_t pages[] = {64, 80, 128, 256};
-  const CacheLayout layouts[] = {CacheLayout::nhd, CacheLayout::hnd, CacheLayout::stacked, CacheLayout::nhd};
-  for (int i = 0; i < 4; ++i) {
+  const int64_t pages[] = {16, 32, 64, 80, 128, 256, 16};
+  const CacheLayout layouts[] = {CacheLayout::nhd,     CacheLayout::hnd, CacheLayout::stacked, CacheLayout::hnd,
+                                 CacheLayout::stacked, CacheLayout::nhd, CacheLayout::hnd};
+  for (int i = 0; i < 7; ++i) {
     ServingCase c = base_case(10 + static_cast<uint64_t>(i), 256);
     c.keys = KeyForm::paged;
     c.page_size = pages[i];
     c.cache = layouts[i];
+    if (i % 3 != 2) c.heads_q = 4, c.heads_kv = 2;
+    if (i == 6) c.value_dim = 192;
     c.seq_q = {9, 1};
-    c.seq_kv = {150 + 20 * i, 300 - 50 * i};
+    c.seq_kv = {150 + 20 * i, 300 - 40 * i};
     c.dtype = i % 2 ? DType::f16 : DType::bf16;
     expect_matches_oracle<256>(c);
   }

@@ -5,13 +5,16 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <optional>
 
 #include "common/attention_problem.hpp"
 #include "kernels/common/math_constants.hpp"
 #include "kernels/common/tile_schedule.hpp"
 #include "kernels/serving/plan.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
+#include "kernels/sm90_wgmma/tensor_map.hpp"
 #include "kernels/sm90_wgmma/traits.cuh"
 
 namespace ffpa::detail::sm90_wgmma {
@@ -51,6 +54,25 @@ struct ForwardLaunch {
   int64_t tile_count = 0;  // CTAs: tile_count x Traits::kSplit
 };
 
+// Whether a paged cache loaded by TMA comes in key groups (Args::
+// page_groups): its K and V maps fold their KV head (page_map_steps), and the
+// instance loads exactly the chunks of D and Dv (a folded head's next chunk is
+// another head's, not TMA's zero fill) in whole pairs (a K stage is one box
+// wide).
+template <class Traits>
+bool loads_page_groups(const AttentionProblem& problem, std::optional<PageMapSteps>* k_steps,
+                       std::optional<PageMapSteps>* v_steps) {
+  if (Traits::kFp8 || Traits::kQKChunks % 2 != 0) return false;
+  if (problem.head_dim != Traits::kQKChunks * Traits::kBoxCols * Traits::kSplit ||
+      problem.dv() != Traits::kOutCols * Traits::kSplit) {
+    return false;
+  }
+  const std::array<TensorMapShape, 4> shapes = attention_tensor_shapes(problem);
+  *k_steps = page_map_steps(shapes[1]);
+  *v_steps = page_map_steps(shapes[2]);
+  return k_steps->has_value() && v_steps->has_value();
+}
+
 template <class Traits>
 ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& tiles) {
   // Q and O in boxes of a tile's 64 rows (64 / heads_per_tile rows of each of
@@ -85,6 +107,9 @@ ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& 
   args.split_slots = tiles.split_slots;
   args.page_box_rows = page_rows;
   args.gather_pages = gather;
+  std::optional<PageMapSteps> k_steps, v_steps;
+  args.page_groups = paged_tma && loads_page_groups<Traits>(problem, &k_steps, &v_steps);
+  if (args.page_groups) args.k_page_steps = *k_steps, args.v_page_steps = *v_steps;
   // A tile per KV split; a serving call: the bound on its tiles (its plan
   // says how many there are; CTAs past them return at once).
   launch.tile_count =
@@ -92,6 +117,21 @@ ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& 
           ? serving::max_tiles(problem, sequence_tiling(tiles), tiles.pass)
           : problem.batch * (problem.heads_q / tiles.heads_per_tile) * args.row_blocks * tiles.splits;  // < 2^30
   return launch;
+}
+
+// The four maps of a launch (q, k, v, o) as the encoder takes them (the
+// driver's in launch.cuh, the emulator's in tests/emulation).
+template <class Traits>
+std::array<TensorMapSpec, 4> forward_map_specs(const AttentionProblem& problem, const ForwardLaunch& launch) {
+  const std::array<TensorMapShape, 4> shapes = attention_tensor_shapes(problem);
+  std::array<TensorMapSpec, 4> specs;
+  for (int i = 0; i < 4; ++i) specs[i] = tensor_map_spec(shapes[i], launch.box_rows[i], launch.box_heads[i]);
+  if (launch.args.page_groups) {
+    specs[1] = page_group_spec(shapes[1], launch.args.k_page_steps, 2, launch.args.page_box_rows);
+    specs[2] = page_group_spec(shapes[2], launch.args.v_page_steps, Traits::kHalfCols / Traits::kBoxCols,
+                               launch.args.page_box_rows);
+  }
+  return specs;
 }
 
 }  // namespace ffpa::detail::sm90_wgmma

@@ -10,6 +10,7 @@
 #include "kernels/common/softmax_state.hpp"
 #include "kernels/common/swizzle.hpp"
 #include "kernels/common/tile_schedule.hpp"
+#include "kernels/sm90_wgmma/page_map_steps.hpp"
 #include "kernels/sm90_wgmma/ring.hpp"
 
 namespace ffpa::detail::sm90_wgmma {
@@ -111,6 +112,10 @@ struct Traits {
   static constexpr int kQTiles = kQKChunks > kOutCols / kOutBoxCols ? kQKChunks : kOutCols / kOutBoxCols;
   static constexpr int kPBytes = (kBlockN / kBoxCols) * kTileBytes;  // one P buffer
 
+  // The grouped page layout's strides (Args::page_groups).
+  static constexpr int kKGroupBytes = 2 * kSwizzleAtomBytes;                       // 8 keys x 2 chunks
+  static constexpr int kVGroupBytes = kHalfCols / kBoxCols * kSwizzleAtomBytes;  // 8 keys x kHalfCols
+
   static constexpr int kQOffset = 0;
   static constexpr int kPOffset = kQOffset + kQTiles * kTileBytes;                 // 2 buffers
   static constexpr int kRingOffset = kPOffset + 2 * kPBytes;
@@ -192,6 +197,16 @@ struct Args {
   // maps' boxes: a load never crosses a page), at least 8: a KV block is at
   // most 16 of them.
   int page_box_rows = 0;
+  // A paged cache loaded by TMA in key groups (tensor_map.hpp's
+  // page_group_spec): one load brings a page-box's rows for every chunk of a
+  // stage, and the stages hold 8-key groups of all their chunks, a group
+  // after a group: K [16 groups][2 chunks][8 keys][128 bytes] (wgmma's 8-row
+  // groups 2 KB apart), V [8 groups][kHalfCols / 64 chunks][8 keys][128
+  // bytes] (chunks 1 KB apart, 8-key groups kHalfCols x 16 bytes apart), not
+  // chunk after chunk. The boxes are 2 or kHalfCols / 64 times larger, which
+  // TMA moves faster (docs/kernels/serving.md).
+  bool page_groups = false;
+  PageMapSteps k_page_steps, v_page_steps;
   // A paged cache gathered instead (gathers_pages, family.hpp): the producer
   // warpgroup copies K and V a key row a thread (producer_gather.cuh); only
   // with Traits::kGathersPages.
