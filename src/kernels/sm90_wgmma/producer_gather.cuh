@@ -8,10 +8,11 @@
 // Thread t owns key t of every 128-key block: it loads its table entry once a
 // block (block j + 1's while block j's stages are filled, so that the
 // table's latency passes under copies) and turns it into its row's place in
-// K or V (row_units: 16-byte units from the tensor's base, one register). A
-// warp copies the rows of its 32 keys a box at a time in whole lines: lane l
-// copies chunk l % 8 of rows l / 8 + 4 i, each row's units shuffled from its
-// owner (copy_rows), through L2 only (cp_async_16 is .cg). Where a thread
+// K or V (row_units: 16-byte units from the tensor's base), which it writes
+// to its warp's row table. A warp copies the rows of its 32 keys a box at a
+// time in whole lines: lane l copies chunk l % 8 of rows l / 8 + 4 i, the
+// eight rows read from the table in two loads (copy_rows), through L2 only
+// (cp_async_16 is .cg). Where a thread
 // copied its own row instead, each copy read half of 32 sectors (1.57 ms at
 // page 1 through L1, 3.04 through L2 alone); whole lines took it to 0.77 ms
 // (H200, 2026-12-03: docs/kernels/serving.md). The producer issues copies
@@ -75,7 +76,7 @@ struct GatherProducer {
 
   // This thread's key row of block j, on page `block_page`, in a k or v
   // tensor (b, h, n strides): its offset from the tensor's base in 16-byte
-  // units (a shuffle carries it in one register: gather_units_fit keeps a
+  // units (one word of the warp's row table: gather_units_fit keeps a
   // gathered cache's rows below 2^32 - 1 units), kNoRow past the sequence.
   static constexpr uint32_t kNoRow = 0xFFFFFFFFu;
   __device__ __forceinline__ uint32_t row_units(const int64_t (&stride)[3], int block_page, int j) const {
@@ -85,51 +86,57 @@ struct GatherProducer {
                                  kElementBytes / 16);
   }
 
+  // This warp's row table of K (kv 0) or V (1), Traits::kRowTableOffset:
+  // entry (r % 4) * 8 + r / 4 holds the units of the warp's row r, so that
+  // lane l finds its eight rows l / 8 + 4 i at entries 8 (l / 8) + i, two
+  // 16-byte loads.
+  __device__ __forceinline__ uint32_t row_table(int kv) const {
+    return smem_address(cta.smem() + Traits::kRowTableOffset) + kv * 512 + (thread / 32) * 128;
+  }
+
+  // This thread's row of the block into its warp's table (the warp's copies
+  // of the previous block have read the old entries: __syncwarp).
+  __device__ __forceinline__ void publish_row(int kv, uint32_t units) const {
+    const int r = thread % 32;
+    __syncwarp();
+    st_shared_u32(row_table(kv) + 4 * ((r % 4) * 8 + r / 4), units);
+    __syncwarp();
+  }
+
   // Columns [col, col + kBoxCols) of the 32 rows of this thread's warp (its
-  // lanes' keys; `units`: this lane's row in `tensor`, row_units; `width`
+  // lanes' keys, their units in the warp's row table `table`; `width`
   // columns in the tensor) into rows warp_row0 + 0..31 of the 1024-byte
   // aligned box at `box` (128-byte rows): chunk c of box row r at chunk
   // c ^ (r % 8). A copy reads whole lines: lane l copies chunk l % 8 of rows
-  // l / 8 + 4 i (i = 0..7), each row's units shuffled from the lane that owns
-  // it. Row l / 8 + 4 i is at box + 128 (l / 8) + 512 i, its swizzle
-  // (l / 8 + 4 i) % 8 is l / 8, or l / 8 + 4 for odd i: bit 6 of the
-  // address flipped. The copies of a box, and the boxes of a stage, are
-  // unrolled: their independent shuffle -> copy chains overlap. ptxas then
-  // spills some of the producer's block-level state (~400 bytes in 24
-  // registers), which costs less than the overlap gains (page 1: rolled
-  // without spills 1.03 ms, the boxes rolled 0.84, unrolled 0.75).
-  __device__ __forceinline__ void copy_rows(uint32_t box, int warp_row0, const void* tensor, uint32_t units, int col,
+  // l / 8 + 4 i (i = 0..7). Row l / 8 + 4 i is at box + 128 (l / 8) + 512 i,
+  // its swizzle (l / 8 + 4 i) % 8 is l / 8, or l / 8 + 4 for odd i: bit 6 of
+  // the address flipped. The eight rows come from the table in two loads,
+  // then the eight copies issue back to back.
+  __device__ __forceinline__ void copy_rows(uint32_t box, int warp_row0, const void* tensor, uint32_t table, int col,
                                             int width) const {
-    constexpr int kRowsPerCopy = 32 / kRowChunks, kCopies = 32 / kRowsPerCopy, kShuffleBatch = 2;
+    constexpr int kRowsPerCopy = 32 / kRowChunks, kCopies = 32 / kRowsPerCopy;
+    static_assert(kCopies == 8, "two 16-byte loads of the row table");
     const int lane = opaque(thread) % 32, chunk = lane % kRowChunks, first = lane / kRowChunks;
+    uint32_t rows[kCopies];
+    ld_shared_v4(table + 32 * first, *reinterpret_cast<uint32_t(*)[4]>(&rows[0]));
+    ld_shared_v4(table + 32 * first + 16, *reinterpret_cast<uint32_t(*)[4]>(&rows[4]));
     const uint32_t dst = (box + (warp_row0 + first) * kSwizzleRowBytes + 16 * chunk) ^ (first << 4);
     const uint32_t col_units = static_cast<uint32_t>(col * kElementBytes / 16 + chunk);
-    units = opaque(units);  // this box's own shuffles: the first box's, held across the others, would spill
     const bool whole = col + kBoxCols <= width;  // uniform: the box's columns all exist
     const uint32_t chunk_bytes =
         whole ? 16u : static_cast<uint32_t>(min(max((width - col) * kElementBytes - 16 * chunk, 0), 16));
-    // Two shuffles ahead of their copies (page 1: 0.77 ms; one: 0.79).
 #pragma unroll
-    for (int b = 0; b < kCopies; b += kShuffleBatch) {
-      uint32_t rows[kShuffleBatch];
-#pragma unroll
-      for (int k = 0; k < kShuffleBatch; ++k) {
-        rows[k] = __shfl_sync(0xFFFFFFFFu, units, first + kRowsPerCopy * (b + k));
-      }
-#pragma unroll
-      for (int k = 0; k < kShuffleBatch; ++k) {
-        const int i = b + k;
-        const bool none = rows[k] == kNoRow;
-        const uint32_t src_units = none ? col_units : rows[k] + col_units;  // < 2^32 - 1: gather_units_fit
-        cp_async_16(((i % 2) ? dst ^ 64u : dst) + i * kRowsPerCopy * kSwizzleRowBytes,
-                    static_cast<const char*>(tensor) + 16 * static_cast<uint64_t>(src_units), none ? 0u : chunk_bytes);
-      }
+    for (int i = 0; i < kCopies; ++i) {
+      const bool none = rows[i] == kNoRow;
+      const uint32_t src_units = none ? col_units : rows[i] + col_units;  // < 2^32 - 1: gather_units_fit
+      cp_async_16(((i % 2) ? dst ^ 64u : dst) + i * kRowsPerCopy * kSwizzleRowBytes,
+                  static_cast<const char*>(tensor) + 16 * static_cast<uint64_t>(src_units), none ? 0u : chunk_bytes);
     }
   }
 
   // K_j (on `page`): its kKStages stages, this warp's 32 rows of each box.
   __device__ __forceinline__ void load_k(int j) {
-    const uint32_t k_units = row_units(cta.p.k_stride, page, j);
+    publish_row(0, row_units(cta.p.k_stride, page, j));
 #pragma unroll 1
     for (int ks = 0; ks < kKStages; ++ks) {
       constexpr int kLast = Traits::kQKChunks - 2 * (kKStages - 1);
@@ -140,7 +147,7 @@ struct GatherProducer {
 #pragma unroll
       for (int b = 0; b < (ks + 1 < kKStages ? 2 : kLast); ++b)
         copy_rows(cta.ring() + stage * Traits::kStageBytes + b * Traits::kKBoxBytes, thread / 32 * 32,
-                  cta.p.k, k_units, col0 + (2 * ks + b) * kBoxCols, static_cast<int>(cta.p.head_dim));
+                  cta.p.k, row_table(0), col0 + (2 * ks + b) * kBoxCols, static_cast<int>(cta.p.head_dim));
       cp_async_arrive_noinc(cta.full(position - 1));
     }
   }
@@ -148,7 +155,7 @@ struct GatherProducer {
   // V_j (this thread's key on `block_page`): a stage per (key half,
   // consumer), copied by the two warps whose keys are in the half.
   __device__ __forceinline__ void load_v(int j, int block_page) {
-    const uint32_t v_units = row_units(cta.p.v_stride, block_page, j);
+    publish_row(1, row_units(cta.p.v_stride, block_page, j));
 #pragma unroll 1
     for (int key_half = 0; key_half < 2; ++key_half)
 #pragma unroll 1
@@ -159,7 +166,7 @@ struct GatherProducer {
 #pragma unroll
           for (int box = 0; box < Traits::kHalfCols / kBoxCols; ++box)
             copy_rows(cta.ring() + stage * Traits::kStageBytes + box * Traits::kTileBytes, thread % 64 / 32 * 32,
-                      cta.p.v, v_units, col0 + box * kBoxCols, static_cast<int>(cta.p.dv()));
+                      cta.p.v, row_table(1), col0 + box * kBoxCols, static_cast<int>(cta.p.dv()));
         }
         cp_async_arrive_noinc(cta.full(position - 1));  // every thread: 128 arrivals a phase
       }

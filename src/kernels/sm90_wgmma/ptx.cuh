@@ -145,6 +145,18 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, uint3
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
+// Shared-memory words of the gather's row tables (volatile: a box's loads are
+// its own, not hoisted and held across the boxes).
+__device__ __forceinline__ void st_shared_u32(uint32_t dst, uint32_t value) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(dst), "r"(value) : "memory");
+}
+__device__ __forceinline__ void ld_shared_v4(uint32_t src, uint32_t (&words)[4]) {
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(words[0]), "=r"(words[1]), "=r"(words[2]), "=r"(words[3])
+               : "r"(src)
+               : "memory");
+}
+
 // One arrival on `bar` once every cp.async this thread has issued so far has
 // landed; noinc: the arrival is one of those the barrier was initialised
 // with (a phase of N such threads' copies is N arrivals). Inline PTX naming

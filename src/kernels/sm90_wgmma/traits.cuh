@@ -133,7 +133,11 @@ struct Traits {
   static_assert(sizeof(TileCoordinates) <= 32 && sizeof(TileSequence) + sizeof(TileKeyBounds) <= 32,
                 "the tile's and its sequence's 32 bytes of shared memory each");
   static constexpr int kKeepBytes = kDropoutWarps ? kBlockM * 4 * 4 : 0;
-  static constexpr int kBarrierOffset = kKeepOffset + kKeepBytes;
+  // kGathersPages: the gather's row tables, uint32 [K, V][4 warps][32 keys]
+  // (producer_gather.cuh), in the keep bits' place: no kernel has both.
+  static constexpr int kRowTableOffset = kKeepOffset;
+  static constexpr int kRowTableBytes = kGathersPages ? 2 * 128 * 4 : 0;
+  static constexpr int kBarrierOffset = kKeepOffset + (kKeepBytes > kRowTableBytes ? kKeepBytes : kRowTableBytes);
   // q_full, full[kFullBarriers], empty[kStages], p_full[2], p_empty[2]
   // (kSplit = 2: x_full, x_empty; kDropoutWarps: keep_full[2], keep_empty). See
   // "Why more full barriers than stages" (kernel.cuh) for the count.

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 #include "emulation/sm90_emulator.hpp"
 
@@ -43,6 +44,12 @@ inline void mbarrier_wait_cluster(uint32_t bar, uint32_t parity) { mbarrier_wait
 
 inline void cp_async_16(uint32_t dst, const void* src, uint32_t src_bytes) { emu::cp_async_16(dst, src, src_bytes); }
 inline void cp_async_arrive_noinc(uint32_t bar) { emu::cp_async_arrive_noinc(bar); }
+inline void st_shared_u32(uint32_t dst, uint32_t value) {
+  std::memcpy(::ffpa::emulation::shared_memory_base() + dst, &value, 4);
+}
+inline void ld_shared_v4(uint32_t src, uint32_t (&words)[4]) {
+  std::memcpy(words, ::ffpa::emulation::shared_memory_base() + src, 16);
+}
 
 inline void prefetch_tensor_map(const CUtensorMap*) {}
 inline void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3) {
