@@ -55,22 +55,24 @@ struct ForwardLaunch {
 };
 
 // Whether a paged cache loaded by TMA comes in key groups (Args::
-// page_groups): its K and V maps fold their KV head (page_map_steps), and the
-// instance loads exactly the chunks of D and Dv (a folded head's next chunk is
-// another head's, not TMA's zero fill) in whole pairs (a K stage is one box
-// wide).
+// page_groups), and the steps of its maps: K's and V's maps fold their KV head
+// the same way (page_map_steps; the producer looks a page up once for both),
+// and the instance loads exactly the chunks of D and Dv (a folded head's next
+// chunk is another head's, not TMA's zero fill) in whole pairs (a K stage is
+// one box wide).
 template <class Traits>
-bool loads_page_groups(const AttentionProblem& problem, std::optional<PageMapSteps>* k_steps,
-                       std::optional<PageMapSteps>* v_steps) {
-  if (Traits::kFp8 || Traits::kQKChunks % 2 != 0) return false;
+std::optional<PageMapSteps> page_group_steps(const AttentionProblem& problem) {
+  if (Traits::kFp8 || Traits::kQKChunks % 2 != 0) return std::nullopt;
   if (problem.head_dim != Traits::kQKChunks * Traits::kBoxCols * Traits::kSplit ||
       problem.dv() != Traits::kOutCols * Traits::kSplit) {
-    return false;
+    return std::nullopt;
   }
   const std::array<TensorMapShape, 4> shapes = attention_tensor_shapes(problem);
-  *k_steps = page_map_steps(shapes[1]);
-  *v_steps = page_map_steps(shapes[2]);
-  return k_steps->has_value() && v_steps->has_value();
+  const std::optional<PageMapSteps> k = page_map_steps(shapes[1]), v = page_map_steps(shapes[2]);
+  if (!k || !v || k->head_chunks != v->head_chunks || k->page_step != v->page_step || k->head_step != v->head_step) {
+    return std::nullopt;
+  }
+  return k;
 }
 
 template <class Traits>
@@ -107,9 +109,9 @@ ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& 
   args.split_slots = tiles.split_slots;
   args.page_box_rows = page_rows;
   args.gather_pages = gather;
-  std::optional<PageMapSteps> k_steps, v_steps;
-  args.page_groups = paged_tma && loads_page_groups<Traits>(problem, &k_steps, &v_steps);
-  if (args.page_groups) args.k_page_steps = *k_steps, args.v_page_steps = *v_steps;
+  const std::optional<PageMapSteps> page_steps = paged_tma ? page_group_steps<Traits>(problem) : std::nullopt;
+  args.page_groups = page_steps.has_value();
+  if (page_steps) args.page_steps = *page_steps;
   // A tile per KV split; a serving call: the bound on its tiles (its plan
   // says how many there are; CTAs past them return at once).
   launch.tile_count =
@@ -127,8 +129,8 @@ std::array<TensorMapSpec, 4> forward_map_specs(const AttentionProblem& problem, 
   std::array<TensorMapSpec, 4> specs;
   for (int i = 0; i < 4; ++i) specs[i] = tensor_map_spec(shapes[i], launch.box_rows[i], launch.box_heads[i]);
   if (launch.args.page_groups) {
-    specs[1] = page_group_spec(shapes[1], launch.args.k_page_steps, 2, launch.args.page_box_rows);
-    specs[2] = page_group_spec(shapes[2], launch.args.v_page_steps, Traits::kHalfCols / Traits::kBoxCols,
+    specs[1] = page_group_spec(shapes[1], launch.args.page_steps, 2, launch.args.page_box_rows);
+    specs[2] = page_group_spec(shapes[2], launch.args.page_steps, Traits::kHalfCols / Traits::kBoxCols,
                                launch.args.page_box_rows);
   }
   return specs;

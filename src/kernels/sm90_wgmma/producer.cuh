@@ -95,6 +95,10 @@ struct Producer {
     KeyCoordinates at{0, 0};
     const int box_key = lane * cta.args.page_box_rows;  // this lane's page-box's first key in the block
     if (box_key < Traits::kBlockN) at = key_coordinates(cta.block_key(j) + box_key);
+    if (cta.args.page_groups) {  // the grouped map's coordinates: the page's 8-row group, the (page, head) index
+      const PageMapSteps& steps = cta.args.page_steps;
+      at = {at.row / 8, at.batch * steps.page_step + cta.tile()->kv_head * steps.head_step};
+    }
     const int slot = j % 3;
     if (slot == 0) {
       page_box0 = at;
@@ -127,15 +131,14 @@ struct Producer {
   // rows) of KV block j, `chunks` chunks from chunk `chunk`, into the stage at
   // `dst` ([groups][chunks][8 rows][128 bytes]), lane c issuing page-box c as
   // one load of all the chunks.
-  __device__ __forceinline__ void load_page_groups(uint32_t dst, const CUtensorMap* map, const PageMapSteps& steps,
-                                                   int chunk, int chunks, int j, int first, int rows) {
+  __device__ __forceinline__ void load_page_groups(uint32_t dst, const CUtensorMap* map, int chunk, int chunks, int j,
+                                                   int first, int rows) {
     const int box_rows = cta.args.page_box_rows;
     const int box = lane - first / box_rows;
     if (box >= 0 && box * box_rows < rows) {
-      const KeyCoordinates at = page_box(j);
-      const int head = cta.tile()->kv_head;
+      const KeyCoordinates at = page_box(j);  // look_up_pages made them the grouped map's
       tma_load_5d(dst + box * box_rows * chunks * kSwizzleRowBytes, map, cta.full(position - 1), 0, 0,
-                  chunk + head * steps.head_chunks, at.row / 8, at.batch * steps.page_step + head * steps.head_step);
+                  chunk + cta.tile()->kv_head * cta.args.page_steps.head_chunks, at.row, at.batch);
     }
   }
 
@@ -148,8 +151,8 @@ struct Producer {
       const int stage = acquire(boxes * Traits::kKBoxBytes);
       if constexpr (kPaged) {
         if (cta.args.page_groups) {  // kQKChunks even: boxes == 2
-          load_page_groups(cta.ring() + stage * Traits::kStageBytes, k_map, cta.args.k_page_steps,
-                           cta.qk_col0() / kBoxCols + 2 * ks, 2, j, 0, Traits::kBlockN);
+          load_page_groups(cta.ring() + stage * Traits::kStageBytes, k_map, cta.qk_col0() / kBoxCols + 2 * ks, 2, j, 0,
+                           Traits::kBlockN);
           continue;
         }
       }
@@ -184,7 +187,7 @@ struct Producer {
           const int stage = acquire(Traits::kVStageBytes);
           if constexpr (kPaged) {
             if (cta.args.page_groups) {
-              load_page_groups(cta.ring() + stage * Traits::kStageBytes, v_map, cta.args.v_page_steps,
+              load_page_groups(cta.ring() + stage * Traits::kStageBytes, v_map,
                                (cta.vo_col0() + w * Traits::kHalfCols) / kBoxCols, Traits::kHalfCols / kBoxCols, j,
                                key_half * 64, 64);
               continue;

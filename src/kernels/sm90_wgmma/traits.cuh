@@ -210,7 +210,7 @@ struct Args {
   // chunk after chunk. The boxes are 2 or kHalfCols / 64 times larger, which
   // TMA moves faster (docs/kernels/serving.md).
   bool page_groups = false;
-  PageMapSteps k_page_steps, v_page_steps;
+  PageMapSteps page_steps;  // K's and V's (the same: their maps fold the head alike)
   // A paged cache gathered instead (gathers_pages, family.hpp): the producer
   // warpgroup copies K and V a key row a thread (producer_gather.cuh); only
   // with Traits::kGathersPages.
