@@ -55,14 +55,14 @@ struct ForwardLaunch {
 };
 
 // Whether a paged cache loaded by TMA comes in key groups (Args::
-// page_groups), and the steps of its maps: K's and V's maps fold their KV head
+// page_groups; kernels with Traits::kPageGroups), and the steps of its maps: K's and V's maps fold their KV head
 // the same way (page_map_steps; the producer looks a page up once for both),
 // and the instance loads exactly the chunks of D and Dv (a folded head's next
 // chunk is another head's, not TMA's zero fill) in whole pairs (a K stage is
 // one box wide).
 template <class Traits>
 std::optional<PageMapSteps> page_group_steps(const AttentionProblem& problem) {
-  if (Traits::kFp8 || Traits::kQKChunks % 2 != 0) return std::nullopt;
+  if (!Traits::kPageGroups || Traits::kQKChunks % 2 != 0) return std::nullopt;
   if (problem.head_dim != Traits::kQKChunks * Traits::kBoxCols * Traits::kSplit ||
       problem.dv() != Traits::kOutCols * Traits::kSplit) {
     return std::nullopt;

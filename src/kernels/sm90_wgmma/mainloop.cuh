@@ -87,7 +87,7 @@ __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64
   fence_operands(s);
   // A K stage's chunk b and its 8-row groups: [2 chunks][128 keys] or, a
   // paged cache in key groups (Args::page_groups), [16 groups][2 chunks].
-  const bool groups = cta.args.page_groups;
+  const bool groups = Traits::kPageGroups && cta.args.page_groups;
   const uint32_t k_chunk_bytes = groups ? kSwizzleAtomBytes : Traits::kKBoxBytes;
   const uint32_t k_group_bytes = groups ? Traits::kKGroupBytes : kSwizzleAtomBytes;
 #pragma unroll
@@ -131,7 +131,7 @@ template <class Traits>
 __device__ __forceinline__ void Consumer<Traits>::clear_v_rows_past_sequence(int j, int key_half, int stage) const {
   const int rows = opaque(cta.sequence()->seq_kv) - cta.block_key(j) - 64 * key_half;
   if (rows >= 64) return;
-  const bool groups = cta.args.page_groups;
+  const bool groups = Traits::kPageGroups && cta.args.page_groups;
   clear_rows_from<64, kHalfCols / kBoxCols>(Cta<Traits>::smem() + Traits::kRingOffset + stage * kStageBytes,
                                             rows < 0 ? 0 : rows, thread, 2 + w, groups ? kSwizzleAtomBytes : kTileBytes,
                                             groups ? Traits::kVGroupBytes : kSwizzleAtomBytes);
@@ -176,7 +176,7 @@ __device__ __forceinline__ int Consumer<Traits>::issue_pv(int j, bool own) {
   } else {
     // V's 64-column chunks and 8-key groups: [chunks][64 keys] or, a paged
     // cache in key groups (Args::page_groups), [8 groups][chunks].
-    const bool groups = cta.args.page_groups;
+    const bool groups = Traits::kPageGroups && cta.args.page_groups;
     const uint32_t v_chunk_bytes = groups ? kSwizzleAtomBytes : kTileBytes;
     const uint32_t v_group_bytes = groups ? Traits::kVGroupBytes : kSwizzleAtomBytes;
 #pragma unroll

@@ -95,7 +95,7 @@ struct Producer {
     KeyCoordinates at{0, 0};
     const int box_key = lane * cta.args.page_box_rows;  // this lane's page-box's first key in the block
     if (box_key < Traits::kBlockN) at = key_coordinates(cta.block_key(j) + box_key);
-    if (cta.args.page_groups) {  // the grouped map's coordinates: the page's 8-row group, the (page, head) index
+    if (Traits::kPageGroups && cta.args.page_groups) {  // the grouped map's coordinates: the page's 8-row group, the (page, head) index
       const PageMapSteps& steps = cta.args.page_steps;
       at = {at.row / 8, at.batch * steps.page_step + cta.tile()->kv_head * steps.head_step};
     }
@@ -150,7 +150,7 @@ struct Producer {
       const int boxes = ks + 1 < kKStages ? 2 : kLast;
       const int stage = acquire(boxes * Traits::kKBoxBytes);
       if constexpr (kPaged) {
-        if (cta.args.page_groups) {  // kQKChunks even: boxes == 2
+        if (Traits::kPageGroups && cta.args.page_groups) {  // kQKChunks even: boxes == 2
           load_page_groups(cta.ring() + stage * Traits::kStageBytes, k_map, cta.qk_col0() / kBoxCols + 2 * ks, 2, j, 0,
                            Traits::kBlockN);
           continue;
@@ -186,7 +186,7 @@ struct Producer {
         for (int w = 0; w < 2; ++w) {
           const int stage = acquire(Traits::kVStageBytes);
           if constexpr (kPaged) {
-            if (cta.args.page_groups) {
+            if (Traits::kPageGroups && cta.args.page_groups) {
               load_page_groups(cta.ring() + stage * Traits::kStageBytes, v_map,
                                (cta.vo_col0() + w * Traits::kHalfCols) / kBoxCols, Traits::kHalfCols / kBoxCols, j,
                                key_half * 64, 64);

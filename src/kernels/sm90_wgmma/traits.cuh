@@ -97,6 +97,12 @@ struct Traits {
   // takes no mask or dropout (docs/serving.md), so only the plain 16-bit
   // kernels meet a paged cache; the dropout warps would need the warpgroup.
   static constexpr bool kGathersPages = !kFp8 && !kDropout && !kMaskInS;
+  // Whether the kernel carries the page-group layout (Args::page_groups):
+  // one CTA per tile only. The cluster kernels' consumers hold the exchange
+  // beside O, and the layout's run-time strides in their descriptors cost
+  // the dense D = 1024 kernel 4 % (A/B, H200, 2026-12-03); their paged
+  // caches keep a box per chunk.
+  static constexpr bool kPageGroups = kGathersPages && kSplit == 1;
   // How the softmax reads the user's mask (score_mask.cuh): column blocks of
   // loads in flight, and whether a key pair is one load. The most that do not
   // spill: the cluster kernels' consumers hold more, and either the pair path
