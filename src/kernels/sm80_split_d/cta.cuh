@@ -127,9 +127,7 @@ struct Cta {
 
   // producer.cuh
   __device__ __forceinline__ int64_t key_row(const int64_t (&stride)[3], int key) const;
-  __device__ __forceinline__ void copy_kv_16(uint32_t run, int i, const void* base, int64_t offset, bool valid) const;
-  template <int kChunks>
-  __device__ __forceinline__ void convert_codes(uint32_t run) const;
+  __device__ __forceinline__ void convert_codes(uint32_t rows, int passes) const;
   __device__ __forceinline__ void issue_next_step(int into_slot);
   __device__ __forceinline__ void prime_ring();
   __device__ __forceinline__ void advance_ring(bool qk_step);

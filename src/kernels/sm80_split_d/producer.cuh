@@ -30,38 +30,32 @@ __device__ __forceinline__ int64_t Cta<Traits>::key_row(const int64_t (&stride)[
   return head + seq.kv_batch * stride[0] + static_cast<int64_t>(seq.kv_begin + key) * stride[2];
 }
 
-// Chunk i (a 16-byte place of 8 elements, kRowsPerPass rows after chunk
-// i - 1) of a thread's run of K or V chunks at `run`, from `base` + `offset`
-// elements: a cp.async of 16-bit elements, or (an e4m3 cache) of its 8 codes
-// into the place of chunk i / 2, where convert_codes finds them once the step
-// is waited for. The loads stay asynchronous, kStages - 1 steps ahead, and
-// the codes take no shared memory of their own (a thread owns its run).
+// An e4m3 cache (the serving engines' FP8 format) is copied 16 codes at a
+// time, so that its loads stay 16-byte cp.async.cg like the 16-bit path's
+// (below 16 bytes cp.async has only .ca, through an L1 that the shared memory
+// leaves small): four threads a row, thread t copying columns 16 (t % 4) ..
+// + 15 of stacked rows t / 4 + k kCodeRowsPerPass into the place of the row's
+// 16-bit segment 2 (t % 4). Once the step is waited for, the same thread
+// converts them in place into segments 2 (t % 4) and 2 (t % 4) + 1
+// (convert_codes), exactly (every e4m3 value is an f16 and a bf16 value; the
+// descales act on the scores and the output instead): the codes take no
+// shared memory of their own and no thread reads another's places.
 template <class Traits>
-__device__ __forceinline__ void Cta<Traits>::copy_kv_16(uint32_t run, int i, const void* base, int64_t offset,
-                                                        bool valid) const {
-  constexpr uint32_t kPlaceBytes = Traits::kThreads / 8 * 128;
-  if (!p.kv_e4m3) {
-    cp_async_16(run + i * kPlaceBytes, static_cast<const Element*>(base) + offset, valid);
-    return;
-  }
-  cp_async_8(run + (i / 2) * kPlaceBytes + (i % 2) * 8, static_cast<const uint8_t*>(base) + offset, valid);
-}
-
-// An e4m3 cache: this thread's run of kChunks chunks at `run`, codes (as
-// copy_kv_16 placed them) converted to 16-bit elements in place, exactly (the
-// descales act on the scores and the output instead). Descending: chunk i
-// overwrites the codes of chunks 2i and 2i + 1, converted before it (i > 0;
-// chunk 0 reads its own first).
-template <class Traits>
-template <int kChunks>
-__device__ __forceinline__ void Cta<Traits>::convert_codes(uint32_t run) const {
-  constexpr uint32_t kPlaceBytes = Traits::kThreads / 8 * 128;
-#pragma unroll
-  for (int i = kChunks - 1; i >= 0; --i) {
-    const uint2 codes = ld_shared_8(run + (i / 2) * kPlaceBytes + (i % 2) * 8);
-    const uint32_t words[4] = {unpack_e4m3x2<Element>(codes.x), unpack_e4m3x2<Element>(codes.x >> 16),
-                               unpack_e4m3x2<Element>(codes.y), unpack_e4m3x2<Element>(codes.y >> 16)};
-    st_shared_16(run + i * kPlaceBytes, words);
+__device__ __forceinline__ void Cta<Traits>::convert_codes(uint32_t rows, int passes) const {
+  constexpr int kCodeRowsPerPass = Traits::kThreads / 4;
+  const unsigned thread = opaque(tid);
+  const int pair = thread % 4, row = thread / 4;
+  const uint32_t first = rows + swizzle128<Traits::kElementBytes>(row, 16 * pair);
+  const uint32_t second = rows + swizzle128<Traits::kElementBytes>(row, 16 * pair + 8);
+#pragma unroll 4
+  for (int k = 0; k < passes; ++k) {
+    const uint4 codes = ld_shared_16(first + k * kCodeRowsPerPass * 128);
+    const uint32_t low[4] = {unpack_e4m3x2<Element>(codes.x), unpack_e4m3x2<Element>(codes.x >> 16),
+                             unpack_e4m3x2<Element>(codes.y), unpack_e4m3x2<Element>(codes.y >> 16)};
+    const uint32_t high[4] = {unpack_e4m3x2<Element>(codes.z), unpack_e4m3x2<Element>(codes.z >> 16),
+                              unpack_e4m3x2<Element>(codes.w), unpack_e4m3x2<Element>(codes.w >> 16)};
+    st_shared_16(first + k * kCodeRowsPerPass * 128, low);
+    st_shared_16(second + k * kCodeRowsPerPass * 128, high);
   }
 }
 
@@ -72,7 +66,10 @@ __device__ __forceinline__ void Cta<Traits>::convert_codes(uint32_t run) const {
 template <class Traits>
 __device__ __forceinline__ void Cta<Traits>::issue_next_step(int into_slot) {
   constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kPVKeys = Traits::kPVKeys;
-  constexpr int kRowsPerPass = Traits::kThreads / 8;
+  constexpr int kRowsPerPass = Traits::kThreads / 8, kCodeRowsPerPass = Traits::kThreads / 4;
+  static_assert(kBlockN % kCodeRowsPerPass == 0 && (Traits::kVStageBytes / 128) % kCodeRowsPerPass == 0 &&
+                    (kPVKeys % kCodeRowsPerPass == 0 || kCodeRowsPerPass % kPVKeys == 0),
+                "an e4m3 cache's K and V rows fill whole passes of four threads a row");
   if (load_tile < tile.kv_blocks) {
     const unsigned thread = opaque(tid);
     const int seg = thread % 8, first_row = thread / 8;
@@ -84,35 +81,68 @@ __device__ __forceinline__ void Cta<Traits>::issue_next_step(int into_slot) {
     const int kv0 = (tile.kv_first + load_tile) * kBlockN;  // tiles of a KV split start at its first block
     const uint32_t stage = smem_address(ring() + into_slot * Traits::kStageBytes) + seg_offset;
     if (load_r < n_qk) {  // kBlockM rows of Q, then kBlockN rows of K, one 64-column chunk
-      const int64_t k_src = key_row(p.k_stride, kv0 + first_row) + seg * 8;
       const int col = load_r * Traits::kChunk;
       const bool valid_col = col + seg * 8 < head_dim;
       constexpr int kQPasses = kBlockM / kRowsPerPass;
 #pragma unroll
-      for (int k = 0; k < (kBlockM + kBlockN) / kRowsPerPass; ++k) {
-        if (k < kQPasses) {
-          // Tile row -> (head, query row): the same head and q0 + row unless the tile packs heads.
-          const int row = first_row + k * kRowsPerPass, i = tile.query_row(row);
-          const Element* const q_src = q_batch + tile.row_head(row) * p.q_stride[1] + i * p.q_stride[2];
-          cp_async_16(stage + k * kRowsPerPass * 128, q_src + col, valid_col && i < seq_q);
-        } else {
-          const int row = (k - kQPasses) * kRowsPerPass;
+      for (int k = 0; k < kQPasses; ++k) {
+        // Tile row -> (head, query row): the same head and q0 + row unless the tile packs heads.
+        const int row = first_row + k * kRowsPerPass, i = tile.query_row(row);
+        const Element* const q_src = q_batch + tile.row_head(row) * p.q_stride[1] + i * p.q_stride[2];
+        cp_async_16(stage + k * kRowsPerPass * 128, q_src + col, valid_col && i < seq_q);
+      }
+      if (!p.kv_e4m3) {
+        const int64_t k_src = key_row(p.k_stride, kv0 + first_row) + seg * 8;
+#pragma unroll
+        for (int k = 0; k < kBlockN / kRowsPerPass; ++k) {
+          const int row = k * kRowsPerPass;
           const bool valid = valid_col && kv0 + first_row + row < seq_kv;
           const int64_t src = paged ? key_row(p.k_stride, kv0 + first_row + row) + seg * 8 : k_src + row * k_stride;
-          copy_kv_16(stage + kQPasses * kRowsPerPass * 128, k - kQPasses, p.k, src + col, valid);
+          cp_async_16(stage + (kQPasses + k) * kRowsPerPass * 128, static_cast<const Element*>(p.k) + src + col, valid);
+        }
+      } else {  // codes, four threads a row (convert_codes)
+        const int pair = thread % 4, code_row = thread / 4;
+        const uint32_t rows = smem_address(ring() + into_slot * Traits::kStageBytes) + kBlockM * 128 +
+                              swizzle128<Traits::kElementBytes>(code_row, 16 * pair);
+        const bool valid_codes = col + 16 * pair < head_dim;
+        const int64_t k_src = key_row(p.k_stride, kv0 + code_row) + col + 16 * pair;
+#pragma unroll
+        for (int k = 0; k < kBlockN / kCodeRowsPerPass; ++k) {
+          const int key = kv0 + code_row + k * kCodeRowsPerPass;
+          const int64_t src = paged ? key_row(p.k_stride, key) + col + 16 * pair : k_src + k * kCodeRowsPerPass * k_stride;
+          cp_async_16(rows + k * kCodeRowsPerPass * 128, static_cast<const uint8_t*>(p.k) + src,
+                      valid_codes && key < seq_kv);
         }
       }
     } else {  // kPVKeys keys of V, every 64-column subtile of the O slice
-      // This thread's first row and subtile in the stack of subtiles.
-      const int v_row0 = first_row % kPVKeys, v_sub0 = first_row / kPVKeys;
-      const int key0 = kv0 + (load_r - n_qk) * kPVKeys + v_row0;
-      const int64_t v_src = key_row(p.v_stride, key0) + dv0 + v_sub0 * 64 + seg * 8;
+      if (!p.kv_e4m3) {
+        // This thread's first row and subtile in the stack of subtiles.
+        const int v_row0 = first_row % kPVKeys, v_sub0 = first_row / kPVKeys;
+        const int key0 = kv0 + (load_r - n_qk) * kPVKeys + v_row0;
+        const int64_t v_src = key_row(p.v_stride, key0) + dv0 + v_sub0 * 64 + seg * 8;
 #pragma unroll
-      for (int k = 0; k < Traits::kVStageBytes / 128 / kRowsPerPass; ++k) {
-        const int row = (k * kRowsPerPass) % kPVKeys, sub = (k * kRowsPerPass) / kPVKeys;
-        const bool valid = (v_sub0 + sub) * 64 + seg * 8 < out_cols && key0 + row < seq_kv;
-        const int64_t src = paged ? key_row(p.v_stride, key0 + row) + dv0 + v_sub0 * 64 + seg * 8 : v_src + row * v_stride;
-        copy_kv_16(stage, k, p.v, src + sub * 64, valid);
+        for (int k = 0; k < Traits::kVStageBytes / 128 / kRowsPerPass; ++k) {
+          const int row = (k * kRowsPerPass) % kPVKeys, sub = (k * kRowsPerPass) / kPVKeys;
+          const bool valid = (v_sub0 + sub) * 64 + seg * 8 < out_cols && key0 + row < seq_kv;
+          const int64_t src =
+              paged ? key_row(p.v_stride, key0 + row) + dv0 + v_sub0 * 64 + seg * 8 : v_src + row * v_stride;
+          cp_async_16(stage + k * kRowsPerPass * 128, static_cast<const Element*>(p.v) + src + sub * 64, valid);
+        }
+      } else {  // codes, four threads a stacked row (convert_codes)
+        const int pair = thread % 4, code_row = thread / 4;
+        const int v_row0 = code_row % kPVKeys, v_sub0 = code_row / kPVKeys;
+        const int key0 = kv0 + (load_r - n_qk) * kPVKeys + v_row0;
+        const uint32_t rows = smem_address(ring() + into_slot * Traits::kStageBytes) +
+                              swizzle128<Traits::kElementBytes>(code_row, 16 * pair);
+        const int64_t v_src = key_row(p.v_stride, key0) + dv0 + v_sub0 * 64 + 16 * pair;
+#pragma unroll
+        for (int k = 0; k < Traits::kVStageBytes / 128 / kCodeRowsPerPass; ++k) {
+          const int row = (k * kCodeRowsPerPass) % kPVKeys, sub = (k * kCodeRowsPerPass) / kPVKeys;
+          const bool valid = (v_sub0 + sub) * 64 + 16 * pair < out_cols && key0 + row < seq_kv;
+          const int64_t src =
+              paged ? key_row(p.v_stride, key0 + row) + dv0 + v_sub0 * 64 + 16 * pair : v_src + row * v_stride;
+          cp_async_16(rows + k * kCodeRowsPerPass * 128, static_cast<const uint8_t*>(p.v) + src + sub * 64, valid);
+        }
       }
     }
     if (++load_r == steps_per_tile) load_r = 0, ++load_tile;
@@ -133,14 +163,12 @@ template <class Traits>
 __device__ __forceinline__ void Cta<Traits>::advance_ring(bool qk_step) {
   cp_async_wait<Traits::kStages - 2>();
   if (p.kv_e4m3) {
-    constexpr int kRowsPerPass = Traits::kThreads / 8;
-    const unsigned thread = opaque(tid);
-    const uint32_t stage = smem_address(ring() + slot * Traits::kStageBytes) +
-                           swizzle128<Traits::kElementBytes>(thread / 8, (thread % 8) * 8);
+    constexpr int kCodeRowsPerPass = Traits::kThreads / 4;
+    const uint32_t stage = smem_address(ring() + slot * Traits::kStageBytes);
     if (qk_step) {
-      convert_codes<Traits::kBlockN / kRowsPerPass>(stage + Traits::kBlockM / kRowsPerPass * kRowsPerPass * 128);
+      convert_codes(stage + Traits::kBlockM * 128, Traits::kBlockN / kCodeRowsPerPass);
     } else {
-      convert_codes<Traits::kVStageBytes / 128 / kRowsPerPass>(stage);
+      convert_codes(stage, Traits::kVStageBytes / 128 / kCodeRowsPerPass);
     }
   }
   __syncthreads();

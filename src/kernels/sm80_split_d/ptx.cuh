@@ -21,17 +21,10 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
                "r"(src_bytes));
 }
 
-// 8-byte copy (an e4m3 cache's 8 codes of one 16-byte chunk; below 16 bytes
-// cp.async has only the .ca form); !valid zero-fills, reading nothing.
-__device__ __forceinline__ void cp_async_8(uint32_t dst, const void* src, bool valid) {
-  const int src_bytes = valid ? 8 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
-}
-
-// An 8-byte shared-memory load: the codes a thread's own copy landed.
-__device__ __forceinline__ uint2 ld_shared_8(uint32_t src) {
-  uint2 v;
-  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(src));
+// A 16-byte shared-memory load: the codes a thread's own copy landed.
+__device__ __forceinline__ uint4 ld_shared_16(uint32_t src) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(src));
   return v;
 }
 

@@ -14,11 +14,9 @@
 namespace ffpa::detail::sm80_split_d {
 
 inline void cp_async_16(uint32_t dst, const void* src, bool valid) { ::ffpa::emulation::cp_async(dst, src, valid, 16); }
-inline void cp_async_8(uint32_t dst, const void* src, bool valid) { ::ffpa::emulation::cp_async(dst, src, valid, 8); }
-
-inline uint2 ld_shared_8(uint32_t src) {
-  uint2 v;
-  std::memcpy(&v, ::ffpa::emulation::shared_memory_base() + src, 8);
+inline uint4 ld_shared_16(uint32_t src) {
+  uint4 v;
+  std::memcpy(&v, ::ffpa::emulation::shared_memory_base() + src, 16);
   return v;
 }
 
