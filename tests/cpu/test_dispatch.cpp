@@ -243,6 +243,21 @@ TEST(Sm90Routing, LeavesAGatheredCacheOf64GiBToAnotherFamily) {
   EXPECT_NE(sm90::route(boxed, &reason), nullptr) << reason;
 }
 
+// The cluster kernels (D > 512) do not gather pages (traits.cuh: their dense
+// D 1024 ran slower with the gather's code): a gathered page size goes to
+// sm80_split_d with a reason, TMA page sizes stay.
+TEST(Sm90Routing, LeavesAGatheredCacheAboveD512ToAnotherFamily) {
+  namespace sm90 = ffpa::detail::sm90_wgmma;
+  if (sm90::kInstanceCount == 0 || sm90::kInstances[sm90::kInstanceCount - 1].head_dim <= 512) {
+    GTEST_SKIP() << "no sm90 instance above D 512 in this build";
+  }
+  std::string reason;
+  EXPECT_EQ(sm90::route(sm90_paged_problem(1024, 1), &reason), nullptr);
+  EXPECT_NE(reason.find("above D 512"), std::string::npos) << reason;
+  EXPECT_NE(sm90::route(sm90_paged_problem(1024, 16), &reason), nullptr) << reason;
+  EXPECT_NE(sm90::route(sm90_paged_problem(512, 1), &reason), nullptr) << reason;
+}
+
 // --- sm90 backward: what it serves and why it declines ---------------------------
 
 ffpa::detail::BackwardProblem sm90_backward_problem(int64_t head_dim, int64_t value_dim = 0) {

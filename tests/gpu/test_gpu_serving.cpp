@@ -278,7 +278,7 @@ INSTANTIATE_TEST_SUITE_P(Small, GpuServing, ::testing::ValuesIn(serving_cases())
 
 // Page sizes sm90_wgmma gathers (gathers_pages: not multiples of 16; 16
 // itself by TMA here), which it must serve: decode rows (GQA-packed, split by the plan
-// on long keys, D 512 and MLA's 576 / 512 in a cluster) and prefill rows, with
+// on long keys, D 512) and prefill rows, with
 // the unused rows of every sequence's last page NaN (the gather zero-fills
 // keys past Nkv).
 std::vector<ServingCase> gathered_page_cases() {
@@ -311,19 +311,8 @@ std::vector<ServingCase> gathered_page_cases() {
     if (page == 16) prefill.window_left = 100;
     cases.push_back(prefill);
   }
-  ServingCase mla;
-  mla.seed = seed++;
-  mla.dtype = DType::bf16;
-  mla.dim = 576, mla.value_dim = 512;
-  mla.value_in_key_rows = true;
-  mla.heads_q = 16, mla.heads_kv = 1;
-  mla.packed_q = false;
-  mla.keys = KeyForm::paged;
-  mla.page_size = 1;
-  mla.causal = Causal::bottom_right;
-  mla.seq_q.assign(4, 1);
-  mla.seq_kv = {1000, 1, 257, 0};
-  cases.push_back(mla);
+  // (Not above D 512, MLA's 576 / 512 included: the cluster kernels leave
+  // gathered pages to sm80_split_d, traits.cuh's kGathersPages.)
   return cases;
 }
 

@@ -5,16 +5,13 @@
 #pragma once
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
-#include <optional>
 
 #include "common/attention_problem.hpp"
 #include "kernels/common/math_constants.hpp"
 #include "kernels/common/tile_schedule.hpp"
 #include "kernels/serving/plan.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
-#include "kernels/sm90_wgmma/tensor_map.hpp"
 #include "kernels/sm90_wgmma/traits.cuh"
 
 namespace ffpa::detail::sm90_wgmma {
@@ -54,27 +51,6 @@ struct ForwardLaunch {
   int64_t tile_count = 0;  // CTAs: tile_count x Traits::kSplit
 };
 
-// Whether a paged cache loaded by TMA comes in key groups (Args::
-// page_groups; kernels with Traits::kPageGroups), and the steps of its maps: K's and V's maps fold their KV head
-// the same way (page_map_steps; the producer looks a page up once for both),
-// and the instance loads exactly the chunks of D and Dv (a folded head's next
-// chunk is another head's, not TMA's zero fill) in whole pairs (a K stage is
-// one box wide).
-template <class Traits>
-std::optional<PageMapSteps> page_group_steps(const AttentionProblem& problem) {
-  if (!Traits::kPageGroups || Traits::kQKChunks % 2 != 0) return std::nullopt;
-  if (problem.head_dim != Traits::kQKChunks * Traits::kBoxCols * Traits::kSplit ||
-      problem.dv() != Traits::kOutCols * Traits::kSplit) {
-    return std::nullopt;
-  }
-  const std::array<TensorMapShape, 4> shapes = attention_tensor_shapes(problem);
-  const std::optional<PageMapSteps> k = page_map_steps(shapes[1]), v = page_map_steps(shapes[2]);
-  if (!k || !v || k->head_chunks != v->head_chunks || k->page_step != v->page_step || k->head_step != v->head_step) {
-    return std::nullopt;
-  }
-  return k;
-}
-
 template <class Traits>
 ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& tiles) {
   // Q and O in boxes of a tile's 64 rows (64 / heads_per_tile rows of each of
@@ -109,9 +85,6 @@ ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& 
   args.split_slots = tiles.split_slots;
   args.page_box_rows = page_rows;
   args.gather_pages = gather;
-  const std::optional<PageMapSteps> page_steps = paged_tma ? page_group_steps<Traits>(problem) : std::nullopt;
-  args.page_groups = page_steps.has_value();
-  if (page_steps) args.page_steps = *page_steps;
   // A tile per KV split; a serving call: the bound on its tiles (its plan
   // says how many there are; CTAs past them return at once).
   launch.tile_count =
@@ -119,21 +92,6 @@ ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& 
           ? serving::max_tiles(problem, sequence_tiling(tiles), tiles.pass)
           : problem.batch * (problem.heads_q / tiles.heads_per_tile) * args.row_blocks * tiles.splits;  // < 2^30
   return launch;
-}
-
-// The four maps of a launch (q, k, v, o) as the encoder takes them (the
-// driver's in launch.cuh, the emulator's in tests/emulation).
-template <class Traits>
-std::array<TensorMapSpec, 4> forward_map_specs(const AttentionProblem& problem, const ForwardLaunch& launch) {
-  const std::array<TensorMapShape, 4> shapes = attention_tensor_shapes(problem);
-  std::array<TensorMapSpec, 4> specs;
-  for (int i = 0; i < 4; ++i) specs[i] = tensor_map_spec(shapes[i], launch.box_rows[i], launch.box_heads[i]);
-  if (launch.args.page_groups) {
-    specs[1] = page_group_spec(shapes[1], launch.args.page_steps, 2, launch.args.page_box_rows);
-    specs[2] = page_group_spec(shapes[2], launch.args.page_steps, Traits::kHalfCols / Traits::kBoxCols,
-                               launch.args.page_box_rows);
-  }
-  return specs;
 }
 
 }  // namespace ffpa::detail::sm90_wgmma

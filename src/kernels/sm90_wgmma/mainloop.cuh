@@ -85,11 +85,6 @@ __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64
   if (from_mask) mask_to_starting_scores<typename Traits::SLayout>(s, cta.p.mask_kind, cta.args.inverse_scale);
   if constexpr (kOwnerDraws) start_keep(j);
   fence_operands(s);
-  // A K stage's chunk b and its 8-row groups: [2 chunks][128 keys] or, a
-  // paged cache in key groups (Args::page_groups), [16 groups][2 chunks].
-  const bool groups = Traits::kPageGroups && cta.args.page_groups;
-  const uint32_t k_chunk_bytes = groups ? kSwizzleAtomBytes : Traits::kKBoxBytes;
-  const uint32_t k_group_bytes = groups ? Traits::kKGroupBytes : kSwizzleAtomBytes;
 #pragma unroll
   for (int ks = 0; ks < kKStages; ++ks) {
     const int position = first + ks;
@@ -103,7 +98,7 @@ __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64
       for (int kk = 0; kk < 4; ++kk) {  // k steps of 32 bytes of a 128-byte row
         const uint64_t a = smem_descriptor(cta.q_tiles() + (2 * ks + b) * kTileBytes + kk * 32, 16, 1024);
         const uint64_t k =
-            smem_descriptor(cta.ring() + stage * kStageBytes + b * k_chunk_bytes + kk * 32, 16, k_group_bytes);
+            smem_descriptor(cta.ring() + stage * kStageBytes + b * Traits::kKBoxBytes + kk * 32, 16, 1024);
         s_wgmma<Traits>(s, a, k, from_mask || (ks | b | kk) != 0);
       }
     wgmma_commit();
@@ -131,10 +126,8 @@ template <class Traits>
 __device__ __forceinline__ void Consumer<Traits>::clear_v_rows_past_sequence(int j, int key_half, int stage) const {
   const int rows = opaque(cta.sequence()->seq_kv) - cta.block_key(j) - 64 * key_half;
   if (rows >= 64) return;
-  const bool groups = Traits::kPageGroups && cta.args.page_groups;
-  clear_rows_from<64, kHalfCols / kBoxCols>(Cta<Traits>::smem() + Traits::kRingOffset + stage * kStageBytes,
-                                            rows < 0 ? 0 : rows, thread, 2 + w, groups ? kSwizzleAtomBytes : kTileBytes,
-                                            groups ? Traits::kVGroupBytes : kSwizzleAtomBytes);
+  clear_rows_from<64, kHalfCols / kBoxCols, kTileBytes>(Cta<Traits>::smem() + Traits::kRingOffset + stage * kStageBytes,
+                                                        rows < 0 ? 0 : rows, thread, 2 + w);
 }
 
 // The owner has already rescaled O; the other consumer rescales by the owner's
@@ -174,11 +167,6 @@ __device__ __forceinline__ int Consumer<Traits>::issue_pv(int j, bool own) {
     }
     wgmma_commit();
   } else {
-    // V's 64-column chunks and 8-key groups: [chunks][64 keys] or, a paged
-    // cache in key groups (Args::page_groups), [8 groups][chunks].
-    const bool groups = Traits::kPageGroups && cta.args.page_groups;
-    const uint32_t v_chunk_bytes = groups ? kSwizzleAtomBytes : kTileBytes;
-    const uint32_t v_group_bytes = groups ? Traits::kVGroupBytes : kSwizzleAtomBytes;
 #pragma unroll
     for (int key_half = 0; key_half < 2; ++key_half) {
       const int position = first + 2 * key_half;
@@ -190,8 +178,7 @@ __device__ __forceinline__ int Consumer<Traits>::issue_pv(int j, bool own) {
       for (int kk = 0; kk < 4; ++kk) {
         const uint64_t a =
             smem_descriptor(cta.p_tiles() + buffer * Traits::kPBytes + key_half * kTileBytes + kk * 32, 16, 1024);
-        const uint64_t v =
-            smem_descriptor(cta.ring() + stage * kStageBytes + kk * 2 * v_group_bytes, v_chunk_bytes, v_group_bytes);
+        const uint64_t v = smem_descriptor(cta.ring() + stage * kStageBytes + kk * 16 * 128, kTileBytes, 1024);
         wgmma_ss<Element, kHalfCols, true>(o_acc, a, v, 1);
       }
       wgmma_commit();

@@ -72,6 +72,13 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
     *reason = "a logit softcap above D 512: the cluster kernels carry no softcap (sm80_split_d serves it)";
     return nullptr;
   }
+  if (problem.sequences.paged() && gathers_pages(problem.sequences.page_size) &&
+      cluster_size(instance_width(problem)) > 1) {
+    *reason = "a paged cache of page size " + std::to_string(problem.sequences.page_size) +
+              " above D 512: the cluster kernels do not gather pages (with the gather's code their dense D 1024"
+              " ran 4 % slower: docs/kernels/serving.md; sm80_split_d serves it)";
+    return nullptr;
+  }
   if (problem.sequences.paged() && gathers_pages(problem.sequences.page_size) && !gather_units_fit(problem)) {
     *reason = "a gathered paged cache (page size " + std::to_string(problem.sequences.page_size) +
               ") whose rows span 64 GiB or more: the gather counts rows in 32-bit 16-byte units";

@@ -10,7 +10,6 @@
 #include "kernels/common/softmax_state.hpp"
 #include "kernels/common/swizzle.hpp"
 #include "kernels/common/tile_schedule.hpp"
-#include "kernels/sm90_wgmma/page_map_steps.hpp"
 #include "kernels/sm90_wgmma/ring.hpp"
 
 namespace ffpa::detail::sm90_wgmma {
@@ -96,13 +95,11 @@ struct Traits {
   // whole producer warpgroup loads K and V with cp.async). A sequence batch
   // takes no mask or dropout (docs/serving.md), so only the plain 16-bit
   // kernels meet a paged cache; the dropout warps would need the warpgroup.
-  static constexpr bool kGathersPages = !kFp8 && !kDropout && !kMaskInS;
-  // Whether the kernel carries the page-group layout (Args::page_groups):
-  // one CTA per tile only. The cluster kernels' consumers hold the exchange
-  // beside O, and the layout's run-time strides in their descriptors cost
-  // the dense D = 1024 kernel 4 % (A/B, H200, 2026-12-03); their paged
-  // caches keep a box per chunk.
-  static constexpr bool kPageGroups = kGathersPages && kSplit == 1;
+  // Not the cluster kernels: with the gather's code in them, their dense
+  // D = 1024 ran 4 % slower (A/B, H200, 2026-12-03; ptxas: the kernel's
+  // spills 228/612 B with it, 28/44 B without); sm80_split_d serves their
+  // gathered caches (routing.cpp).
+  static constexpr bool kGathersPages = !kFp8 && !kDropout && !kMaskInS && kSplit == 1;
   // How the softmax reads the user's mask (score_mask.cuh): column blocks of
   // loads in flight, and whether a key pair is one load. The most that do not
   // spill: the cluster kernels' consumers hold more, and either the pair path
@@ -117,10 +114,6 @@ struct Traits {
   // Q, then (after the last S) the O staging of the TMA stores.
   static constexpr int kQTiles = kQKChunks > kOutCols / kOutBoxCols ? kQKChunks : kOutCols / kOutBoxCols;
   static constexpr int kPBytes = (kBlockN / kBoxCols) * kTileBytes;  // one P buffer
-
-  // The grouped page layout's strides (Args::page_groups).
-  static constexpr int kKGroupBytes = 2 * kSwizzleAtomBytes;                       // 8 keys x 2 chunks
-  static constexpr int kVGroupBytes = kHalfCols / kBoxCols * kSwizzleAtomBytes;  // 8 keys x kHalfCols
 
   static constexpr int kQOffset = 0;
   static constexpr int kPOffset = kQOffset + kQTiles * kTileBytes;                 // 2 buffers
@@ -207,16 +200,6 @@ struct Args {
   // maps' boxes: a load never crosses a page), at least 8: a KV block is at
   // most 16 of them.
   int page_box_rows = 0;
-  // A paged cache loaded by TMA in key groups (tensor_map.hpp's
-  // page_group_spec): one load brings a page-box's rows for every chunk of a
-  // stage, and the stages hold 8-key groups of all their chunks, a group
-  // after a group: K [16 groups][2 chunks][8 keys][128 bytes] (wgmma's 8-row
-  // groups 2 KB apart), V [8 groups][kHalfCols / 64 chunks][8 keys][128
-  // bytes] (chunks 1 KB apart, 8-key groups kHalfCols x 16 bytes apart), not
-  // chunk after chunk. The boxes are 2 or kHalfCols / 64 times larger, which
-  // TMA moves faster (docs/kernels/serving.md).
-  bool page_groups = false;
-  PageMapSteps page_steps;  // K's and V's (the same: their maps fold the head alike)
   // A paged cache gathered instead (gathers_pages, family.hpp): the producer
   // warpgroup copies K and V a key row a thread (producer_gather.cuh); only
   // with Traits::kGathersPages.
