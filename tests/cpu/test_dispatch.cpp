@@ -219,8 +219,8 @@ TEST(Sm90Routing, ServesEveryPageSizeGatheringSmallOnes) {
   }
 }
 
-// The gather shuffles a row's place in the cache in one 32-bit register of
-// 16-byte units: a gathered cache of 64 GiB or more is left to sm80_split_d,
+// The gather keeps a row's place in the cache in one 32-bit word of 16-byte
+// units (its row table): a gathered cache of 64 GiB or more is left to sm80_split_d,
 // with a reason; TMA boxes (page 64) address it as before.
 TEST(Sm90Routing, LeavesAGatheredCacheOf64GiBToAnotherFamily) {
   namespace sm90 = ffpa::detail::sm90_wgmma;

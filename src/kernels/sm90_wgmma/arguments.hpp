@@ -61,7 +61,7 @@ ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& 
   ForwardLaunch launch;
   // A paged cache: K and V gathered (their maps unused: boxes of 8 rows, any
   // valid box), or in page-sized boxes (paged_box_rows).
-  const bool gather = problem.sequences.paged() && gathers_pages(problem.sequences.page_size);
+  const bool gather = gathers_pages(problem);
   const bool paged_tma = problem.sequences.paged() && !gather;
   const int page_rows = paged_tma ? paged_box_rows(problem.sequences.page_size, 64) : 0;
   const int k_rows = gather ? 8 : paged_tma ? page_rows : Traits::kBlockN;

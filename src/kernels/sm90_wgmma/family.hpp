@@ -70,11 +70,15 @@ inline SequenceTiling sequence_tiling(const TileLaunch& tiles) {
 // (defined there, so that tuning it rebuilds no kernel).
 bool gathers_pages(int64_t page_size);
 
+// Whether the call's K and V come from a paged cache the producer gathers.
+inline bool gathers_pages(const AttentionProblem& problem) {
+  return problem.sequences.paged() && gathers_pages(problem.sequences.page_size);
+}
+
 // Whether a gathered cache's rows all end within 2^32 - 1 16-byte units of
-// the tensor's base (the gather shuffles a row's offset in one register and
-// adds its column's there):
-// false for a cache of 64 GiB or more, which the sm90 family then leaves to
-// sm80_split_d.
+// the tensor's base (the gather keeps a row's offset in one 32-bit word of
+// its row table and adds its column's there): false for a cache of 64 GiB or
+// more, which the sm90 family then leaves to sm80_split_d.
 bool gather_units_fit(const AttentionProblem& problem);
 
 // A paged cache's rows in one TMA load of a box of `rows` keys: the largest

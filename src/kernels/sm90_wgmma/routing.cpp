@@ -72,17 +72,18 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
     *reason = "a logit softcap above D 512: the cluster kernels carry no softcap (sm80_split_d serves it)";
     return nullptr;
   }
-  if (problem.sequences.paged() && gathers_pages(problem.sequences.page_size) &&
-      cluster_size(instance_width(problem)) > 1) {
-    *reason = "a paged cache of page size " + std::to_string(problem.sequences.page_size) +
-              " above D 512: the cluster kernels do not gather pages (with the gather's code their dense D 1024"
-              " ran 4 % slower: docs/kernels/serving.md; sm80_split_d serves it)";
-    return nullptr;
-  }
-  if (problem.sequences.paged() && gathers_pages(problem.sequences.page_size) && !gather_units_fit(problem)) {
-    *reason = "a gathered paged cache (page size " + std::to_string(problem.sequences.page_size) +
-              ") whose rows span 64 GiB or more: the gather counts rows in 32-bit 16-byte units";
-    return nullptr;
+  if (gathers_pages(problem)) {
+    if (cluster_size(instance_width(problem)) > 1) {
+      *reason = "a paged cache of page size " + std::to_string(problem.sequences.page_size) +
+                " above D 512: the cluster kernels do not gather pages (with the gather's code their dense D 1024"
+                " ran 4 % slower: docs/kernels/serving.md; sm80_split_d serves it)";
+      return nullptr;
+    }
+    if (!gather_units_fit(problem)) {
+      *reason = "a gathered paged cache (page size " + std::to_string(problem.sequences.page_size) +
+                ") whose rows span 64 GiB or more: the gather counts rows in 32-bit 16-byte units";
+      return nullptr;
+    }
   }
   // Any page size: small pages are gathered with cp.async (gathers_pages),
   // whose 16-byte copies need the alignment TMA needs.
@@ -169,7 +170,7 @@ Status run(const AttentionProblem& problem, int head_dim, const TileLaunch& tile
 
 std::string kernel_name(const AttentionProblem& problem, const Instance& instance) {
   const int ctas = cluster_size(instance.head_dim);
-  const bool gather = problem.sequences.paged() && gathers_pages(problem.sequences.page_size);
+  const bool gather = gathers_pages(problem);
   return std::string("sm90_wgmma<") + (problem.dtype == DType::bf16 ? "bf16" : "f16") + ",d" +
          std::to_string(instance.head_dim) + ",m64,n128,s" + std::to_string(ring_stages(ctas)) +
          (ctas == 1 ? "" : ",cluster" + std::to_string(ctas)) + (problem.has_dropout()                             ? ",dropout>"
