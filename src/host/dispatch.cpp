@@ -68,10 +68,12 @@ Status call_memory_space(const AttentionProblem& problem, const Fp8KvCache* kv_c
 }
 
 // What a GPU family does not serve yet of the serving semantics
-// (docs/serving.md), which the CPU reference computes: sm90_wgmma an e4m3 KV
-// cache (sm80_split_d converts it as it loads it).
+// (docs/serving.md), which the CPU reference computes: an e4m3 KV cache is
+// converted as it is loaded by sm80_split_d and sm90_wgmma (whose routing
+// says which of its instances take one), by no other family.
 Status gpu_serves_variant(const AttentionProblem& problem, Impl impl) {
-  const char* what = problem.kv_e4m3 && impl != Impl::sm80_split_d ? "an e4m3 KV cache" : nullptr;
+  const char* what =
+      problem.kv_e4m3 && impl != Impl::sm80_split_d && impl != Impl::sm90_wgmma ? "an e4m3 KV cache" : nullptr;
   if (what == nullptr) return {};
   return {StatusCode::impl_unavailable,
           std::string("impl ") + impl_name(impl) + " does not serve " + what + " yet (impl cpu_reference does)"};

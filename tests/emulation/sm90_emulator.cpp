@@ -110,6 +110,8 @@ struct State {
   // arrivals waiting for their copies (at_wait), by barrier.
   std::map<uint64_t, std::vector<AsyncCopy>> open_copies;
   std::map<ClusterAddress, std::vector<std::vector<AsyncCopy>>> copy_arrivals;
+  // cp.async groups a thread has committed and not yet waited for, oldest first.
+  std::map<uint64_t, std::deque<std::vector<AsyncCopy>>> copy_groups;
   std::map<int, std::vector<PendingStore>> stores;     // by thread
   std::vector<Warpgroup> warpgroups;
   std::map<int, std::pair<ClusterAddress, uint32_t>> spinning;  // thread -> (barrier, parity) of its failed try_wait
@@ -394,6 +396,8 @@ void run_cluster(Index3 first_block, int ranks, int threads, unsigned char* cons
     if (!copies.empty()) fail("cp.async copies without a cp.async.mbarrier.arrive after them");
   for (auto& [bar, arrivals] : state.copy_arrivals)
     if (!arrivals.empty()) fail("cp.async arrivals never waited for");
+  for (auto& [thread, groups] : state.copy_groups)
+    if (!groups.empty()) fail("cp.async groups never waited for");
   for (const Warpgroup& group : state.warpgroups)
     if (group.executed != group.ops.size()) fail("wgmma operations never waited for");
   g_state = nullptr;
@@ -489,6 +493,26 @@ void cp_async_arrive_noinc(uint32_t bar) {
     g_state->copy_arrivals[address].push_back(std::move(open));
   }
   open.clear();
+  note_progress();
+  preempt_point();
+}
+
+void cp_async_commit() {
+  const uint64_t key = (static_cast<uint64_t>(cluster_rank()) << 32) | static_cast<uint32_t>(current_thread());
+  std::vector<AsyncCopy>& open = g_state->open_copies[key];
+  g_state->copy_groups[key].push_back(std::move(open));
+  open.clear();
+  note_progress();
+}
+
+void cp_async_wait(int pending) {
+  const uint64_t key = (static_cast<uint64_t>(cluster_rank()) << 32) | static_cast<uint32_t>(current_thread());
+  std::deque<std::vector<AsyncCopy>>& groups = g_state->copy_groups[key];
+  while (static_cast<int>(groups.size()) > pending) {
+    if (g_state->landing != TmaLanding::at_issue)
+      for (const AsyncCopy& copy : groups.front()) land_copy(copy);
+    groups.pop_front();
+  }
   note_progress();
   preempt_point();
 }

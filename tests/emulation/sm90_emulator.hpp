@@ -66,6 +66,11 @@ void store_async_cluster_f32x4(uint32_t remote, float a, float b, float c, float
 // every copy must be followed by one.
 void cp_async_16(uint32_t dst, const void* src, uint32_t src_bytes);
 void cp_async_arrive_noinc(uint32_t bar);
+// cp.async.commit_group / wait_group: the thread's copies since its last
+// commit (or noinc arrival) form a group; a wait lands (per TmaLanding) every
+// group but the `pending` youngest.
+void cp_async_commit();
+void cp_async_wait(int pending);
 void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3);
 void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3);
 void tma_store_wait_read();

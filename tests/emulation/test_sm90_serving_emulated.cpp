@@ -321,6 +321,65 @@ TEST(EmulatedSm90Serving, WindowSoftcapSinks) {
   expect_matches_oracle<256>(both);
 }
 
+// An e4m3 cache (producer_codes.cuh): the producer warpgroup copies the
+// codes into the ring and widens them in place; the descales on the scores
+// and on O (before the splits merge). Paged caches of TMA-sized and gathered
+// page sizes in every layout, packed and batched keys, decode GQA-packed and
+// split, D_qk != D_v and D between the instances, a window, softcap and
+// sinks, both dtypes; the cache's unused rows NaN.
+TEST(EmulatedSm90Serving, E4m3Cache) {
+  ServingCase paged = base_case(80, 256);
+  paged.e4m3_kv = true;
+  paged.keys = KeyForm::paged;
+  paged.page_size = 16;
+  paged.seq_q = {1, 40};
+  paged.seq_kv = {150, 60};
+  expect_matches_oracle<256>(paged);
+
+  ServingCase narrow = base_case(81, 256);
+  narrow.e4m3_kv = true;
+  narrow.dtype = DType::f16;
+  narrow.value_dim = 192;
+  narrow.per_sequence_descale = true;
+  narrow.keys = KeyForm::paged;
+  narrow.page_size = 1;
+  narrow.cache = CacheLayout::hnd;
+  narrow.seq_q = {3, 1};
+  narrow.seq_kv = {131, 257};
+  narrow.softcap = 20.0f;
+  expect_matches_oracle<256>(narrow);
+
+  ServingCase dense = base_case(82, 128);
+  dense.e4m3_kv = true;
+  dense.keys = KeyForm::packed;
+  dense.seq_q = {70, 5};
+  dense.seq_kv = {70, 200};
+  dense.window_left = 50;
+  expect_matches_oracle<256>(dense);
+
+  ServingCase batched = base_case(83, 448);
+  batched.e4m3_kv = true;
+  batched.packed_q = false;
+  batched.keys = KeyForm::batched;
+  batched.heads_q = 4, batched.heads_kv = 2;
+  batched.seq_q.assign(2, 1);
+  batched.seq_kv = {300, 77};
+  expect_matches_oracle<512>(batched);
+
+  ServingCase decode = base_case(84, 512);
+  decode.e4m3_kv = true;
+  decode.per_sequence_descale = true;
+  decode.packed_q = false;
+  decode.keys = KeyForm::paged;
+  decode.page_size = 3;
+  decode.cache = CacheLayout::stacked;
+  decode.heads_q = 8, decode.heads_kv = 1;
+  decode.seq_q.assign(3, 1);
+  decode.seq_kv = {700, 130, 0};
+  decode.sinks = true;
+  expect_matches_oracle<512>(decode, 12);
+}
+
 TEST(EmulatedSm90Serving, ClusterMlaLatentCache) {
   ServingCase c = base_case(40, 576);
   c.value_dim = 512;

@@ -27,16 +27,21 @@ struct InstanceTraits {
   static constexpr int kCtaDim = kHeadDim / kSplit;
   static constexpr int kQKChunks = kCtaDim / 64;
   static constexpr int kHalfCols = std::max(128, (kCtaDim + 127) / 128 * 64);
-  template <class Element, bool kDropout = false, bool kMaskInS = false>
-  using type = Traits<Element, kQKChunks, kHalfCols, kSplit, kDropout, kMaskInS>;
+  template <class Element, bool kDropout = false, bool kMaskInS = false, bool kCacheCodes = false>
+  using type = Traits<Element, kQKChunks, kHalfCols, kSplit, kDropout, kMaskInS, Operands::input, kCacheCodes>;
 };
 
 // Calls f(static_cast<T*>(nullptr)) with T the 16-bit kernel's Traits that serve
-// the problem at instance kHeadDim: the dropout variant, the mask-in-S variant
-// where starts_s_at_mask says so, else the plain one.
+// the problem at instance kHeadDim: the e4m3-cache variant for such a cache
+// (where the instance has one: takes_cache_codes; routing sends no other
+// there), the dropout variant, the mask-in-S variant where starts_s_at_mask
+// says so, else the plain one.
 template <int kHeadDim, class Element, class F>
 auto with_instance_traits(const AttentionProblem& problem, F&& f) {
   using Kernels = InstanceTraits<kHeadDim>;
+  if constexpr (takes_cache_codes(kHeadDim)) {
+    if (problem.kv_e4m3) return f(static_cast<typename Kernels::template type<Element, false, false, true>*>(nullptr));
+  }
   if (problem.has_dropout()) return f(static_cast<typename Kernels::template type<Element, true>*>(nullptr));
   if (starts_s_at_mask(problem, kHeadDim)) {
     return f(static_cast<typename Kernels::template type<Element, false, true>*>(nullptr));
@@ -61,7 +66,8 @@ ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& 
   ForwardLaunch launch;
   // A paged cache: K and V gathered (their maps unused: boxes of 8 rows, any
   // valid box), or in page-sized boxes (paged_box_rows).
-  const bool gather = gathers_pages(problem);
+  // (An e4m3 cache's converters copy K and V themselves: producer_codes.cuh.)
+  const bool gather = gathers_pages(problem) || Traits::kCacheCodes;
   const bool paged_tma = problem.sequences.paged() && !gather;
   const int page_rows = paged_tma ? paged_box_rows(problem.sequences.page_size, 64) : 0;
   const int k_rows = gather ? 8 : paged_tma ? page_rows : Traits::kBlockN;
@@ -84,7 +90,7 @@ ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& 
   args.partial_states = tiles.partial_states;
   args.split_slots = tiles.split_slots;
   args.page_box_rows = page_rows;
-  args.gather_pages = gather;
+  args.gather_pages = gather && !Traits::kCacheCodes;
   // A tile per KV split; a serving call: the bound on its tiles (its plan
   // says how many there are; CTAs past them return at once).
   launch.tile_count =

@@ -7,6 +7,8 @@
 #include <cstdint>
 
 #include "common/attention_problem.hpp"
+#include "kernels/common/compiler_hints.cuh"
+#include "kernels/common/online_softmax.cuh"
 #include "kernels/common/shared_memory.cuh"
 #include "kernels/common/tile_schedule.hpp"
 #include "kernels/sm90_wgmma/partial_exchange.cuh"
@@ -55,6 +57,20 @@ struct Cta {
   __device__ __forceinline__ bool writes_partials() const { return writes_split_partials(p, args.kv_splits); }
   // The first key of the tile's KV block j (blocks count from its split's first).
   __device__ __forceinline__ int block_key(int j) const { return (tile()->kv_first + j) * Traits::kBlockN; }
+
+  // Traits::kCacheCodes: [0] the score factor (scale_log2 x the tile's
+  // k_descale), [1] O's factor (its v_descale); read where used.
+  __device__ __forceinline__ const float* code_factors() const {
+    return reinterpret_cast<const float*>(smem() + Traits::kCodeFactorsOffset);
+  }
+  // The factor S is multiplied by before the softmax (log2 domain).
+  __device__ __forceinline__ float score_scale() const {
+    if constexpr (Traits::kCacheCodes) {
+      return opaque(code_factors())[0];
+    } else {
+      return args.scale_log2;
+    }
+  }
 
   // --- barriers -------------------------------------------------------------
   __device__ __forceinline__ uint32_t barriers() const { return smem_address(smem() + Traits::kBarrierOffset); }
@@ -107,10 +123,17 @@ struct Cta {
         *sequence() = tile_sequence(p, tile()->batch);
       }
       if (!idle()) *key_bounds() = tile_key_bounds(p, *tile(), *sequence());
+      if constexpr (Traits::kCacheCodes) {
+        const KvDescales descales = idle() ? KvDescales{1.0f, 1.0f} : kv_descales(p, tile()->batch, tile()->kv_head);
+        float* const factors = reinterpret_cast<float*>(smem() + Traits::kCodeFactorsOffset);
+        factors[0] = args.scale_log2 * descales.k;
+        factors[1] = descales.v;
+      }
       mbarrier_init(q_full(), 1);
       // A ring position completes on one TMA arrival with its bytes, or on
       // every producer thread's cp.async arrival (the paged gather).
-      const uint32_t full_arrivals = Traits::kGathersPages && args.gather_pages ? 128 : 1;
+      // (The e4m3 cache's converters arrive so too, once they have widened it.)
+      const uint32_t full_arrivals = (Traits::kGathersPages && args.gather_pages) || Traits::kCacheCodes ? 128 : 1;
       for (int f = 0; f < kFull; ++f) mbarrier_init(full(f), full_arrivals);
       for (int s = 0; s < kStages; ++s) mbarrier_init(empty(s), 4);  // a warp of the consumer each
       for (int b = 0; b < 2; ++b) {

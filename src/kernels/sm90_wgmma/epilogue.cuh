@@ -34,11 +34,14 @@ __device__ __forceinline__ void Consumer<Traits>::store_partial() {
           RowSoftmaxState{running_max(tile->kv_blocks - 1, h), row_sums[row(h)] + row_sums[64 + row(h)]};
     }
     float* const o_row = cta.args.partial_o + partial_row * value_dim;
+    // An e4m3 cache's v_descale, before the splits merge (as in the output).
+    const float v_factor = Traits::kCacheCodes ? opaque(cta.code_factors())[1] : 1.0f;
 #pragma unroll
     for (int k = 0; k < kHalfCols / 8; ++k) {
       const int col = cta.vo_col0() + w * kHalfCols + 8 * k + 2 * t;  // even; Dv is a multiple of 8
       if (col < value_dim) {
-        *reinterpret_cast<float2*>(o_row + col) = make_float2(o_acc[4 * k + 2 * h], o_acc[4 * k + 2 * h + 1]);
+        *reinterpret_cast<float2*>(o_row + col) =
+            make_float2(o_acc[4 * k + 2 * h] * v_factor, o_acc[4 * k + 2 * h + 1] * v_factor);
       }
     }
   }
@@ -63,6 +66,7 @@ __device__ __forceinline__ void Consumer<Traits>::store_output(const CUtensorMap
       const TileSequence* seq = cta.sequence();
       const RowEnd end = finish_row(p, head, running_max(tile->kv_blocks - 1, h), total, keep_scale);
       out_scale[h] = end.out_scale;
+      if constexpr (Traits::kCacheCodes) out_scale[h] *= opaque(cta.code_factors())[1];  // v_descale
       if (p.lse != nullptr && split_rank<Traits::kSplit>() == 0 && w == 0 && t == 0 && r < seq->seq_q)
         store_lse(p, seq->q_batch, head, seq->q_begin + r, end.lse);
       continue;

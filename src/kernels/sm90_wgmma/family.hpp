@@ -75,10 +75,11 @@ inline bool gathers_pages(const AttentionProblem& problem) {
   return problem.sequences.paged() && gathers_pages(problem.sequences.page_size);
 }
 
-// Whether a gathered cache's rows all end within 2^32 - 1 16-byte units of
-// the tensor's base (the gather keeps a row's offset in one 32-bit word of
-// its row table and adds its column's there): false for a cache of 64 GiB or
-// more, which the sm90 family then leaves to sm80_split_d.
+// Whether a gathered cache's rows (or an e4m3 cache's, which its converters
+// copy the same way) all end within 2^32 - 1 16-byte units of the tensor's
+// base (the gather keeps a row's offset in one 32-bit word of its row table
+// and adds its column's there): false for a cache of 64 GiB or more, which
+// the sm90 family then leaves to sm80_split_d.
 bool gather_units_fit(const AttentionProblem& problem);
 
 // A paged cache's rows in one TMA load of a box of `rows` keys: the largest
@@ -99,6 +100,12 @@ inline int64_t instance_width(const AttentionProblem& problem) {
 }
 
 constexpr int cluster_size(int head_dim) { return head_dim > 512 ? 2 : 1; }
+
+// Whether the instance for head_dim carries the e4m3-cache variant
+// (Traits::kCacheCodes, producer_codes.cuh): Gemma 4's head dims, 256 and
+// 512, each a kernel a dtype (an instance for every D would add eight to the
+// build); a cache of another D <= 512 takes the next of them up.
+constexpr bool takes_cache_codes(int head_dim) { return head_dim == 256 || head_dim == 512; }
 
 // Whether a call without dropout runs the instance for head_dim that starts S
 // at the mask (Traits::kMaskInS): a mask read by key pairs, 1 / scale finite

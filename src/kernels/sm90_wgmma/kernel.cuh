@@ -3,7 +3,8 @@
 // One CTA: 64 query rows of one (batch, head), all of O. Three warpgroups:
 //   - a producer (one thread issues TMA loads into a ring of shared-memory stages;
 //     with dropout, its warps 1-3 draw the keep bits: dropout_warps.cuh; a
-//     paged cache of small pages is gathered by all 128: producer_gather.cuh);
+//     paged cache of small pages is gathered by all 128: producer_gather.cuh,
+//     and an e4m3 cache copied and widened by all 128: producer_codes.cuh);
 //   - two consumers; consumer w owns columns [w * kHalfCols, (w + 1) * kHalfCols)
 //     of O (fp32 in registers: 64 x 512 does not fit one warpgroup).
 // KV blocks of 128 keys alternate between the consumers: consumer
@@ -55,6 +56,7 @@
 #include "kernels/sm90_wgmma/epilogue.cuh"
 #include "kernels/sm90_wgmma/mainloop.cuh"
 #include "kernels/sm90_wgmma/producer.cuh"
+#include "kernels/sm90_wgmma/producer_codes.cuh"
 #include "kernels/sm90_wgmma/producer_gather.cuh"
 #include "kernels/sm90_wgmma/softmax.cuh"
 #include "kernels/sm90_wgmma/traits.cuh"
@@ -174,7 +176,10 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     // or the whole warpgroup gathers the pages (producer_gather.cuh).
     const bool gather = Traits::kGathersPages && args.gather_pages;
     const bool paged = !Traits::kFp8 && args.p.sequences.paged() && !gather;
-    if (gather) {
+    if constexpr (Traits::kCacheCodes) {
+      // An e4m3 cache, dense or paged: the whole warpgroup copies and widens it.
+      CodeProducer<Traits>{cta, static_cast<int>(threadIdx.x)}.run(&q_map);
+    } else if (gather) {
       if constexpr (Traits::kGathersPages) GatherProducer<Traits>{cta, static_cast<int>(threadIdx.x)}.run(&q_map);
     } else if (paged && threadIdx.x < 32) {
       if constexpr (!Traits::kFp8) Producer<Traits, true>{cta, static_cast<int>(threadIdx.x)}.run(&q_map, &k_map, &v_map);

@@ -45,6 +45,9 @@ Status launch(const AttentionProblem& problem, const TileLaunch& tiles, cudaStre
   if (launch.args.gather_pages && !Traits::kGathersPages) {  // a paged cache with a mask or dropout: validation refuses
     return {StatusCode::impl_unavailable, "impl sm90_wgmma: this kernel variant does not gather a paged cache"};
   }
+  if (problem.kv_e4m3 != Traits::kCacheCodes) {  // routing sends an e4m3 cache only to an instance with its variant
+    return {StatusCode::impl_unavailable, "impl sm90_wgmma: this kernel variant does not take an e4m3 KV cache"};
+  }
   CUtensorMap maps[4];
   if (Status status = encode_tensor_maps(attention_tensor_shapes(problem), launch.box_rows, launch.box_heads, maps);
       !status.ok()) {

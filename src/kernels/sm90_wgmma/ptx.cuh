@@ -157,6 +157,20 @@ __device__ __forceinline__ void ld_shared_v4(uint32_t src, uint32_t (&words)[4])
                : "memory");
 }
 
+__device__ __forceinline__ void st_shared_v4(uint32_t dst, const uint32_t (&words)[4]) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(dst), "r"(words[0]), "r"(words[1]), "r"(words[2]),
+               "r"(words[3])
+               : "memory");
+}
+
+// Closes this thread's group of cp.async copies; waits until at most
+// kPending of its groups are in flight (the e4m3 cache's converters).
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
 // One arrival on `bar` once every cp.async this thread has issued so far has
 // landed; noinc: the arrival is one of those the barrier was initialised
 // with (a phase of N such threads' copies is N arrivals). Inline PTX naming

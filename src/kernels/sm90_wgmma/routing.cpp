@@ -1,4 +1,5 @@
 // Which calls the sm90 family serves, and naming its kernels.
+#include <array>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
@@ -24,18 +25,40 @@ constexpr int64_t kTmaPageRows = 16;
 bool gathers_pages(int64_t page_size) { return page_size % kTmaPageRows != 0; }
 
 bool gather_units_fit(const AttentionProblem& problem) {
-  const SequenceLayout& s = problem.sequences;
-  const int64_t bytes = 2;  // bf16 or fp16: the gather's kernels
   // The last row's last unit, where a copy's row + column units end (the
   // instance's width: its boxes cover it); 0xFFFFFFFF marks "no row".
-  const int64_t width_units = (instance_width(problem) + 63) / 64 * 64 * bytes / 16;
-  for (const int64_t* stride : {problem.k_stride, problem.v_stride}) {
-    const int64_t last_row = ((s.num_blocks - 1) * std::abs(stride[0]) + (problem.heads_kv - 1) * std::abs(stride[1]) +
-                              (s.page_size - 1) * std::abs(stride[2])) *
-                             bytes;
+  const std::array<TensorMapShape, 4> shapes = attention_tensor_shapes(problem);
+  for (const TensorMapShape& kv : {shapes[1], shapes[2]}) {
+    const int64_t width_units = (instance_width(problem) + 63) / 64 * 64 * kv.element_bytes / 16;
+    const int64_t last_row = ((kv.batch - 1) * std::abs(kv.stride[0]) + (kv.heads - 1) * std::abs(kv.stride[1]) +
+                              (kv.seq - 1) * std::abs(kv.stride[2])) *
+                             kv.element_bytes;
     if (last_row / 16 + width_units >= 0xFFFFFFFFll) return false;
   }
   return true;
+}
+
+// The instance whose e4m3-cache variant serves an e4m3 cache of `width`
+// (takes_cache_codes), or nullptr with the reason.
+const Instance* route_cache_codes(const AttentionProblem& problem, int64_t width, std::string* reason) {
+  if (cluster_size(static_cast<int>(width)) > 1) {
+    *reason = "an e4m3 KV cache above D 512: the cluster kernels take no codes (sm80_split_d serves it)";
+    return nullptr;
+  }
+  if (problem.has_dropout()) {
+    *reason = "an e4m3 KV cache with dropout: the e4m3-cache kernels carry no dropout (sm80_split_d serves it)";
+    return nullptr;
+  }
+  if (!gather_units_fit(problem)) {
+    *reason = "an e4m3 KV cache whose rows span 64 GiB or more: its converters count rows in 32-bit 16-byte units";
+    return nullptr;
+  }
+  for (int i = 0; i < kInstanceCount; ++i) {
+    if (kInstances[i].head_dim >= width && takes_cache_codes(kInstances[i].head_dim)) return &kInstances[i];
+  }
+  *reason = "an e4m3 KV cache of head dim " + std::to_string(width) +
+            ": this build has no e4m3-cache kernel (instances 256 and 512 carry one) that holds it";
+  return nullptr;
 }
 
 const Instance* route(const AttentionProblem& problem, std::string* reason) {
@@ -72,7 +95,7 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
     *reason = "a logit softcap above D 512: the cluster kernels carry no softcap (sm80_split_d serves it)";
     return nullptr;
   }
-  if (gathers_pages(problem)) {
+  if (gathers_pages(problem) && !problem.kv_e4m3) {
     if (cluster_size(instance_width(problem)) > 1) {
       *reason = "a paged cache of page size " + std::to_string(problem.sequences.page_size) +
                 " above D 512: the cluster kernels do not gather pages (with the gather's code their dense D 1024"
@@ -93,6 +116,7 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
       return nullptr;
     }
   }
+  if (problem.kv_e4m3) return route_cache_codes(problem, width, reason);
   for (int i = 0; i < kInstanceCount; ++i) {
     if (kInstances[i].head_dim >= width) return &kInstances[i];
   }
@@ -170,10 +194,11 @@ Status run(const AttentionProblem& problem, int head_dim, const TileLaunch& tile
 
 std::string kernel_name(const AttentionProblem& problem, const Instance& instance) {
   const int ctas = cluster_size(instance.head_dim);
-  const bool gather = gathers_pages(problem);
+  const bool gather = gathers_pages(problem) && !problem.kv_e4m3;
   return std::string("sm90_wgmma<") + (problem.dtype == DType::bf16 ? "bf16" : "f16") + ",d" +
          std::to_string(instance.head_dim) + ",m64,n128,s" + std::to_string(ring_stages(ctas)) +
-         (ctas == 1 ? "" : ",cluster" + std::to_string(ctas)) + (problem.has_dropout()                             ? ",dropout>"
+         (ctas == 1 ? "" : ",cluster" + std::to_string(ctas)) + (problem.kv_e4m3 ? ",e4m3-cache>"
+          : problem.has_dropout()                             ? ",dropout>"
           : starts_s_at_mask(problem, instance.head_dim) ? ",mask-in-s>"
           : gather                                       ? ",paged-gather>"
                                                            : ">");

@@ -60,10 +60,11 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
     // softcap acts before the mask: routing.cpp's starts_s_at_mask) nor in a
     // cluster (D > 512: route sends a softcap to sm80_split_d), whose
     // register-bound consumers would spill for the dead code.
-    apply_softcap<Layout>(s, softcap_factors(p, cta.args.scale_log2));
+    apply_softcap<Layout>(s, softcap_factors(p, cta.score_scale()));
   } else {
+    const float score_scale = cta.score_scale();  // an e4m3 cache's k_descale rides in it
 #pragma unroll
-    for (int i = 0; i < 64; ++i) s[i] *= cta.args.scale_log2;
+    for (int i = 0; i < 64; ++i) s[i] *= score_scale;
   }
   // Read where used (opaque addresses: not hoisted out of the KV loop, where
   // they would pin registers next to S and O).

@@ -46,9 +46,12 @@ std::array<TensorMapShape, 4> attention_tensor_shapes(const AttentionProblem& p)
   } else if (s.active) {
     kv_rows = s.keys_per_sequence;
   }
+  // An e4m3 cache's k and v: bytes (their maps go unused: producer_codes.cuh
+  // copies them; the alignment checks read them).
+  const int kv_bytes = p.kv_e4m3 ? 1 : 2;
   return {TensorMapShape{p.q, p.dtype, q_batch, p.heads_q, q_rows, p.head_dim, p.q_stride},
-          TensorMapShape{p.k, p.dtype, kv_batch, p.heads_kv, kv_rows, p.head_dim, p.k_stride},
-          TensorMapShape{p.v, p.dtype, kv_batch, p.heads_kv, kv_rows, p.dv(), p.v_stride},
+          TensorMapShape{p.k, p.dtype, kv_batch, p.heads_kv, kv_rows, p.head_dim, p.k_stride, kv_bytes},
+          TensorMapShape{p.v, p.dtype, kv_batch, p.heads_kv, kv_rows, p.dv(), p.v_stride, kv_bytes},
           TensorMapShape{p.o, p.dtype, q_batch, p.heads_q, q_rows, p.dv(), p.o_stride}};
 }
 

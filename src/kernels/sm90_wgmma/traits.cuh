@@ -22,7 +22,7 @@ namespace ffpa::detail::sm90_wgmma {
 enum class Operands : int { input, e4m3, int8_qk };
 
 template <typename Element_, int kQKChunks_, int kHalfCols_, int kSplit_, bool kDropout_ = false,
-          bool kMaskInS_ = false, Operands kOperands_ = Operands::input>
+          bool kMaskInS_ = false, Operands kOperands_ = Operands::input, bool kCacheCodes_ = false>
 struct Traits {
   using Element = Element_;  // q, k, v and o in memory (bf16 or fp16)
   static constexpr Operands kOperands = kOperands_;
@@ -42,6 +42,14 @@ struct Traits {
   // warps: 11 -> 127 at D = 512).
   static constexpr bool kMaskInS = kMaskInS_;
   static_assert(!(kDropout && kMaskInS), "dropout kernels add the mask in the softmax");
+  // K and V arrive as e4m3 codes (a serving engine's FP8 KV cache): the
+  // producer warpgroup copies them into the ring and widens them there to
+  // Element (producer_codes.cuh); the descales act on the scores and on O.
+  // A variant of the plain one-CTA kernel of a head dim (family.hpp's
+  // takes_cache_codes).
+  static constexpr bool kCacheCodes = kCacheCodes_;
+  static_assert(!kCacheCodes || (kOperands_ == Operands::input && !kDropout && !kMaskInS && kSplit_ == 1),
+                "an e4m3 cache: the plain one-CTA kernel's variant");
   static constexpr int kElementBytes = ElementTraits<Element>::kBytes;
   static constexpr int kOperandBytes = kFp8 ? 1 : kElementBytes;   // of Q, K, P and V in shared memory
   static constexpr int kBoxCols = kSwizzleCols<kOperandBytes>;     // operand columns of a 128-byte swizzle row
@@ -75,8 +83,10 @@ struct Traits {
   // dependent chain): 40 registers let them run two chains, and the consumers
   // fit 232 (+5-8 % at D = 320/512/1024, A/B on the H200).
   static constexpr int kLaunchRegisters = 168;
-  static constexpr int kProducerRegisters = kDropoutWarps ? 40 : 24;
-  static constexpr int kConsumerRegisters = kDropoutWarps ? 232 : 240;
+  // The code converters (kCacheCodes) hold a row table's eight entries and a
+  // chunk's 16 codes and 32 output bytes: the dropout warps' split.
+  static constexpr int kProducerRegisters = kDropoutWarps || kCacheCodes ? 40 : 24;
+  static constexpr int kConsumerRegisters = kDropoutWarps || kCacheCodes ? 232 : 240;
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kLaunchRegisters,
                 "setmaxnreg redistributes the launch's registers: more would never be granted");
   static constexpr int kStages = ring_stages(kSplit);
@@ -99,7 +109,7 @@ struct Traits {
   // D = 1024 ran 4 % slower (A/B, H200, 2026-12-03; ptxas: the kernel's
   // spills 228/612 B with it, 28/44 B without); sm80_split_d serves their
   // gathered caches (routing.cpp).
-  static constexpr bool kGathersPages = !kFp8 && !kDropout && !kMaskInS && kSplit == 1;
+  static constexpr bool kGathersPages = !kFp8 && !kDropout && !kMaskInS && kSplit == 1 && !kCacheCodes;
   // How the softmax reads the user's mask (score_mask.cuh): column blocks of
   // loads in flight, and whether a key pair is one load. The most that do not
   // spill: the cluster kernels' consumers hold more, and either the pair path
@@ -134,9 +144,14 @@ struct Traits {
   static constexpr int kKeepBytes = kDropoutWarps ? kBlockM * 4 * 4 : 0;
   // kGathersPages: the gather's row tables, uint32 [K, V][4 warps][32 keys]
   // (producer_gather.cuh), in the keep bits' place: no kernel has both.
+  // The code converters (kCacheCodes) copy by the same tables.
   static constexpr int kRowTableOffset = kKeepOffset;
-  static constexpr int kRowTableBytes = kGathersPages ? 2 * 128 * 4 : 0;
-  static constexpr int kBarrierOffset = kKeepOffset + (kKeepBytes > kRowTableBytes ? kKeepBytes : kRowTableBytes);
+  static constexpr int kRowTableBytes = kGathersPages || kCacheCodes ? 2 * 128 * 4 : 0;
+  // kCacheCodes: the tile's score factor (scale_log2 x its k_descale) and O
+  // factor (its v_descale), float [2], written at setup.
+  static constexpr int kCodeFactorsOffset = kKeepOffset + (kKeepBytes > kRowTableBytes ? kKeepBytes : kRowTableBytes);
+  static constexpr int kCodeFactorsBytes = kCacheCodes ? 16 : 0;
+  static constexpr int kBarrierOffset = kCodeFactorsOffset + kCodeFactorsBytes;
   // q_full, full[kFullBarriers], empty[kStages], p_full[2], p_empty[2]
   // (kSplit = 2: x_full, x_empty; kDropoutWarps: keep_full[2], keep_empty). See
   // "Why more full barriers than stages" (kernel.cuh) for the count.

@@ -51,6 +51,15 @@ inline void ld_shared_v4(uint32_t src, uint32_t (&words)[4]) {
   std::memcpy(words, ::ffpa::emulation::shared_memory_base() + src, 16);
 }
 
+inline void st_shared_v4(uint32_t dst, const uint32_t (&words)[4]) {
+  std::memcpy(::ffpa::emulation::shared_memory_base() + dst, words, 16);
+}
+inline void cp_async_commit() { emu::cp_async_commit(); }
+template <int kPending>
+inline void cp_async_wait() {
+  emu::cp_async_wait(kPending);
+}
+
 inline void prefetch_tensor_map(const CUtensorMap*) {}
 inline void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3) {
   emu::tma_load_4d(dst, map, bar, c0, c1, c2, c3);
