@@ -13,6 +13,9 @@ D512 bf16, causal), contexts either all --context long (--lengths equal) or comp
                bytes), through torch.ops.ffpa_attn.forward (bhnd, bottom-right causal)
   batched      cache [B, Nmax, Hkv, D] with cache_seqlens (a sequence batch without pages)
   page P       vLLM's NHD cache [num_blocks, P, Hkv, D], the block table shuffled, for each --pages P
+--kv-dtype e4m3: the caches (batched and paged) in e4m3, the engines' FP8 format, with descales of 1 given as
+k_descale / v_descale [B, Hkv] of stride 0 (the dense column stays bf16: the reference the issue measures
+against); GB/s then counts a byte a code. --impl takes a comma list (auto,sm80_split_d): a column per impl.
 Timing: CUDA events around --iters calls after warm-up, the median of --rounds interleaved rounds (order reversed
 every other round). GB/s: K/V bytes of the attended keys / time. Per column, one call under torch.profiler gives
 its kernels (name, microseconds), so the plan, the attention kernel and the combine show apart.
@@ -108,7 +111,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--seed", type=int, default=4321)
-    parser.add_argument("--impl", default="auto")
+    parser.add_argument("--impl", default="auto", help="an impl, or a comma list of them: a column each")
+    parser.add_argument("--kv-dtype", choices=["bf16", "e4m3"], default="bf16")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
     if args.lengths == "equal":
@@ -117,10 +121,26 @@ def main(argv: list[str]) -> int:
         lengths = cs.lognormal_lengths(args.batch, args.context, 4 * args.context, cs.draw_seed(args.seed, "gemma4-b32"))
     inputs = make_inputs(args, lengths)
     q, seqlens = inputs["q"], inputs["seqlens"]
-    kv_bytes = sum(lengths) * args.heads_kv * 2 * args.head_dim * 2
-    columns: dict[str, Any] = {
-        "batched": lambda: ffpa_attn.flash_attn_with_kvcache(q, inputs["k"], inputs["v"], cache_seqlens=seqlens,
-                                                             causal=True, impl=args.impl)}
+    codes = args.kv_dtype == "e4m3"
+    element_bytes = 1 if codes else 2
+    kv_bytes = sum(lengths) * args.heads_kv * 2 * args.head_dim * element_bytes
+    impls = args.impl.split(",")
+    descales = {}
+    if codes:
+        one = torch.ones(1, 1, device="cuda", dtype=torch.float32).expand(len(lengths), args.heads_kv)
+        descales = {"k_descale": one, "v_descale": one}
+
+    def cache(t: torch.Tensor) -> torch.Tensor:
+        return t.to(torch.float8_e4m3fn) if codes else t
+
+    def suffix(impl: str) -> str:
+        return "" if len(impls) == 1 else f" {impl}"
+
+    batched_k, batched_v = cache(inputs["k"]), cache(inputs["v"])
+    columns: dict[str, Any] = {}
+    for impl in impls:
+        columns["batched" + suffix(impl)] = (lambda impl=impl: ffpa_attn.flash_attn_with_kvcache(
+            q, batched_k, batched_v, cache_seqlens=seqlens, causal=True, impl=impl, **descales))
     mean = round(sum(lengths) / len(lengths))
     gen = torch.Generator(device="cuda").manual_seed(args.seed + 1)
     dq = torch.randn(len(lengths), args.heads_q, 1, args.head_dim, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -129,23 +149,28 @@ def main(argv: list[str]) -> int:
     dense_bytes = len(lengths) * mean * args.heads_kv * 2 * args.head_dim * 2
     columns["dense"] = lambda: torch.ops.ffpa_attn.forward(dq, dk, dv, None, 0.0, 2, args.head_dim ** -0.5, 0,
                                                            0, 0, 0, False)[0]
-    reference = columns["batched"]().float()
+    reference = columns["batched" + suffix(impls[0])]().float()
     errors: dict[str, float] = {}
+    for name in list(columns):
+        if name.startswith("batched"):
+            errors[name] = float((columns[name]().float() - reference).abs().max())
     for page in [int(p) for p in args.pages.split(",")]:
         k_cache, v_cache, table = paged_cache(inputs, lengths, page, args.seed)
-        call = (lambda k_cache=k_cache, v_cache=v_cache, table=table: ffpa_attn.flash_attn_with_kvcache(
-            q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table, causal=True, impl=args.impl))
-        columns[f"page {page}"] = call
-        errors[f"page {page}"] = float((call().float() - reference).abs().max())
+        k_cache, v_cache = cache(k_cache), cache(v_cache)
+        for impl in impls:
+            call = (lambda k_cache=k_cache, v_cache=v_cache, table=table, impl=impl: ffpa_attn.flash_attn_with_kvcache(
+                q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table, causal=True, impl=impl, **descales))
+            columns[f"page {page}" + suffix(impl)] = call
+            errors[f"page {page}" + suffix(impl)] = float((call().float() - reference).abs().max())
     ms = time_columns(columns, args.rounds, args.iters)
     rows = []
     print(f"{torch.cuda.get_device_name()}, B{len(lengths)} Hq{args.heads_q}/Hkv{args.heads_kv} D{args.head_dim}, "
           f"contexts {args.lengths} (min {min(lengths)}, mean {sum(lengths) / len(lengths):.0f}, max {max(lengths)}), "
-          f"K/V {kv_bytes / 1e9:.2f} GB")
+          f"K/V {kv_bytes / 1e9:.2f} GB ({args.kv_dtype})")
     for name, t in ms.items():
         kernels = kernels_of(columns[name])
         nbytes = dense_bytes if name == "dense" else kv_bytes
-        row = {"column": name, "ms": t, "gbps": nbytes / t / 1e6, "vs_batched": ms["batched"] / t,
+        row = {"column": name, "ms": t, "gbps": nbytes / t / 1e6, "vs_batched": ms["batched" + suffix(impls[0])] / t,
                "max_abs_diff_vs_batched": errors.get(name, 0.0), "kernels": kernels}
         rows.append(row)
         print(f"{name:>10}: {t:.3f} ms  {row['gbps']:.0f} GB/s  {row['vs_batched']:.2f} of batched  "

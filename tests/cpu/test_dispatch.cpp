@@ -258,6 +258,46 @@ TEST(Sm90Routing, LeavesAGatheredCacheAboveD512ToAnotherFamily) {
   EXPECT_NE(sm90::route(sm90_paged_problem(512, 1), &reason), nullptr) << reason;
 }
 
+// An e4m3 cache goes to the smallest instance that carries the e4m3-cache
+// variant (takes_cache_codes) and holds D, whatever its page size (the
+// converters copy every cache themselves); above D 512 and with dropout to
+// another family, with a reason.
+TEST(Sm90Routing, SendsAnE4m3CacheToTheInstancesThatTakeCodes) {
+  namespace sm90 = ffpa::detail::sm90_wgmma;
+  if (sm90::kInstanceCount == 0) GTEST_SKIP() << "built without sm_90a";
+  for (int64_t dim : {64, 128, 208, 256, 320, 448, 512}) {
+    for (int64_t page : {1, 16}) {
+      ffpa::detail::AttentionProblem p = sm90_paged_problem(dim, page);
+      p.kv_e4m3 = true;
+      const sm90::Instance* want = nullptr;
+      for (int i = 0; i < sm90::kInstanceCount && want == nullptr; ++i) {
+        if (sm90::kInstances[i].head_dim >= dim && sm90::takes_cache_codes(sm90::kInstances[i].head_dim)) {
+          want = &sm90::kInstances[i];
+        }
+      }
+      std::string reason;
+      const sm90::Instance* got = sm90::route(p, &reason);
+      EXPECT_EQ(got, want) << "D " << dim << " page " << page << ": " << reason;
+      if (got == nullptr) {
+        EXPECT_NE(reason.find("e4m3"), std::string::npos) << reason;
+      } else {
+        EXPECT_NE(sm90::kernel_name(p, *got).find(",e4m3-cache>"), std::string::npos) << sm90::kernel_name(p, *got);
+      }
+    }
+  }
+  ffpa::detail::AttentionProblem dropout = sm90_paged_problem(256, 16);
+  dropout.kv_e4m3 = true;
+  dropout.dropout_p = 0.1f;
+  std::string reason;
+  EXPECT_EQ(sm90::route(dropout, &reason), nullptr);
+  if (sm90::kInstances[sm90::kInstanceCount - 1].head_dim > 512) {
+    ffpa::detail::AttentionProblem wide = sm90_paged_problem(1024, 16);
+    wide.kv_e4m3 = true;
+    EXPECT_EQ(sm90::route(wide, &reason), nullptr);
+    EXPECT_NE(reason.find("above D 512"), std::string::npos) << reason;
+  }
+}
+
 // --- sm90 backward: what it serves and why it declines ---------------------------
 
 ffpa::detail::BackwardProblem sm90_backward_problem(int64_t head_dim, int64_t value_dim = 0) {

@@ -254,6 +254,23 @@ std::vector<ServingCase> serving_cases() {
   mixed.seq_kv = {700, 900, 17, 1, 50, 0};
   mixed.causal = Causal::bottom_right;
   cases.push_back(mixed);
+  // An e4m3 cache of packed keys (not paged) and in a mixed batch: the sm90
+  // e4m3-cache kernels (producer_codes.cuh) copy both.
+  ServingCase packed_codes;
+  packed_codes.seed = seed++;
+  packed_codes.dtype = DType::bf16;
+  packed_codes.dim = packed_codes.value_dim = 512;
+  packed_codes.e4m3_kv = true;
+  packed_codes.heads_q = 8, packed_codes.heads_kv = 2;
+  packed_codes.causal = Causal::bottom_right;
+  packed_codes.seq_q = {1, 64, 1};
+  packed_codes.seq_kv = {300, 64, 129};
+  cases.push_back(packed_codes);
+  ServingCase mixed_codes = mixed;
+  mixed_codes.seed = seed++;
+  mixed_codes.e4m3_kv = true;
+  mixed_codes.per_sequence_descale = true;
+  cases.push_back(mixed_codes);
   cases.push_back(chunked_prefill_batch(42));
   return cases;
 }
@@ -348,6 +365,73 @@ INSTANTIATE_TEST_SUITE_P(Pages, GpuServingSm90Gather, ::testing::ValuesIn(gather
                          [](const ::testing::TestParamInfo<ServingCase>& info) {
                            return "case" + std::to_string(info.index) + "_page" +
                                   std::to_string(info.param.page_size) + "_d" + std::to_string(info.param.dim);
+                         });
+
+// An e4m3 cache (the engines' FP8 format), which sm90_wgmma's e4m3-cache
+// kernels (producer_codes.cuh) must serve: decode rows (GQA-packed, split on
+// long keys) over pages of 1, 3, 16 and 64 keys and a batched cache, prefill
+// rows with a window, softcap and sinks, D_qk != D_v, the unused rows of each
+// last page NaN (the converters zero-fill keys past Nkv).
+std::vector<ServingCase> e4m3_cache_cases() {
+  std::vector<ServingCase> cases;
+  uint64_t seed = 200;
+  for (int64_t page : {1, 3, 16, 64, 0}) {
+    ServingCase decode;
+    decode.seed = seed++;
+    decode.dtype = page % 2 ? DType::bf16 : DType::f16;
+    decode.dim = decode.value_dim = 512;
+    decode.e4m3_kv = true;
+    decode.per_sequence_descale = seed % 2 == 0;
+    decode.heads_q = 16, decode.heads_kv = 2;
+    decode.packed_q = false;
+    decode.keys = page == 0 ? KeyForm::batched : KeyForm::paged;
+    decode.page_size = page == 0 ? 16 : page;
+    decode.cache = static_cast<CacheLayout>(seed % 3);
+    decode.causal = Causal::bottom_right;
+    decode.seq_q.assign(6, 1);
+    decode.seq_kv = {1, 700, 0, 3001, 129, 64};
+    cases.push_back(decode);
+  }
+  ServingCase prefill;
+  prefill.seed = seed++;
+  prefill.dtype = DType::bf16;
+  prefill.dim = 256, prefill.value_dim = 192;
+  prefill.e4m3_kv = true;
+  prefill.per_sequence_descale = true;
+  prefill.heads_q = 4, prefill.heads_kv = 2;
+  prefill.keys = KeyForm::paged;
+  prefill.page_size = 5;
+  prefill.causal = Causal::bottom_right;
+  prefill.seq_q = {150, 1, 67};
+  prefill.seq_kv = {400, 33, 67};
+  prefill.window_left = 100;
+  prefill.softcap = 30.0f;
+  prefill.sinks = true;
+  cases.push_back(prefill);
+  return cases;
+}
+
+class GpuServingSm90Codes : public ::testing::TestWithParam<ServingCase> {
+ protected:
+  void SetUp() override {
+    if (gpu_unavailable_reason()) GTEST_SKIP() << *gpu_unavailable_reason();
+    if (!device_runs_sm90()) GTEST_SKIP() << "no sm_90a device";
+  }
+};
+
+TEST_P(GpuServingSm90Codes, ServesAndMatchesTheOracle) {
+  const std::vector<int32_t> dims = library_info().sm90_wgmma_head_dims;
+  const int64_t width = std::max(GetParam().dim, GetParam().value_dim);
+  if (dims.empty() || dims.back() < width) GTEST_SKIP() << "no sm90_wgmma instance of this build holds D " << width;
+  EXPECT_TRUE(run_and_check(GetParam(), Impl::sm90_wgmma, false, poison_unused_page_rows)) << "sm90_wgmma declined it";
+  EXPECT_TRUE(run_and_check(GetParam(), Impl::automatic, false, poison_unused_page_rows));
+}
+
+INSTANTIATE_TEST_SUITE_P(E4m3, GpuServingSm90Codes, ::testing::ValuesIn(e4m3_cache_cases()),
+                         [](const ::testing::TestParamInfo<ServingCase>& info) {
+                           return "case" + std::to_string(info.index) + "_page" +
+                                  std::to_string(info.param.keys == KeyForm::paged ? info.param.page_size : 0) +
+                                  "_d" + std::to_string(info.param.dim);
                          });
 
 class GpuServingSmall : public ::testing::Test {
