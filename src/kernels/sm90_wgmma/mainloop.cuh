@@ -182,6 +182,16 @@ __device__ __forceinline__ int Consumer<Traits>::issue_pv(int j, bool own) {
         wgmma_ss<Element, kHalfCols, true>(o_acc, a, v, 1);
       }
       wgmma_commit();
+      if constexpr (Traits::kCacheCodes) {
+        // Key half 0's stage goes back before half 1 is waited for: a stage
+        // is then held only until the stage after it is full (not two on),
+        // so the converters copy three positions ahead (producer_codes.cuh).
+        if (key_half == 0) {
+          wgmma_wait<0>();
+          fence_operands(o_acc);
+          release(position);
+        }
+      }
     }
   }
   return first;
@@ -191,7 +201,7 @@ template <class Traits>
 __device__ __forceinline__ void Consumer<Traits>::finish_pv(int first, int j, bool own) {
   wgmma_wait<0>();
   fence_operands(o_acc);
-  release(first);
+  if constexpr (!Traits::kCacheCodes) release(first);  // (an e4m3 cache's: in issue_pv)
   if constexpr (!Traits::kFp8) release(first + 2);
   if (!own && lane == 0) mbarrier_arrive(cta.p_empty(j & 1));
 }

@@ -20,11 +20,16 @@
 // different 16-byte bank groups (the same rows in both boxes would collide
 // two by two); a line is still read whole by one instruction.
 //
-// Copies run kAhead ring positions ahead of the widening. A thread widens
-// position p before it waits for position p + kAhead's stage to be free:
-// a consumer frees a stage only once it holds the stage kAhead positions on
-// (the two key halves of its V part, ring.hpp), so freeing p + kAhead -
-// kStages waits at most for p, which is then full.
+// Copies run kAhead = kStages - 1 ring positions ahead of the widening. A
+// thread widens position p before it waits for position p + kAhead's stage
+// to be free: with an e4m3 cache a consumer holds a stage at most until the
+// next position is full (a K stage until it has issued the next one's
+// wgmmas, compute_s; its V part's key half 0 only until its own wgmmas are
+// done, issue_pv), so freeing p + kAhead - kStages = p - 1 waits at most for
+// p, which is then full. (The 16-bit kernels hold key half 0 until half 1's
+// wgmmas are done too: two positions on; at two positions ahead the copies
+// of a V block waited for the consumers' round trip every position, 1.09 ms
+// for the batch of docs/kernels/serving.md.)
 #pragma once
 
 #include <cuda.h>
@@ -45,8 +50,9 @@ struct CodeProducer {
   static_assert(Traits::kHalfCols % 128 == 0, "a consumer's V columns are whole 128-code lines");
   using Element = typename Traits::Element;
   static constexpr int kStages = Traits::kStages, kKStages = Traits::kKStages;
-  static constexpr int kAhead = kStages - 2;  // positions copied while one is widened
-  static_assert(kAhead == 2, "the pending positions are two registers");
+  static constexpr int kAhead = kStages - 1;  // positions copied while one is widened
+  static constexpr int kPartBits = 5;         // a pending position's part in `pending`
+  static_assert(kAhead * kPartBits <= 32, "the pending positions' parts in one register");
   static constexpr int kLastKBoxes = Traits::kQKChunks - 2 * (kKStages - 1);
   static constexpr int kVLines = Traits::kHalfCols / 128;  // 128-code lines of a consumer's V row
   // A pending position's part: K stage ks (0..kKStages-1), or V part
@@ -57,7 +63,9 @@ struct CodeProducer {
   const Cta<Traits>& cta;
   const int thread;  // 0..127: key `thread` of every KV block
   int copy_position = 0;
-  int pending0 = 0, pending1 = 0;  // the parts of positions copy_position - 2, - 1
+  // The parts of the positions copied and not yet widened, the youngest in
+  // the low kPartBits: position copy_position - 1 - y at bits kPartBits x y.
+  uint32_t pending = 0;
   int page = -1, next_page = -1;   // as producer_gather.cuh (the dense cache: 0, or -1 past Nkv)
 
   __device__ __forceinline__ int lane() const { return thread % 32; }
@@ -166,7 +174,7 @@ struct CodeProducer {
   // Waits until the next position's stage is free, copies this lane's codes
   // of `part` of block j into it, and closes the position's copy group.
   __device__ __forceinline__ void copy(int part, int j) {
-    if (copy_position >= kAhead) widen_oldest(kAhead - 1);
+    if (copy_position >= kAhead) widen<kAhead - 1>();
     const int stage = copy_position % kStages;
     mbarrier_wait(cta.empty(stage), ((copy_position / kStages) & 1) ^ 1);
     const int c = lane() % 8;
@@ -185,21 +193,18 @@ struct CodeProducer {
       }
     }
     cp_async_commit();
-    pending0 = pending1;
-    pending1 = part;
+    pending = (pending << kPartBits) | static_cast<uint32_t>(part);
     ++copy_position;
   }
 
-  // Widens the oldest pending position once this thread's copies of it have
-  // landed (at most `younger` groups still in flight), and marks it full.
-  __device__ __forceinline__ void widen_oldest(int younger) {
-    const int position = copy_position - kAhead + (kAhead - 1 - younger);
-    const int part = younger == kAhead - 1 ? pending0 : pending1;
-    if (younger == 1) {
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
-    }
+  // Widens pending position copy_position - 1 - kYounger (the oldest of
+  // kYounger + 1 pending) once this thread's copies of it have landed (its
+  // kYounger younger groups may still be in flight), and marks it full.
+  template <int kYounger>
+  __device__ __forceinline__ void widen() {
+    const int position = copy_position - 1 - kYounger;
+    const int part = static_cast<int>((pending >> (kPartBits * kYounger)) & ((1u << kPartBits) - 1));
+    cp_async_wait<kYounger>();
     const int stage = position % kStages;
 #pragma unroll
     for (int line = 0; line < (part < kVPart ? 1 : kVLines); ++line) {
@@ -235,8 +240,10 @@ struct CodeProducer {
       if (j > 0) load_v(j - 1, previous_page);
     }
     load_v(blocks - 1, page);
-    widen_oldest(1);
-    widen_oldest(0);
+    static_assert(kAhead == 3, "the last positions: three widened below");
+    widen<2>();
+    widen<1>();
+    widen<0>();
   }
 };
 
