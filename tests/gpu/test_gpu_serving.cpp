@@ -423,8 +423,9 @@ TEST_P(GpuServingSm90Codes, ServesAndMatchesTheOracle) {
   const std::vector<int32_t> dims = library_info().sm90_wgmma_head_dims;
   const int64_t width = std::max(GetParam().dim, GetParam().value_dim);
   if (dims.empty() || dims.back() < width) GTEST_SKIP() << "no sm90_wgmma instance of this build holds D " << width;
-  EXPECT_TRUE(run_and_check(GetParam(), Impl::sm90_wgmma, false, poison_unused_page_rows)) << "sm90_wgmma declined it";
-  EXPECT_TRUE(run_and_check(GetParam(), Impl::automatic, false, poison_unused_page_rows));
+  void (*poison)(const ServingInputs&) = GetParam().keys == KeyForm::paged ? poison_unused_page_rows : nullptr;
+  EXPECT_TRUE(run_and_check(GetParam(), Impl::sm90_wgmma, false, poison)) << "sm90_wgmma declined it";
+  EXPECT_TRUE(run_and_check(GetParam(), Impl::automatic, false, poison));
 }
 
 INSTANTIATE_TEST_SUITE_P(E4m3, GpuServingSm90Codes, ::testing::ValuesIn(e4m3_cache_cases()),
@@ -440,6 +441,46 @@ class GpuServingSmall : public ::testing::Test {
     if (gpu_unavailable_reason()) GTEST_SKIP() << *gpu_unavailable_reason();
   }
 };
+
+// A NaN through an e4m3 cache on sm90_wgmma (its Q turned to f16 at the
+// tile's start, its codes widened by the producer): a NaN in one query row
+// reaches that row only; a NaN code in one key reaches the rows of its KV
+// head's sequence only, as SDPA's does.
+TEST_F(GpuServingSmall, ANanReachesTheRowsItTouchesThroughAnE4m3Cache) {
+  if (!device_runs_sm90()) GTEST_SKIP() << "no sm90_wgmma kernel runs on device 0";
+  ServingCase c;
+  c.seed = 300;
+  c.dtype = DType::bf16;
+  c.dim = c.value_dim = 512;
+  c.e4m3_kv = true;
+  c.heads_q = 8, c.heads_kv = 2;
+  c.packed_q = false;
+  c.keys = KeyForm::paged;
+  c.page_size = 16;
+  c.causal = Causal::bottom_right;
+  c.seq_q.assign(3, 1);
+  c.seq_kv = {300, 200, 100};
+  ServingInputs in = make_serving_inputs(c);
+  set_element(in.q.tensor, {0, 0, 0, 5}, std::nan(""));                   // sequence 0, head 0
+  set_element(in.k, {in.pages[1][17 / c.page_size], 1, 17 % c.page_size, 9}, std::nan(""));  // sequence 1, KV head 1
+  DeviceServing d;
+  to_device(in, &d);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  d.params.options.impl = Impl::sm90_wgmma;
+  const Status status = forward(d.params);
+  if (status.code == StatusCode::impl_unavailable) GTEST_SKIP() << status.message;
+  ASSERT_TRUE(status.ok()) << status.message;
+  FFPA_EXPECT_CUDA(cudaDeviceSynchronize());
+  copy_to_host(*d.o, &in.o, nullptr);
+  for (int64_t b = 0; b < 3; ++b)
+    for (int64_t h = 0; h < c.heads_q; ++h) {
+      const bool touched = (b == 0 && h == 0) || (b == 1 && h >= c.heads_q / 2);
+      for (int64_t col = 0; col < c.value_dim; ++col) {
+        const double got = element_as_double(in.o.tensor, {b, h, 0, col});
+        ASSERT_EQ(std::isnan(got), touched) << "sequence " << b << " head " << h << " column " << col << ": " << got;
+      }
+    }
+}
 
 // sm90_wgmma runs a mixed batch in two passes: the rows of at most 8 (GQA 8)
 // first, 8 heads a tile; select_kernel says so; a caller's plan holds both

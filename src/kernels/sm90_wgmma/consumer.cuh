@@ -29,6 +29,7 @@ __device__ __forceinline__ int quad_lane() { return lane_id() % 4; }
 template <class Traits>
 struct Consumer {
   using Element = typename Traits::Element;
+  using Operand = typename Traits::Operand;  // of the tensor cores
   static constexpr int kStages = Traits::kStages, kKStages = Traits::kKStages;
   static constexpr int kHalfCols = Traits::kHalfCols, kBlockN = Traits::kBlockN;
   static constexpr int kTileBytes = Traits::kTileBytes, kStageBytes = Traits::kStageBytes;

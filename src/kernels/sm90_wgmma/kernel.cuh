@@ -57,6 +57,7 @@
 #include "kernels/sm90_wgmma/mainloop.cuh"
 #include "kernels/sm90_wgmma/producer.cuh"
 #include "kernels/sm90_wgmma/producer_codes.cuh"
+#include "kernels/sm90_wgmma/q_operand.cuh"
 #include "kernels/sm90_wgmma/producer_gather.cuh"
 #include "kernels/sm90_wgmma/softmax.cuh"
 #include "kernels/sm90_wgmma/traits.cuh"
@@ -196,6 +197,9 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   setmaxnreg_increase<Traits::kConsumerRegisters>();
   Consumer<Traits> consumer(cta, warpgroup - 1);
   mbarrier_wait(cta.q_full(), 0);
+  if constexpr (!std::is_same_v<typename Traits::Operand, typename Traits::Element>) {
+    q_to_operand(cta, static_cast<int>(threadIdx.x) - 128);
+  }
   run_consumer(consumer);
   if (cta.writes_partials()) {
     consumer.store_partial();

@@ -73,7 +73,7 @@ __device__ __forceinline__ void s_wgmma(float (&s)[64], uint64_t q, uint64_t k, 
   } else if constexpr (Traits::kFp8) {
     wgmma_ss_e4m3<128>(s, q, k, accumulate);
   } else {
-    wgmma_ss<typename Traits::Element, 128, false>(s, q, k, accumulate);
+    wgmma_ss<typename Traits::Operand, 128, false>(s, q, k, accumulate);
   }
 }
 
@@ -179,7 +179,7 @@ __device__ __forceinline__ int Consumer<Traits>::issue_pv(int j, bool own) {
         const uint64_t a =
             smem_descriptor(cta.p_tiles() + buffer * Traits::kPBytes + key_half * kTileBytes + kk * 32, 16, 1024);
         const uint64_t v = smem_descriptor(cta.ring() + stage * kStageBytes + kk * 16 * 128, kTileBytes, 1024);
-        wgmma_ss<Element, kHalfCols, true>(o_acc, a, v, 1);
+        wgmma_ss<Operand, kHalfCols, true>(o_acc, a, v, 1);
       }
       wgmma_commit();
       if constexpr (Traits::kCacheCodes) {

@@ -4,7 +4,8 @@
 // will hold their 16-bit values, each chunk of 16 codes into the first half
 // of the 32 bytes its values take, and once a thread's copies of a stage
 // have landed it widens its own chunks in place (unpack_e4m3x2: every e4m3
-// value is an f16 and a bf16 value) and arrives on the stage's full barrier
+// value is an f16 value; the kernel multiplies f16: Traits::Operand) and
+// arrives on the stage's full barrier
 // (128 arrivals a phase, cta.cuh). A thread reads and writes only its own
 // chunks' 32 bytes, so the widening needs no barrier of its own; the
 // consumers are the 16-bit kernel's. The descales act on the scores and on
@@ -48,7 +49,7 @@ template <class Traits>
 struct CodeProducer {
   static_assert(Traits::kCacheCodes && Traits::kBlockN == 128, "a producer thread per key of a block");
   static_assert(Traits::kHalfCols % 128 == 0, "a consumer's V columns are whole 128-code lines");
-  using Element = typename Traits::Element;
+  using Operand = typename Traits::Operand;  // what the codes widen to
   static constexpr int kStages = Traits::kStages, kKStages = Traits::kKStages;
   static constexpr int kAhead = kStages - 1;  // positions copied while one is widened
   static constexpr int kPartBits = 5;         // a pending position's part in `pending`
@@ -145,10 +146,10 @@ struct CodeProducer {
       uint32_t low[4], high[4];
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
-        low[2 * k] = unpack_e4m3x2<Element>(codes[k]);
-        low[2 * k + 1] = unpack_e4m3x2<Element>(codes[k] >> 16);
-        high[2 * k] = unpack_e4m3x2<Element>(codes[2 + k]);
-        high[2 * k + 1] = unpack_e4m3x2<Element>(codes[2 + k] >> 16);
+        low[2 * k] = unpack_e4m3x2<Operand>(codes[k]);
+        low[2 * k + 1] = unpack_e4m3x2<Operand>(codes[k] >> 16);
+        high[2 * k] = unpack_e4m3x2<Operand>(codes[2 + k]);
+        high[2 * k + 1] = unpack_e4m3x2<Operand>(codes[2 + k] >> 16);
       }
       st_shared_v4(at, low);
       st_shared_v4(at ^ 16u, high);  // the pair's other segment: bit 0 of the segment

@@ -110,7 +110,7 @@ __device__ __forceinline__ void Consumer<Traits>::softmax_publish(int j, float (
       if constexpr (Traits::kFp8) {
         *reinterpret_cast<uint16_t*>(p_pair(h, 8 * i + 2 * t)) = float2_to_e4m3x2_bits(first, second);
       } else {
-        *reinterpret_cast<uint32_t*>(p_pair(h, 8 * i + 2 * t)) = pack2<Element>(first, second);
+        *reinterpret_cast<uint32_t*>(p_pair(h, 8 * i + 2 * t)) = pack2<Operand>(first, second);
       }
     }
   if (t == 0) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "common/attention_problem.hpp"
 #include "kernels/common/accumulator_layout.cuh"
@@ -48,6 +49,12 @@ struct Traits {
   // A variant of the plain one-CTA kernel of a head dim (family.hpp's
   // takes_cache_codes).
   static constexpr bool kCacheCodes = kCacheCodes_;
+  // The 16-bit type the tensor cores multiply (Q, K, P, V in shared
+  // memory): Element, or f16 for an e4m3 cache, whose codes widen to f16 in
+  // one instruction a pair (to bf16 in four: a bf16 call's decode ran 1.04
+  // ms against f16's 0.85 on the H200) and whose bf16 Q is turned to f16 at
+  // the tile's start (q_operand.cuh).
+  using Operand = std::conditional_t<kCacheCodes, __half, Element_>;
   static_assert(!kCacheCodes || (kOperands_ == Operands::input && !kDropout && !kMaskInS && kSplit_ == 1),
                 "an e4m3 cache: the plain one-CTA kernel's variant");
   static constexpr int kElementBytes = ElementTraits<Element>::kBytes;
@@ -83,10 +90,10 @@ struct Traits {
   // dependent chain): 40 registers let them run two chains, and the consumers
   // fit 232 (+5-8 % at D = 320/512/1024, A/B on the H200).
   static constexpr int kLaunchRegisters = 168;
-  // The code converters (kCacheCodes) hold a row table's eight entries and a
-  // chunk's 16 codes and 32 output bytes: the dropout warps' split.
-  static constexpr int kProducerRegisters = kDropoutWarps || kCacheCodes ? 40 : 24;
-  static constexpr int kConsumerRegisters = kDropoutWarps || kCacheCodes ? 232 : 240;
+  // The code converters (kCacheCodes) hold a row table's eight entries and
+  // chunks' codes and outputs, several in flight.
+  static constexpr int kProducerRegisters = kCacheCodes ? 56 : kDropoutWarps ? 40 : 24;
+  static constexpr int kConsumerRegisters = kCacheCodes ? 224 : kDropoutWarps ? 232 : 240;
   static_assert(128 * kProducerRegisters + 256 * kConsumerRegisters <= kThreads * kLaunchRegisters,
                 "setmaxnreg redistributes the launch's registers: more would never be granted");
   static constexpr int kStages = ring_stages(kSplit);
