@@ -42,6 +42,7 @@
 #include "kernels/sm90_wgmma/cta.cuh"
 #include "kernels/sm90_wgmma/producer.cuh"
 #include "kernels/sm90_wgmma/ptx.cuh"
+#include "kernels/sm90_wgmma/row_table.cuh"
 
 namespace ffpa::detail::sm90_wgmma {
 
@@ -105,18 +106,10 @@ struct CodeProducer {
     return static_cast<uint32_t>((batch * stride[0] + cta.tile()->kv_head * stride[1] + row * stride[2]) / 16);
   }
 
-  __device__ __forceinline__ uint32_t row_table(int kv) const {
-    return smem_address(cta.smem() + Traits::kRowTableOffset) + kv * 512 + (thread / 32) * 128;
-  }
-
-  // This thread's row into its warp's table: entry (r % 4) x 8 + r / 4 of
-  // row r, so that lane l finds its rows first + 4 i at entries 8 first + i.
-  __device__ __forceinline__ void publish_row(int kv, uint32_t units) const {
-    const int r = thread % 32;
-    __syncwarp();
-    st_shared_u32(row_table(kv) + 4 * ((r % 4) * 8 + r / 4), units);
-    __syncwarp();
-  }
+  // This warp's row table of K (kv 0) or V (1) (row_table.cuh): lane l
+  // finds its rows first_row() + 4 i at entries 8 first_row() + i.
+  __device__ __forceinline__ uint32_t row_table(int kv) const { return key_row_table(cta, thread, kv); }
+  __device__ __forceinline__ void publish_row(int kv, uint32_t units) const { publish_key_row(cta, thread, kv, units); }
 
   // Columns [16 col_units, + 16) of this lane's 8 rows (`table`) into their
   // places at `rows` (the box's row first of this warp's 32), `width` codes

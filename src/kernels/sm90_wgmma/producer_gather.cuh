@@ -38,6 +38,7 @@
 #include "kernels/sm90_wgmma/cta.cuh"
 #include "kernels/sm90_wgmma/producer.cuh"
 #include "kernels/sm90_wgmma/ptx.cuh"
+#include "kernels/sm90_wgmma/row_table.cuh"
 
 namespace ffpa::detail::sm90_wgmma {
 
@@ -86,22 +87,10 @@ struct GatherProducer {
                                  kElementBytes / 16);
   }
 
-  // This warp's row table of K (kv 0) or V (1), Traits::kRowTableOffset:
-  // entry (r % 4) * 8 + r / 4 holds the units of the warp's row r, so that
-  // lane l finds its eight rows l / 8 + 4 i at entries 8 (l / 8) + i, two
-  // 16-byte loads.
-  __device__ __forceinline__ uint32_t row_table(int kv) const {
-    return smem_address(cta.smem() + Traits::kRowTableOffset) + kv * 512 + (thread / 32) * 128;
-  }
-
-  // This thread's row of the block into its warp's table (the warp's copies
-  // of the previous block have read the old entries: __syncwarp).
-  __device__ __forceinline__ void publish_row(int kv, uint32_t units) const {
-    const int r = thread % 32;
-    __syncwarp();
-    st_shared_u32(row_table(kv) + 4 * ((r % 4) * 8 + r / 4), units);
-    __syncwarp();
-  }
+  // This warp's row table of K (kv 0) or V (1) (row_table.cuh): lane l
+  // finds its eight rows l / 8 + 4 i at entries 8 (l / 8) + i.
+  __device__ __forceinline__ uint32_t row_table(int kv) const { return key_row_table(cta, thread, kv); }
+  __device__ __forceinline__ void publish_row(int kv, uint32_t units) const { publish_key_row(cta, thread, kv, units); }
 
   // Columns [col, col + kBoxCols) of the 32 rows of this thread's warp (its
   // lanes' keys, their units in the warp's row table `table`; `width`
