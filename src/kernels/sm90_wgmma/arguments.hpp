@@ -64,14 +64,16 @@ ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& 
   // one ring stage per key half and consumer).
   const int head_rows = rows_per_head(Traits::kBlockM, tiles.heads_per_tile);
   ForwardLaunch launch;
-  // A paged cache: K and V gathered (their maps unused: boxes of 8 rows, any
-  // valid box), or in page-sized boxes (paged_box_rows).
-  // (An e4m3 cache's converters copy K and V themselves: producer_codes.cuh.)
-  const bool gather = gathers_pages(problem) || Traits::kCacheCodes;
-  const bool paged_tma = problem.sequences.paged() && !gather;
+  // A paged cache: K and V gathered, or in page-sized boxes
+  // (paged_box_rows). Where the producer copies K and V itself (the gather,
+  // an e4m3 cache's converters) their maps go unused: boxes of 8 rows, any
+  // valid box.
+  const bool gather = gathers_pages(problem);
+  const bool copied = gather || Traits::kCacheCodes;
+  const bool paged_tma = problem.sequences.paged() && !copied;
   const int page_rows = paged_tma ? paged_box_rows(problem.sequences.page_size, 64) : 0;
-  const int k_rows = gather ? 8 : paged_tma ? page_rows : Traits::kBlockN;
-  const int v_rows = gather ? 8 : paged_tma ? page_rows : 64;
+  const int k_rows = copied ? 8 : paged_tma ? page_rows : Traits::kBlockN;
+  const int v_rows = copied ? 8 : paged_tma ? page_rows : 64;
   const int box_rows[4] = {head_rows, k_rows, v_rows, head_rows};
   const int box_heads[4] = {tiles.heads_per_tile, 1, 1, tiles.heads_per_tile};
   for (int i = 0; i < 4; ++i) launch.box_rows[i] = box_rows[i], launch.box_heads[i] = box_heads[i];
@@ -90,7 +92,7 @@ ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& 
   args.partial_states = tiles.partial_states;
   args.split_slots = tiles.split_slots;
   args.page_box_rows = page_rows;
-  args.gather_pages = gather && !Traits::kCacheCodes;
+  args.gather_pages = gather;
   // A tile per KV split; a serving call: the bound on its tiles (its plan
   // says how many there are; CTAs past them return at once).
   launch.tile_count =

@@ -70,9 +70,10 @@ inline SequenceTiling sequence_tiling(const TileLaunch& tiles) {
 // (defined there, so that tuning it rebuilds no kernel).
 bool gathers_pages(int64_t page_size);
 
-// Whether the call's K and V come from a paged cache the producer gathers.
+// Whether the call's K and V come from a paged cache the producer gathers
+// (an e4m3 cache's converters copy every cache themselves: producer_codes.cuh).
 inline bool gathers_pages(const AttentionProblem& problem) {
-  return problem.sequences.paged() && gathers_pages(problem.sequences.page_size);
+  return problem.sequences.paged() && !problem.kv_e4m3 && gathers_pages(problem.sequences.page_size);
 }
 
 // Whether a gathered cache's rows (or an e4m3 cache's, which its converters

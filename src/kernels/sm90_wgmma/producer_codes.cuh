@@ -60,7 +60,6 @@ struct CodeProducer {
   // A pending position's part: K stage ks (0..kKStages-1), or V part
   // kVPart + 2 x key half + consumer.
   static constexpr int kVPart = 16;
-  static constexpr uint32_t kNoRow = 0xFFFFFFFFu;
 
   const Cta<Traits>& cta;
   const int thread;  // 0..127: key `thread` of every KV block
@@ -95,9 +94,9 @@ struct CodeProducer {
 
   // This thread's key row of block j in k or v (b, h, n strides: codes are
   // bytes) in 16-byte units from the tensor's base (gather_units_fit keeps
-  // them below 2^32 - 1), kNoRow past the sequence.
+  // them below 2^32 - 1), kNoKeyRow past the sequence.
   __device__ __forceinline__ uint32_t row_units(const int64_t (&stride)[3], int block_page, int j) const {
-    if (block_page < 0) return kNoRow;
+    if (block_page < 0) return kNoKeyRow;
     const SequenceLayout& s = cta.p.sequences;
     const int key = cta.block_key(j) + thread;
     const TileSequence* seq = cta.sequence();
@@ -122,10 +121,10 @@ struct CodeProducer {
     const uint32_t bytes = static_cast<uint32_t>(min(max(width - 16 * col_units, 0), 16));
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const bool none = units[i] == kNoRow;
+      const bool none = units[i] == kNoKeyRow;
       const uint32_t src = none ? static_cast<uint32_t>(col_units) : units[i] + static_cast<uint32_t>(col_units);
-      cp_async_16(rows + (first_row() + 4 * i) * kSwizzleRowBytes + segment_offset(i),
-                  static_cast<const char*>(tensor) + 16 * static_cast<uint64_t>(src), none ? 0u : bytes);
+      cp_async_16(chunk_address(rows, i), static_cast<const char*>(tensor) + 16 * static_cast<uint64_t>(src),
+                  none ? 0u : bytes);
     }
   }
 

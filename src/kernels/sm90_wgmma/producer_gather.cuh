@@ -78,10 +78,9 @@ struct GatherProducer {
   // This thread's key row of block j, on page `block_page`, in a k or v
   // tensor (b, h, n strides): its offset from the tensor's base in 16-byte
   // units (one word of the warp's row table: gather_units_fit keeps a
-  // gathered cache's rows below 2^32 - 1 units), kNoRow past the sequence.
-  static constexpr uint32_t kNoRow = 0xFFFFFFFFu;
+  // gathered cache's rows below 2^32 - 1 units), kNoKeyRow past the sequence.
   __device__ __forceinline__ uint32_t row_units(const int64_t (&stride)[3], int block_page, int j) const {
-    if (block_page < 0) return kNoRow;
+    if (block_page < 0) return kNoKeyRow;
     const int row = (cta.block_key(j) + thread) % static_cast<int>(cta.p.sequences.page_size);
     return static_cast<uint32_t>((block_page * stride[0] + cta.tile()->kv_head * stride[1] + row * stride[2]) *
                                  kElementBytes / 16);
@@ -116,7 +115,7 @@ struct GatherProducer {
         whole ? 16u : static_cast<uint32_t>(min(max((width - col) * kElementBytes - 16 * chunk, 0), 16));
 #pragma unroll
     for (int i = 0; i < kCopies; ++i) {
-      const bool none = rows[i] == kNoRow;
+      const bool none = rows[i] == kNoKeyRow;
       const uint32_t src_units = none ? col_units : rows[i] + col_units;  // < 2^32 - 1: gather_units_fit
       cp_async_16(((i % 2) ? dst ^ 64u : dst) + i * kRowsPerCopy * kSwizzleRowBytes,
                   static_cast<const char*>(tensor) + 16 * static_cast<uint64_t>(src_units), none ? 0u : chunk_bytes);

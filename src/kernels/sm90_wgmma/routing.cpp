@@ -95,7 +95,7 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
     *reason = "a logit softcap above D 512: the cluster kernels carry no softcap (sm80_split_d serves it)";
     return nullptr;
   }
-  if (gathers_pages(problem) && !problem.kv_e4m3) {
+  if (gathers_pages(problem)) {
     if (cluster_size(instance_width(problem)) > 1) {
       *reason = "a paged cache of page size " + std::to_string(problem.sequences.page_size) +
                 " above D 512: the cluster kernels do not gather pages (with the gather's code their dense D 1024"
@@ -194,7 +194,7 @@ Status run(const AttentionProblem& problem, int head_dim, const TileLaunch& tile
 
 std::string kernel_name(const AttentionProblem& problem, const Instance& instance) {
   const int ctas = cluster_size(instance.head_dim);
-  const bool gather = gathers_pages(problem) && !problem.kv_e4m3;
+  const bool gather = gathers_pages(problem);
   return std::string("sm90_wgmma<") + (problem.dtype == DType::bf16 ? "bf16" : "f16") + ",d" +
          std::to_string(instance.head_dim) + ",m64,n128,s" + std::to_string(ring_stages(ctas)) +
          (ctas == 1 ? "" : ",cluster" + std::to_string(ctas)) + (problem.kv_e4m3 ? ",e4m3-cache>"

@@ -14,6 +14,9 @@
 
 namespace ffpa::detail::sm90_wgmma {
 
+// An entry of a key past the sequence (its copies zero-fill).
+constexpr uint32_t kNoKeyRow = 0xFFFFFFFFu;
+
 // Thread `thread`'s warp's table of K (kv 0) or V (1).
 template <class Traits>
 __device__ __forceinline__ uint32_t key_row_table(const Cta<Traits>& cta, int thread, int kv) {
