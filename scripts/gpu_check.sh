@@ -264,7 +264,7 @@ stage_bench() {
 # the compass's serving rows (compass_serving.json: merge its rows into
 # docs/perf/compass.json by hand, keeping that file's top-level fields).
 SERVING_FILTER='*Serving*:*Sequence*:*Plan*:GpuNan*:*SplitKv*'
-SERVING_MEMCHECK_FILTER='GpuServingSmall.*:*/GpuServingSm90Gather.*:*/GpuServingSm90Codes.*'
+SERVING_MEMCHECK_FILTER='GpuServingSmall.*:*/GpuServingSm90Pages.*:*/GpuServingSm90Codes.*'
 stage_serving() {
   local start=$SECONDS
   if [ ! -x "$TESTS" ] || [ ! -f "$LIBRARY" ]; then record serving failed 0 "missing $TESTS or the library"; return; fi

@@ -219,6 +219,48 @@ TEST(Sm90Routing, ServesEveryPageSizeGatheringSmallOnes) {
   }
 }
 
+// The page-group variant (Traits::kPageGroups) takes a TMA-loaded paged
+// cache where the instance holds D and Dv exactly and K's and V's maps fold
+// the KV head alike: HND (into the pages) and NHD (into the chunks), not a
+// padded head stride, a gathered page size, D_qk != D_v, D below the
+// instance's, an e4m3 cache, or an instance without the variant. The
+// kernel's name says so.
+TEST(Sm90Routing, LoadsPagesInKeyGroupsWhereTheInstanceHoldsDExactly) {
+  namespace sm90 = ffpa::detail::sm90_wgmma;
+  for (int head_dim : {256, 512}) {
+    SCOPED_TRACE("D " + std::to_string(head_dim));
+    ASSERT_TRUE(sm90::takes_page_groups(head_dim));
+    const ffpa::detail::AttentionProblem hnd = sm90_paged_problem(head_dim, 16);
+    EXPECT_TRUE(sm90::loads_page_groups(hnd, head_dim));
+    ffpa::detail::AttentionProblem nhd = hnd;  // [num_blocks, page_size, Hkv, D]
+    for (int64_t* stride : {nhd.k_stride, nhd.v_stride}) {
+      stride[2] = nhd.heads_kv * head_dim, stride[1] = head_dim, stride[0] = 16 * nhd.heads_kv * head_dim;
+    }
+    EXPECT_TRUE(sm90::loads_page_groups(nhd, head_dim));
+    ffpa::detail::AttentionProblem padded = nhd;  // heads 2 D apart: neither fold holds
+    for (int64_t* stride : {padded.k_stride, padded.v_stride}) {
+      stride[2] = 2 * nhd.heads_kv * head_dim, stride[1] = 2 * head_dim, stride[0] = 32 * nhd.heads_kv * head_dim;
+    }
+    EXPECT_FALSE(sm90::loads_page_groups(padded, head_dim));
+    EXPECT_FALSE(sm90::loads_page_groups(sm90_paged_problem(head_dim, 8), head_dim));  // gathered
+    ffpa::detail::AttentionProblem narrow_value = hnd;
+    narrow_value.value_dim = head_dim - 64;
+    EXPECT_FALSE(sm90::loads_page_groups(narrow_value, head_dim));
+    EXPECT_FALSE(sm90::loads_page_groups(sm90_paged_problem(head_dim - 64, 16), head_dim));
+    ffpa::detail::AttentionProblem codes = hnd;
+    codes.kv_e4m3 = true;
+    EXPECT_FALSE(sm90::loads_page_groups(codes, head_dim));
+    EXPECT_FALSE(sm90::loads_page_groups(sm90_problem(head_dim), head_dim));  // dense
+    std::string reason;
+    if (const sm90::Instance* instance = sm90::route(hnd, &reason); instance && instance->head_dim == head_dim) {
+      EXPECT_NE(sm90::kernel_name(hnd, *instance).find(",page-groups>"), std::string::npos);
+      EXPECT_EQ(sm90::kernel_name(narrow_value, *instance).find("page-groups"), std::string::npos);
+    }
+  }
+  EXPECT_FALSE(sm90::takes_page_groups(128));
+  EXPECT_FALSE(sm90::loads_page_groups(sm90_paged_problem(128, 16), 128));
+}
+
 // The gather keeps a row's place in the cache in one 32-bit word of 16-byte
 // units (its row table): a gathered cache of 64 GiB or more is left to sm80_split_d,
 // with a reason; TMA boxes (page 64) address it as before.

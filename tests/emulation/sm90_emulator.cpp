@@ -58,7 +58,7 @@ struct PendingLoad {
   int rank;
   uint32_t dst;
   const CUtensorMap* map;
-  int coords[4];
+  int coords[5];
 };
 
 // cp.async: 16 bytes into a CTA's shared memory, the first src_bytes from src.
@@ -79,7 +79,7 @@ struct PendingAsyncStore {
 struct PendingStore {
   const CUtensorMap* map;
   uint32_t src;
-  int coords[4];
+  int coords[5];
 };
 
 struct WgmmaOp {
@@ -153,35 +153,37 @@ void land_copy(const AsyncCopy& copy) {
 
 // The box at `coords` between global memory and shared memory at `smem`.
 template <bool kLoad>
-void copy_box(const TensorMapInfo& m, unsigned char* shared, uint32_t smem, const int (&coords)[4]) {
+void copy_box(const TensorMapInfo& m, unsigned char* shared, uint32_t smem, const int (&coords)[5]) {
   const int eb = m.element_bytes;
   if (m.box[0] * eb != 128) fail("TMA boxes of 128-byte rows (the 128-byte swizzle)");
   if (smem % 1024 != 0) fail("a swizzled TMA box not 1024-byte aligned in shared memory");
   uint32_t row = 0;
-  for (int i3 = 0; i3 < m.box[3]; ++i3)
-    for (int i2 = 0; i2 < m.box[2]; ++i2)
-      for (int i1 = 0; i1 < m.box[1]; ++i1, ++row)
-        for (int i0 = 0; i0 < m.box[0]; ++i0) {
-          const int64_t c[4] = {int64_t{coords[0]} + i0, int64_t{coords[1]} + i1, int64_t{coords[2]} + i2,
-                                int64_t{coords[3]} + i3};
-          bool inside = true;
-          for (int k = 0; k < 4; ++k) inside = inside && c[k] >= 0 && c[k] < m.dims[k];
-          unsigned char* s = shared + swizzle(smem + row * 128 + static_cast<uint32_t>(i0 * eb));
-          const int64_t offset = c[0] * eb + c[1] * m.strides[0] + c[2] * m.strides[1] + c[3] * m.strides[2];
-          if (kLoad) {
-            if (inside) {
-              std::memcpy(s, m.base + offset, static_cast<size_t>(eb));
-            } else {
-              std::memset(s, 0, static_cast<size_t>(eb));
+  for (int i4 = 0; i4 < m.box[4]; ++i4)
+    for (int i3 = 0; i3 < m.box[3]; ++i3)
+      for (int i2 = 0; i2 < m.box[2]; ++i2)
+        for (int i1 = 0; i1 < m.box[1]; ++i1, ++row)
+          for (int i0 = 0; i0 < m.box[0]; ++i0) {
+            const int64_t c[5] = {int64_t{coords[0]} + i0, int64_t{coords[1]} + i1, int64_t{coords[2]} + i2,
+                                  int64_t{coords[3]} + i3, int64_t{coords[4]} + i4};
+            bool inside = true;
+            for (int k = 0; k < 5; ++k) inside = inside && c[k] >= 0 && c[k] < m.dims[k];
+            unsigned char* s = shared + swizzle(smem + row * 128 + static_cast<uint32_t>(i0 * eb));
+            const int64_t offset =
+                c[0] * eb + c[1] * m.strides[0] + c[2] * m.strides[1] + c[3] * m.strides[2] + c[4] * m.strides[3];
+            if (kLoad) {
+              if (inside) {
+                std::memcpy(s, m.base + offset, static_cast<size_t>(eb));
+              } else {
+                std::memset(s, 0, static_cast<size_t>(eb));
+              }
+            } else if (inside) {
+              std::memcpy(const_cast<unsigned char*>(m.base) + offset, s, static_cast<size_t>(eb));
             }
-          } else if (inside) {
-            std::memcpy(const_cast<unsigned char*>(m.base) + offset, s, static_cast<size_t>(eb));
           }
-        }
 }
 
 int64_t box_bytes(const TensorMapInfo& m) {
-  return int64_t{m.box[0]} * m.box[1] * m.box[2] * m.box[3] * m.element_bytes;
+  return int64_t{m.box[0]} * m.box[1] * m.box[2] * m.box[3] * m.box[4] * m.element_bytes;
 }
 
 void land(ClusterAddress bar, const PendingLoad& load) {
@@ -518,7 +520,11 @@ void cp_async_wait(int pending) {
 }
 
 void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3) {
-  PendingLoad load{cluster_rank(), dst, map, {c0, c1, c2, c3}};
+  tma_load_5d(dst, map, bar, c0, c1, c2, c3, 0);
+}
+
+void tma_load_5d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3, int c4) {
+  PendingLoad load{cluster_rank(), dst, map, {c0, c1, c2, c3, c4}};
   const ClusterAddress address = local(bar);
   note_progress();
   if (g_state->landing == TmaLanding::at_issue) {
@@ -531,7 +537,7 @@ void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int
 }
 
 void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
-  g_state->stores[current_thread()].push_back({map, src, {c0, c1, c2, c3}});
+  g_state->stores[current_thread()].push_back({map, src, {c0, c1, c2, c3, 0}});
   note_progress();
 }
 

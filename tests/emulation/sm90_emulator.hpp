@@ -28,15 +28,16 @@ namespace ffpa::emulation::sm90 {
 
 enum class TmaLanding { at_issue, at_wait };
 
-// A tensor map the emulated TMA reads: a 4-d tensor (dims[0] innermost,
-// contiguous; byte strides of dims 1..3), boxes of box[0..3] elements, the
-// 128-byte swizzle. Written into the CUtensorMap's 128 opaque bytes.
+// A tensor map the emulated TMA reads: a tensor of up to 5 dimensions
+// (dims[0] innermost, contiguous; byte strides of dims 1..4; a 4-d map has
+// dims[4] = box[4] = 1), boxes of box[0..4] elements, the 128-byte swizzle.
+// Written into the CUtensorMap's 128 opaque bytes.
 struct TensorMapInfo {
   const unsigned char* base = nullptr;
   int element_bytes = 2;
-  int64_t dims[4] = {};
-  int64_t strides[3] = {};  // bytes, dims 1..3
-  int box[4] = {};
+  int64_t dims[5] = {0, 0, 0, 0, 1};
+  int64_t strides[4] = {};  // bytes, dims 1..4
+  int box[5] = {0, 0, 0, 0, 1};
 };
 void encode_tensor_map(const TensorMapInfo& info, CUtensorMap* map);
 
@@ -72,6 +73,7 @@ void cp_async_arrive_noinc(uint32_t bar);
 void cp_async_commit();
 void cp_async_wait(int pending);
 void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3);
+void tma_load_5d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3, int c4);
 void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3);
 void tma_store_wait_read();
 

@@ -12,18 +12,22 @@
 
 namespace ffpa::testing {
 
-inline CUtensorMap emulated_map(const detail::sm90_wgmma::TensorMapShape& shape, int box_rows, int box_heads) {
+inline CUtensorMap emulated_map(const detail::sm90_wgmma::TensorMapSpec& spec) {
   emulation::sm90::TensorMapInfo info;
-  info.base = static_cast<const unsigned char*>(shape.base);
-  info.element_bytes = shape.element_bytes;
-  const int64_t dims[4] = {shape.head_dim, shape.seq, shape.heads, shape.batch};
-  for (int i = 0; i < 4; ++i) info.dims[i] = dims[i];
-  for (int i = 0; i < 3; ++i) info.strides[i] = shape.stride[2 - i] * shape.element_bytes;
-  const int box[4] = {128 / shape.element_bytes, box_rows, box_heads, 1};
-  for (int i = 0; i < 4; ++i) info.box[i] = box[i];
+  info.base = static_cast<const unsigned char*>(spec.base);
+  info.element_bytes = spec.element_bytes;
+  for (int i = 0; i < 5; ++i) {
+    info.dims[i] = i < spec.rank ? static_cast<int64_t>(spec.dims[i]) : 1;
+    info.box[i] = i < spec.rank ? static_cast<int>(spec.box[i]) : 1;
+  }
+  for (int i = 0; i < 4; ++i) info.strides[i] = i + 1 < spec.rank ? static_cast<int64_t>(spec.strides[i]) : 0;
   CUtensorMap map;
   emulation::sm90::encode_tensor_map(info, &map);
   return map;
+}
+
+inline CUtensorMap emulated_map(const detail::sm90_wgmma::TensorMapShape& shape, int box_rows, int box_heads) {
+  return emulated_map(detail::sm90_wgmma::tensor_map_spec(shape, box_rows, box_heads));
 }
 
 }  // namespace ffpa::testing

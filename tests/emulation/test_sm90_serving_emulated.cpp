@@ -58,9 +58,9 @@ void run_traits(detail::AttentionProblem problem, sm90::TileLaunch tiles, TmaLan
     tiles.partial_states = states.data();
   }
   const sm90::ForwardLaunch launch = sm90::forward_launch<Traits>(problem, tiles);
-  const std::array<sm90::TensorMapShape, 4> shapes = sm90::attention_tensor_shapes(problem);
+  const std::array<sm90::TensorMapSpec, 4> specs = sm90::forward_map_specs<Traits>(problem, launch);
   CUtensorMap maps[4];
-  for (int i = 0; i < 4; ++i) maps[i] = emulated_map(shapes[static_cast<size_t>(i)], launch.box_rows[i], launch.box_heads[i]);
+  for (int i = 0; i < 4; ++i) maps[i] = emulated_map(specs[static_cast<size_t>(i)]);
   unsigned char* const shared[2] = {emulated::cta_smem[0], emulated::cta_smem[1]};
   for (int64_t tile = 0; tile < launch.tile_count; ++tile)
     emulation::sm90::run_cluster({static_cast<unsigned>(tile * Traits::kSplit), 0, 0}, Traits::kSplit, Traits::kThreads,
@@ -174,8 +174,9 @@ TEST(EmulatedSm90Serving, PackedSequencesPartialRowBlocks) {
   expect_matches_oracle<256>(c);
 }
 
-// Pages TMA boxes (multiples of 16 rows), one and two KV heads, D_qk != D_v,
-// every cache layout.
+// Pages TMA boxes in key groups (Traits::kPageGroups; D = Dv = the instance's:
+// the KV head folded into the chunks (NHD, stacked) or the pages (HND), or
+// one KV head), and a box per chunk (D_qk != D_v), every cache layout.
 TEST(EmulatedSm90Serving, PagedCachesByTmaBoxes) {
   const int64_t pages[] = {16, 32, 64, 80, 128, 256, 16};
   const CacheLayout layouts[] = {CacheLayout::nhd,     CacheLayout::hnd, CacheLayout::stacked, CacheLayout::hnd,

@@ -9,7 +9,8 @@
 // Mixed batches (a prefill chunk beside decode rows: sm90_wgmma's two
 // passes), with the call's own plan and with a caller's (plan_sequences).
 // sm90_wgmma serves every page size (small ones gathered by its producer
-// warpgroup's cp.async): GpuServingSm90Gather asserts it does.
+// warpgroup's cp.async, multiples of 16 by TMA, in key groups where the
+// instance holds D exactly): GpuServingSm90Pages asserts it does.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -333,6 +334,50 @@ std::vector<ServingCase> gathered_page_cases() {
   return cases;
 }
 
+// Page sizes sm90_wgmma loads by TMA in key groups (the page-group variant of
+// instances 256 and 512: routing.cpp's loads_page_groups, asserted by the CPU
+// routing tests): D = Dv = 512 decode rows (GQA-packed, split by the plan on
+// long keys) and D = Dv = 256 prefill rows with a window, softcap and sinks,
+// pages of 16, 32, 64 and 128 in every cache layout (the KV head folded into
+// the pages or the chunks), and D 512 with Dv 448 beside them (a box per
+// chunk); the unused rows of each last page NaN.
+std::vector<ServingCase> page_group_cases() {
+  std::vector<ServingCase> cases;
+  uint64_t seed = 400;
+  for (int64_t page : {16, 32, 64, 128}) {
+    ServingCase decode;
+    decode.seed = seed++;
+    decode.dtype = page % 32 ? DType::bf16 : DType::f16;
+    decode.dim = decode.value_dim = 512;
+    decode.heads_q = 16, decode.heads_kv = 2;
+    decode.packed_q = false;
+    decode.keys = KeyForm::paged;
+    decode.page_size = page;
+    decode.cache = static_cast<CacheLayout>(seed % 3);
+    decode.causal = Causal::bottom_right;
+    decode.seq_q.assign(6, 1);
+    decode.seq_kv = {1, 700, 0, 3001, 129, 64};
+    cases.push_back(decode);
+    ServingCase prefill = decode;
+    prefill.seed = seed++;
+    prefill.dim = prefill.value_dim = 256;
+    prefill.heads_q = 4;
+    prefill.packed_q = true;
+    prefill.cache = static_cast<CacheLayout>((seed + 1) % 3);
+    prefill.seq_q = {150, 1, 67};
+    prefill.seq_kv = {400, 33, 67};
+    prefill.window_left = page == 32 ? 100 : -1;
+    prefill.softcap = page == 64 ? 30.0f : 0.0f;
+    prefill.sinks = page == 128;
+    cases.push_back(prefill);
+  }
+  ServingCase narrow_value = cases.front();
+  narrow_value.seed = seed++;
+  narrow_value.value_dim = 448;
+  cases.push_back(narrow_value);
+  return cases;
+}
+
 // NaN in the rows of each sequence's last page past its keys.
 void poison_unused_page_rows(const ServingInputs& in) {
   const ServingCase& c = in.c;
@@ -345,7 +390,7 @@ void poison_unused_page_rows(const ServingInputs& in) {
       }
 }
 
-class GpuServingSm90Gather : public ::testing::TestWithParam<ServingCase> {
+class GpuServingSm90Pages : public ::testing::TestWithParam<ServingCase> {
  protected:
   void SetUp() override {
     if (gpu_unavailable_reason()) GTEST_SKIP() << *gpu_unavailable_reason();
@@ -353,7 +398,7 @@ class GpuServingSm90Gather : public ::testing::TestWithParam<ServingCase> {
   }
 };
 
-TEST_P(GpuServingSm90Gather, ServesAndMatchesTheOracle) {
+TEST_P(GpuServingSm90Pages, ServesAndMatchesTheOracle) {
   const std::vector<int32_t> dims = library_info().sm90_wgmma_head_dims;
   const int64_t width = std::max(GetParam().dim, GetParam().value_dim);
   if (dims.empty() || dims.back() < width) GTEST_SKIP() << "no sm90_wgmma instance of this build holds D " << width;
@@ -361,11 +406,12 @@ TEST_P(GpuServingSm90Gather, ServesAndMatchesTheOracle) {
   EXPECT_TRUE(run_and_check(GetParam(), Impl::automatic, false, poison_unused_page_rows));
 }
 
-INSTANTIATE_TEST_SUITE_P(Pages, GpuServingSm90Gather, ::testing::ValuesIn(gathered_page_cases()),
-                         [](const ::testing::TestParamInfo<ServingCase>& info) {
-                           return "case" + std::to_string(info.index) + "_page" +
-                                  std::to_string(info.param.page_size) + "_d" + std::to_string(info.param.dim);
-                         });
+std::string page_case_name(const ::testing::TestParamInfo<ServingCase>& info) {
+  return "case" + std::to_string(info.index) + "_page" + std::to_string(info.param.page_size) + "_d" +
+         std::to_string(info.param.dim);
+}
+INSTANTIATE_TEST_SUITE_P(Gathered, GpuServingSm90Pages, ::testing::ValuesIn(gathered_page_cases()), page_case_name);
+INSTANTIATE_TEST_SUITE_P(Grouped, GpuServingSm90Pages, ::testing::ValuesIn(page_group_cases()), page_case_name);
 
 // An e4m3 cache (the engines' FP8 format), which sm90_wgmma's e4m3-cache
 // kernels (producer_codes.cuh) must serve: decode rows (GQA-packed, split on

@@ -12,6 +12,7 @@
 namespace ffpa::detail {
 
 constexpr int kSwizzleRowBytes = 128;
+constexpr int kSwizzleAtomBytes = 8 * kSwizzleRowBytes;  // the 8 rows the XOR pattern spans
 
 // Columns of one 128-byte swizzle row.
 template <int kElementBytes>

@@ -5,13 +5,16 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <optional>
 
 #include "common/attention_problem.hpp"
 #include "kernels/common/math_constants.hpp"
 #include "kernels/common/tile_schedule.hpp"
 #include "kernels/serving/plan.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
+#include "kernels/sm90_wgmma/tensor_map.hpp"
 #include "kernels/sm90_wgmma/traits.cuh"
 
 namespace ffpa::detail::sm90_wgmma {
@@ -27,20 +30,28 @@ struct InstanceTraits {
   static constexpr int kCtaDim = kHeadDim / kSplit;
   static constexpr int kQKChunks = kCtaDim / 64;
   static constexpr int kHalfCols = std::max(128, (kCtaDim + 127) / 128 * 64);
-  template <class Element, bool kDropout = false, bool kMaskInS = false, bool kCacheCodes = false>
-  using type = Traits<Element, kQKChunks, kHalfCols, kSplit, kDropout, kMaskInS, Operands::input, kCacheCodes>;
+  template <class Element, bool kDropout = false, bool kMaskInS = false, KvLoad kKvLoad = KvLoad::boxes>
+  using type = Traits<Element, kQKChunks, kHalfCols, kSplit, kDropout, kMaskInS, Operands::input, kKvLoad>;
 };
 
 // Calls f(static_cast<T*>(nullptr)) with T the 16-bit kernel's Traits that serve
 // the problem at instance kHeadDim: the e4m3-cache variant for such a cache
 // (where the instance has one: takes_cache_codes; routing sends no other
-// there), the dropout variant, the mask-in-S variant where starts_s_at_mask
-// says so, else the plain one.
+// there), the page-group variant where loads_page_groups says so, the dropout
+// variant, the mask-in-S variant where starts_s_at_mask says so, else the
+// plain one.
 template <int kHeadDim, class Element, class F>
 auto with_instance_traits(const AttentionProblem& problem, F&& f) {
   using Kernels = InstanceTraits<kHeadDim>;
   if constexpr (takes_cache_codes(kHeadDim)) {
-    if (problem.kv_e4m3) return f(static_cast<typename Kernels::template type<Element, false, false, true>*>(nullptr));
+    if (problem.kv_e4m3) {
+      return f(static_cast<typename Kernels::template type<Element, false, false, KvLoad::cache_codes>*>(nullptr));
+    }
+  }
+  if constexpr (takes_page_groups(kHeadDim)) {
+    if (loads_page_groups(problem, kHeadDim)) {
+      return f(static_cast<typename Kernels::template type<Element, false, false, KvLoad::page_groups>*>(nullptr));
+    }
   }
   if (problem.has_dropout()) return f(static_cast<typename Kernels::template type<Element, true>*>(nullptr));
   if (starts_s_at_mask(problem, kHeadDim)) {
@@ -93,6 +104,7 @@ ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& 
   args.split_slots = tiles.split_slots;
   args.page_box_rows = page_rows;
   args.gather_pages = gather;
+  if constexpr (Traits::kPageGroups) args.page_steps = page_group_steps(problem).value_or(PageMapSteps{});
   // A tile per KV split; a serving call: the bound on its tiles (its plan
   // says how many there are; CTAs past them return at once).
   launch.tile_count =
@@ -100,6 +112,21 @@ ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& 
           ? serving::max_tiles(problem, sequence_tiling(tiles), tiles.pass)
           : problem.batch * (problem.heads_q / tiles.heads_per_tile) * args.row_blocks * tiles.splits;  // < 2^30
   return launch;
+}
+
+// The four maps of a launch (q, k, v, o) as the encoder takes them (the
+// driver's in launch.cuh, the emulator's in tests/emulation).
+template <class Traits>
+std::array<TensorMapSpec, 4> forward_map_specs(const AttentionProblem& problem, const ForwardLaunch& launch) {
+  const std::array<TensorMapShape, 4> shapes = attention_tensor_shapes(problem);
+  std::array<TensorMapSpec, 4> specs;
+  for (int i = 0; i < 4; ++i) specs[i] = tensor_map_spec(shapes[i], launch.box_rows[i], launch.box_heads[i]);
+  if constexpr (Traits::kPageGroups) {
+    specs[1] = page_group_spec(shapes[1], launch.args.page_steps, 2, launch.args.page_box_rows);
+    specs[2] = page_group_spec(shapes[2], launch.args.page_steps, Traits::kHalfCols / Traits::kBoxCols,
+                               launch.args.page_box_rows);
+  }
+  return specs;
 }
 
 }  // namespace ffpa::detail::sm90_wgmma

@@ -108,6 +108,18 @@ constexpr int cluster_size(int head_dim) { return head_dim > 512 ? 2 : 1; }
 // build); a cache of another D <= 512 takes the next of them up.
 constexpr bool takes_cache_codes(int head_dim) { return head_dim == 256 || head_dim == 512; }
 
+// Whether the instance for head_dim carries the page-group variant
+// (Traits::kPageGroups: a paged cache's page-boxes one TMA load for all the
+// chunks of a stage): Gemma 4's head dims again, a kernel a dtype each.
+constexpr bool takes_page_groups(int head_dim) { return head_dim == 256 || head_dim == 512; }
+
+// Whether the call runs instance head_dim's page-group variant: a 16-bit
+// paged cache loaded by TMA (!gathers_pages), D = Dv = head_dim (the variant
+// loads exactly the instance's chunks: a folded head's next chunk is another
+// head's, not TMA's zero fill), and K's and V's maps fold the KV head alike
+// (tensor_map.hpp's page_group_steps). Defined in routing.cpp.
+bool loads_page_groups(const AttentionProblem& problem, int head_dim);
+
 // Whether a call without dropout runs the instance for head_dim that starts S
 // at the mask (Traits::kMaskInS): a mask read by key pairs, 1 / scale finite
 // and non-zero, and a mask whose rows differ, or any such mask in a cluster;

@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     } else if (paged && threadIdx.x < 32) {
       if constexpr (!Traits::kFp8) Producer<Traits, true>{cta, static_cast<int>(threadIdx.x)}.run(&q_map, &k_map, &v_map);
     } else if (!paged && threadIdx.x == 0) {
-      Producer<Traits, false>{cta, 0}.run(&q_map, &k_map, &v_map);
+      if constexpr (!Traits::kPageGroups) Producer<Traits, false>{cta, 0}.run(&q_map, &k_map, &v_map);
     }
     if constexpr (Traits::kDropoutWarps) {
       if (threadIdx.x >= 32) DropoutWarps<Traits>{cta}.run(threadIdx.x - 32);

@@ -49,9 +49,9 @@ Status launch(const AttentionProblem& problem, const TileLaunch& tiles, cudaStre
     return {StatusCode::impl_unavailable, "impl sm90_wgmma: this kernel variant does not take an e4m3 KV cache"};
   }
   CUtensorMap maps[4];
-  if (Status status = encode_tensor_maps(attention_tensor_shapes(problem), launch.box_rows, launch.box_heads, maps);
-      !status.ok()) {
-    return status;
+  const std::array<TensorMapSpec, 4> specs = forward_map_specs<Traits>(problem, launch);
+  for (int i = 0; i < 4; ++i) {
+    if (Status status = encode_tensor_map(specs[i], &maps[i]); !status.ok()) return status;
   }
   return launch_tiles<Traits>(launch.args, maps, launch.tile_count, stream);
 }

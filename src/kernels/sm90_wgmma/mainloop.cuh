@@ -98,7 +98,8 @@ __device__ __forceinline__ void Consumer<Traits>::compute_s(int j, float (&s)[64
       for (int kk = 0; kk < 4; ++kk) {  // k steps of 32 bytes of a 128-byte row
         const uint64_t a = smem_descriptor(cta.q_tiles() + (2 * ks + b) * kTileBytes + kk * 32, 16, 1024);
         const uint64_t k =
-            smem_descriptor(cta.ring() + stage * kStageBytes + b * Traits::kKBoxBytes + kk * 32, 16, 1024);
+            smem_descriptor(cta.ring() + stage * kStageBytes + b * Traits::kKChunkBytes + kk * 32, 16,
+                           Traits::kKGroupBytes);
         s_wgmma<Traits>(s, a, k, from_mask || (ks | b | kk) != 0);
       }
     wgmma_commit();
@@ -126,8 +127,8 @@ template <class Traits>
 __device__ __forceinline__ void Consumer<Traits>::clear_v_rows_past_sequence(int j, int key_half, int stage) const {
   const int rows = opaque(cta.sequence()->seq_kv) - cta.block_key(j) - 64 * key_half;
   if (rows >= 64) return;
-  clear_rows_from<64, kHalfCols / kBoxCols, kTileBytes>(Cta<Traits>::smem() + Traits::kRingOffset + stage * kStageBytes,
-                                                        rows < 0 ? 0 : rows, thread, 2 + w);
+  clear_rows_from<64, kHalfCols / kBoxCols, Traits::kVChunkBytes, Traits::kVGroupBytes>(
+      Cta<Traits>::smem() + Traits::kRingOffset + stage * kStageBytes, rows < 0 ? 0 : rows, thread, 2 + w);
 }
 
 // The owner has already rescaled O; the other consumer rescales by the owner's
@@ -178,7 +179,9 @@ __device__ __forceinline__ int Consumer<Traits>::issue_pv(int j, bool own) {
       for (int kk = 0; kk < 4; ++kk) {
         const uint64_t a =
             smem_descriptor(cta.p_tiles() + buffer * Traits::kPBytes + key_half * kTileBytes + kk * 32, 16, 1024);
-        const uint64_t v = smem_descriptor(cta.ring() + stage * kStageBytes + kk * 16 * 128, kTileBytes, 1024);
+        const uint64_t v =
+            smem_descriptor(cta.ring() + stage * kStageBytes + kk * 2 * Traits::kVGroupBytes, Traits::kVChunkBytes,
+                            Traits::kVGroupBytes);
         wgmma_ss<Operand, kHalfCols, true>(o_acc, a, v, 1);
       }
       wgmma_commit();

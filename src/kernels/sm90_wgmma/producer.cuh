@@ -6,7 +6,9 @@
 // Tile coordinates are read from shared memory where used: the producer runs
 // in 24 registers. kPaged: K and V from a paged cache, whose pages the whole
 // warp looks up and loads, lane c page-box c of a block (a separate instance:
-// the dense producer keeps its registers).
+// the dense producer keeps its registers), a box per chunk, or in the
+// page-group variant (Traits::kPageGroups) one box for all the chunks of a
+// stage.
 #pragma once
 
 #include <cuda.h>
@@ -32,6 +34,7 @@ __device__ __forceinline__ void load_q(const Cta<Traits>& cta, const CUtensorMap
 
 template <class Traits, bool kPaged>
 struct Producer {
+  static_assert(kPaged || !Traits::kPageGroups, "the page-group variant loads only paged caches");
   static constexpr int kStages = Traits::kStages, kKStages = Traits::kKStages, kBoxCols = Traits::kBoxCols;
   const Cta<Traits>& cta;
   // The lane of warp 0 this thread is: a dense call's producer is thread 0
@@ -94,6 +97,10 @@ struct Producer {
     KeyCoordinates at{0, 0};
     const int box_key = lane * cta.args.page_box_rows;  // this lane's page-box's first key in the block
     if (box_key < Traits::kBlockN) at = key_coordinates(cta.block_key(j) + box_key);
+    if constexpr (Traits::kPageGroups) {  // the grouped map's coordinates: the page's 8-row group, the (page, head) index
+      const PageMapSteps& steps = cta.args.page_steps;
+      at = {at.row / 8, at.batch * steps.page_step + cta.tile()->kv_head * steps.head_step};
+    }
     const int slot = j % 3;
     if (slot == 0) {
       page_box0 = at;
@@ -122,6 +129,21 @@ struct Producer {
     }
   }
 
+  // A paged cache in key groups (Traits::kPageGroups): rows [first, first +
+  // rows) of KV block j, `chunks` chunks from chunk `chunk`, into the stage at
+  // `dst` ([groups][chunks][8 rows][128 bytes]), lane c issuing page-box c as
+  // one load of all the chunks.
+  __device__ __forceinline__ void load_page_groups(uint32_t dst, const CUtensorMap* map, int chunk, int chunks, int j,
+                                                   int first, int rows) {
+    const int box_rows = cta.args.page_box_rows;
+    const int box = lane - first / box_rows;
+    if (box >= 0 && box * box_rows < rows) {
+      const KeyCoordinates at = page_box(j);  // look_up_pages made them the grouped map's
+      tma_load_5d(dst + box * box_rows * chunks * kSwizzleRowBytes, map, cta.full(position - 1), 0, 0,
+                  chunk + cta.tile()->kv_head * cta.args.page_steps.head_chunks, at.row, at.batch);
+    }
+  }
+
   __device__ __forceinline__ void load_k(const CUtensorMap* k_map, int j) {
     const TileCoordinates* tile = cta.tile();
 #pragma unroll
@@ -129,6 +151,11 @@ struct Producer {
       constexpr int kLast = Traits::kQKChunks - 2 * (kKStages - 1);
       const int boxes = ks + 1 < kKStages ? 2 : kLast;
       const int stage = acquire(boxes * Traits::kKBoxBytes);
+      if constexpr (Traits::kPageGroups) {  // kQKChunks even: boxes == 2
+        load_page_groups(cta.ring() + stage * Traits::kStageBytes, k_map, cta.qk_col0() / kBoxCols + 2 * ks, 2, j, 0,
+                         Traits::kBlockN);
+        continue;
+      }
       // At D = 1024 the columns of every box, hoisted out of the KV loop,
       // would not fit the producer's 24 registers.
       for (int b = 0; b < boxes; ++b) {
@@ -158,6 +185,12 @@ struct Producer {
       for (int key_half = 0; key_half < 2; ++key_half)
         for (int w = 0; w < 2; ++w) {
           const int stage = acquire(Traits::kVStageBytes);
+          if constexpr (Traits::kPageGroups) {
+            load_page_groups(cta.ring() + stage * Traits::kStageBytes, v_map,
+                             (cta.vo_col0() + w * Traits::kHalfCols) / kBoxCols, Traits::kHalfCols / kBoxCols, j,
+                             key_half * 64, 64);
+            continue;
+          }
           for (int box = 0; box < Traits::kHalfCols / kBoxCols; ++box) {
             const uint32_t dst = cta.ring() + stage * Traits::kStageBytes + box * Traits::kTileBytes;
             const int col = cta.vo_col0() + w * Traits::kHalfCols + box * kBoxCols;

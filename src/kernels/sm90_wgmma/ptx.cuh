@@ -194,6 +194,14 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
                                   map, coords, barrier_pointer(bar));
 }
 
+// The same for a 5-dimensional map (a paged cache in key groups).
+__device__ __forceinline__ void tma_load_5d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1,
+                                            int c2, int c3, int c4) {
+  const int32_t coords[5] = {c0, c1, c2, c3, c4};
+  cuda::ptx::cp_async_bulk_tensor(cuda::ptx::space_cluster, cuda::ptx::space_global, __cvta_shared_to_generic(dst),
+                                  map, coords, barrier_pointer(bar));
+}
+
 // Stores a shared-memory box; out-of-range elements are not written.
 __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1,
                                              int c2, int c3) {

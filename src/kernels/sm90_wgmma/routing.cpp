@@ -24,6 +24,12 @@ namespace ffpa::detail::sm90_wgmma {
 constexpr int64_t kTmaPageRows = 16;
 bool gathers_pages(int64_t page_size) { return page_size % kTmaPageRows != 0; }
 
+bool loads_page_groups(const AttentionProblem& problem, int head_dim) {
+  return takes_page_groups(head_dim) && problem.sequences.paged() && !problem.kv_e4m3 && !gathers_pages(problem) &&
+         !problem.has_dropout() && problem.head_dim == head_dim && problem.dv() == head_dim &&
+         page_group_steps(problem).has_value();
+}
+
 bool gather_units_fit(const AttentionProblem& problem) {
   // The last row's last unit, where a copy's row + column units end (the
   // instance's width: its boxes cover it); 0xFFFFFFFF marks "no row".
@@ -201,6 +207,7 @@ std::string kernel_name(const AttentionProblem& problem, const Instance& instanc
           : problem.has_dropout()                             ? ",dropout>"
           : starts_s_at_mask(problem, instance.head_dim) ? ",mask-in-s>"
           : gather                                       ? ",paged-gather>"
+          : loads_page_groups(problem, instance.head_dim) ? ",page-groups>"
                                                            : ">");
 }
 

@@ -65,34 +65,85 @@ bool tensor_map_addressable(const TensorMapShape& shape) {
   return true;
 }
 
-Status encode_tensor_map(const TensorMapShape& shape, int box_rows, int box_heads, CUtensorMap* map) {
+TensorMapSpec tensor_map_spec(const TensorMapShape& shape, int box_rows, int box_heads) {
+  TensorMapSpec spec;
+  spec.base = shape.base;
+  spec.dtype = shape.dtype;
+  spec.element_bytes = shape.element_bytes;
+  spec.rank = 4;
+  const int64_t dims[4] = {shape.head_dim, shape.seq, shape.heads, shape.batch};
+  for (int i = 0; i < 4; ++i) spec.dims[i] = static_cast<uint64_t>(dims[i]);
+  for (int i = 0; i < 3; ++i) spec.strides[i] = dimension_stride_bytes(dims[i + 1], shape.stride[2 - i], shape.element_bytes);
+  const int box[4] = {128 / shape.element_bytes, box_rows, box_heads, 1};
+  for (int i = 0; i < 4; ++i) spec.box[i] = static_cast<uint32_t>(box[i]);
+  return spec;
+}
+
+std::optional<PageMapSteps> page_map_steps(const TensorMapShape& shape) {
+  if (shape.heads == 1) return PageMapSteps{0, 1, 0};
+  if (shape.stride[0] == shape.heads * shape.stride[1]) return PageMapSteps{0, static_cast<int>(shape.heads), 1};
+  if (shape.stride[1] == shape.head_dim && shape.head_dim % 64 == 0) {
+    return PageMapSteps{static_cast<int>(shape.head_dim / 64), 1, 0};
+  }
+  return std::nullopt;
+}
+
+std::optional<PageMapSteps> page_group_steps(const AttentionProblem& problem) {
+  const std::array<TensorMapShape, 4> shapes = attention_tensor_shapes(problem);
+  const std::optional<PageMapSteps> k = page_map_steps(shapes[1]), v = page_map_steps(shapes[2]);
+  if (!k || !v || k->head_chunks != v->head_chunks || k->page_step != v->page_step || k->head_step != v->head_step) {
+    return std::nullopt;
+  }
+  return k;
+}
+
+TensorMapSpec page_group_spec(const TensorMapShape& shape, const PageMapSteps& steps, int box_chunks, int box_rows) {
+  TensorMapSpec spec;
+  spec.base = shape.base;
+  spec.dtype = shape.dtype;
+  spec.element_bytes = shape.element_bytes;
+  spec.rank = 5;
+  const int64_t chunk_cols = 128 / shape.element_bytes;
+  const int64_t chunks = (shape.head_dim + chunk_cols - 1) / chunk_cols * (steps.head_chunks > 0 ? shape.heads : 1);
+  const int64_t pages = shape.batch * (steps.head_step > 0 ? shape.heads : 1);
+  const int64_t dims[5] = {chunk_cols, 8, chunks, shape.seq / 8, pages};
+  const int64_t strides[4] = {shape.stride[2], chunk_cols, 8 * shape.stride[2],
+                              steps.head_step > 0 ? shape.stride[1] : shape.stride[0]};
+  for (int i = 0; i < 5; ++i) spec.dims[i] = static_cast<uint64_t>(dims[i]);
+  for (int i = 0; i < 4; ++i) spec.strides[i] = dimension_stride_bytes(dims[i + 1], strides[i], shape.element_bytes);
+  const int box[5] = {static_cast<int>(chunk_cols), 8, box_chunks, box_rows / 8, 1};
+  for (int i = 0; i < 5; ++i) spec.box[i] = static_cast<uint32_t>(box[i]);
+  return spec;
+}
+
+Status encode_tensor_map(const TensorMapSpec& spec, CUtensorMap* map) {
   const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
   if (encode == nullptr) {
     return {StatusCode::impl_unavailable,
             "impl sm90_wgmma: the CUDA driver has no cuTensorMapEncodeTiled"};
   }
-  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(shape.head_dim), static_cast<cuuint64_t>(shape.seq),
-                              static_cast<cuuint64_t>(shape.heads), static_cast<cuuint64_t>(shape.batch)};
-  const int bytes = shape.element_bytes;
-  const cuuint64_t strides[3] = {dimension_stride_bytes(shape.seq, shape.stride[2], bytes),
-                                 dimension_stride_bytes(shape.heads, shape.stride[1], bytes),
-                                 dimension_stride_bytes(shape.batch, shape.stride[0], bytes)};
-  const cuuint32_t box[4] = {static_cast<cuuint32_t>(128 / bytes), static_cast<cuuint32_t>(box_rows),
-                             static_cast<cuuint32_t>(box_heads), 1};
-  const cuuint32_t element_strides[4] = {1, 1, 1, 1};
-  const CUtensorMapDataType type = bytes == 1                 ? CU_TENSOR_MAP_DATA_TYPE_UINT8
-                                   : shape.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  cuuint64_t dims[5];
+  cuuint64_t strides[4];
+  cuuint32_t box[5];
+  const cuuint32_t element_strides[5] = {1, 1, 1, 1, 1};
+  for (int i = 0; i < 5; ++i) dims[i] = spec.dims[i], box[i] = spec.box[i];
+  for (int i = 0; i < 4; ++i) strides[i] = spec.strides[i];
+  const CUtensorMapDataType type = spec.element_bytes == 1      ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : spec.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                                               : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult result = encode(
-      map, type,
-      4, const_cast<void*>(shape.base), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      map, type, static_cast<cuuint32_t>(spec.rank), const_cast<void*>(spec.base), dims, strides, box,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (result != CUDA_SUCCESS) {
     return {StatusCode::cuda_error,
             "impl sm90_wgmma: cuTensorMapEncodeTiled failed with CUresult " + std::to_string(result)};
   }
   return {};
+}
+
+Status encode_tensor_map(const TensorMapShape& shape, int box_rows, int box_heads, CUtensorMap* map) {
+  return encode_tensor_map(tensor_map_spec(shape, box_rows, box_heads), map);
 }
 
 Status encode_tensor_maps(const std::array<TensorMapShape, 4>& shapes, const int (&box_rows)[4],

@@ -8,8 +8,10 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 
 #include "common/attention_problem.hpp"
+#include "kernels/sm90_wgmma/page_map_steps.hpp"
 #include "ffpa/ffpa.hpp"
 
 namespace ffpa::detail::sm90_wgmma {
@@ -22,6 +24,40 @@ struct TensorMapShape {
   int element_bytes = 2;  // 2: dtype; 1: 8-bit codes (UINT8 to TMA)
 };
 
+// A map as the encoder takes it: rank 4 or 5, dims[0] contiguous (boxes of
+// 128-byte rows, the 128-byte swizzle), byte strides of dims 1 .. rank - 1.
+struct TensorMapSpec {
+  const void* base = nullptr;
+  DType dtype = DType::bf16;
+  int element_bytes = 2;
+  int rank = 4;
+  uint64_t dims[5] = {1, 1, 1, 1, 1};
+  uint64_t strides[4] = {16, 16, 16, 16};
+  uint32_t box[5] = {1, 1, 1, 1, 1};
+};
+
+// The 4-d map of `shape` ([D][seq][heads][batch]) with boxes of
+// [box_heads][box_rows][128 bytes].
+TensorMapSpec tensor_map_spec(const TensorMapShape& shape, int box_rows, int box_heads);
+
+// A paged cache's K or V (shape: batch = pages, seq = a page's rows) in key
+// groups (Traits::kPageGroups): dims (64 columns, 8 rows of a group, 64-column
+// chunks of the head dim, a page's groups, pages), the KV head folded into
+// the chunks or the pages as `steps` says. A box of [box_rows / 8 groups]
+// [box_chunks][8 rows][128 bytes]: one TMA load brings a page's rows for
+// every chunk of a stage, where the 4-d map needs one per chunk.
+TensorMapSpec page_group_spec(const TensorMapShape& shape, const PageMapSteps& steps, int box_chunks, int box_rows);
+
+// How a grouped page map folds the KV head of `shape` into another
+// dimension: into the pages (their stride is Hkv x the head's: an HND cache)
+// or into the chunks (the head's stride is D: an NHD cache); nothing when
+// neither holds (the 4-d map's page boxes serve it then).
+std::optional<PageMapSteps> page_map_steps(const TensorMapShape& shape);
+
+// How a paged call's K and V maps fold the KV head, where both fold it alike
+// (the producer looks a page up once for the two); nothing otherwise.
+std::optional<PageMapSteps> page_group_steps(const AttentionProblem& problem);
+
 // The call's q, k, v and o, in that order.
 std::array<TensorMapShape, 4> attention_tensor_shapes(const AttentionProblem& problem);
 
@@ -29,6 +65,7 @@ std::array<TensorMapShape, 4> attention_tensor_shapes(const AttentionProblem& pr
 bool tensor_map_addressable(const TensorMapShape& shape);
 
 // Encodes the descriptor through the driver (looked up once per process).
+Status encode_tensor_map(const TensorMapSpec& spec, CUtensorMap* map);
 Status encode_tensor_map(const TensorMapShape& shape, int box_rows, int box_heads, CUtensorMap* map);
 
 // The four maps of a launch (q, k, v, o), box rows and heads for each.

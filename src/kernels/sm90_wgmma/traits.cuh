@@ -11,6 +11,7 @@
 #include "kernels/common/softmax_state.hpp"
 #include "kernels/common/swizzle.hpp"
 #include "kernels/common/tile_schedule.hpp"
+#include "kernels/sm90_wgmma/page_map_steps.hpp"
 #include "kernels/sm90_wgmma/ring.hpp"
 
 namespace ffpa::detail::sm90_wgmma {
@@ -22,8 +23,21 @@ namespace ffpa::detail::sm90_wgmma {
 // (masks, causal, dropout, the online softmax) are the same for all three.
 enum class Operands : int { input, e4m3, int8_qk };
 
+// How K and V reach the ring stages, a kernel variant each (the consumers'
+// descriptors and the producer's code differ; a run-time choice cost the
+// dense kernels 3-4 %, H200 2026-12-03):
+// - boxes: TMA boxes of 128-byte rows, a box per 64-column chunk (dense K and
+//   V, or a page's rows), or small pages gathered (kGathersPages);
+// - page_groups: a paged cache whose pages are multiples of 16 rows, one TMA
+//   load a page-box for all the chunks of a stage, the stage laid out in
+//   8-key groups of all its chunks (kPageGroups below; family.hpp's
+//   takes_page_groups);
+// - cache_codes: an e4m3 cache copied and widened by the producer warpgroup
+//   (kCacheCodes below; family.hpp's takes_cache_codes).
+enum class KvLoad : int { boxes, page_groups, cache_codes };
+
 template <typename Element_, int kQKChunks_, int kHalfCols_, int kSplit_, bool kDropout_ = false,
-          bool kMaskInS_ = false, Operands kOperands_ = Operands::input, bool kCacheCodes_ = false>
+          bool kMaskInS_ = false, Operands kOperands_ = Operands::input, KvLoad kKvLoad_ = KvLoad::boxes>
 struct Traits {
   using Element = Element_;  // q, k, v and o in memory (bf16 or fp16)
   static constexpr Operands kOperands = kOperands_;
@@ -48,15 +62,27 @@ struct Traits {
   // Element (producer_codes.cuh); the descales act on the scores and on O.
   // A variant of the plain one-CTA kernel of a head dim (family.hpp's
   // takes_cache_codes).
-  static constexpr bool kCacheCodes = kCacheCodes_;
+  static constexpr KvLoad kKvLoad = kKvLoad_;
+  static constexpr bool kCacheCodes = kKvLoad == KvLoad::cache_codes;
   // The 16-bit type the tensor cores multiply (Q, K, P, V in shared
   // memory): Element, or f16 for an e4m3 cache, whose codes widen to f16 in
   // one instruction a pair (to bf16 in four: a bf16 call's decode ran 1.04
   // ms against f16's 0.85 on the H200) and whose bf16 Q is turned to f16 at
   // the tile's start (q_operand.cuh).
   using Operand = std::conditional_t<kCacheCodes, __half, Element_>;
-  static_assert(!kCacheCodes || (kOperands_ == Operands::input && !kDropout && !kMaskInS && kSplit_ == 1),
-                "an e4m3 cache: the plain one-CTA kernel's variant");
+  static_assert(kKvLoad == KvLoad::boxes || (kOperands_ == Operands::input && !kDropout && !kMaskInS && kSplit_ == 1),
+                "an e4m3 cache or page groups: a variant of the plain one-CTA kernel");
+  // A paged cache in key groups: one TMA load brings a page-box's rows for
+  // every chunk of a stage (tensor_map.hpp's page_group_spec; boxes 2 or
+  // kHalfCols / 64 times larger than a chunk's, which TMA moves faster: page
+  // 16 decode 0.653 -> 0.60 ms on the H200, docs/kernels/serving.md), and the
+  // stages hold 8-key groups of all their chunks, a group after a group: K
+  // [16 groups][2 chunks][8 keys][128 bytes] (wgmma's 8-row groups 2 KB
+  // apart), V [8 groups][kHalfCols / 64 chunks][8 keys][128 bytes] (chunks
+  // 1 KB apart, 8-key groups kHalfCols x 16 bytes apart), not chunk after
+  // chunk. A K stage is two whole chunks (kQKChunks even).
+  static constexpr bool kPageGroups = kKvLoad == KvLoad::page_groups;
+  static_assert(!kPageGroups || kQKChunks_ % 2 == 0, "a K stage of two chunks");
   static constexpr int kElementBytes = ElementTraits<Element>::kBytes;
   static constexpr int kOperandBytes = kFp8 ? 1 : kElementBytes;   // of Q, K, P and V in shared memory
   static constexpr int kBoxCols = kSwizzleCols<kOperandBytes>;     // operand columns of a 128-byte swizzle row
@@ -116,7 +142,7 @@ struct Traits {
   // D = 1024 ran 4 % slower (A/B, H200, 2026-12-03; ptxas: the kernel's
   // spills 228/612 B with it, 28/44 B without); sm80_split_d serves their
   // gathered caches (routing.cpp).
-  static constexpr bool kGathersPages = !kFp8 && !kDropout && !kMaskInS && kSplit == 1 && !kCacheCodes;
+  static constexpr bool kGathersPages = !kFp8 && !kDropout && !kMaskInS && kSplit == 1 && kKvLoad == KvLoad::boxes;
   // How the softmax reads the user's mask (score_mask.cuh): column blocks of
   // loads in flight, and whether a key pair is one load. The most that do not
   // spill: the cluster kernels' consumers hold more, and either the pair path
@@ -131,6 +157,14 @@ struct Traits {
   // Q, then (after the last S) the O staging of the TMA stores.
   static constexpr int kQTiles = kQKChunks > kOutCols / kOutBoxCols ? kQKChunks : kOutCols / kOutBoxCols;
   static constexpr int kPBytes = (kBlockN / kBoxCols) * kTileBytes;  // one P buffer
+
+  // Where a stage's chunks and 8-key groups lie: [chunks][keys] (a chunk a
+  // box) or, kPageGroups, [groups][chunks] (wgmma's descriptors and the
+  // clearing of V rows past a sequence read them).
+  static constexpr int kKChunkBytes = kPageGroups ? kSwizzleAtomBytes : kKBoxBytes;
+  static constexpr int kKGroupBytes = kPageGroups ? 2 * kSwizzleAtomBytes : kSwizzleAtomBytes;
+  static constexpr int kVChunkBytes = kPageGroups ? kSwizzleAtomBytes : kTileBytes;
+  static constexpr int kVGroupBytes = kPageGroups ? kHalfCols / kBoxCols * kSwizzleAtomBytes : kSwizzleAtomBytes;
 
   static constexpr int kQOffset = 0;
   static constexpr int kPOffset = kQOffset + kQTiles * kTileBytes;                 // 2 buffers
@@ -222,6 +256,9 @@ struct Args {
   // maps' boxes: a load never crosses a page), at least 8: a KV block is at
   // most 16 of them.
   int page_box_rows = 0;
+  // Traits::kPageGroups: how K's and V's grouped maps fold the KV head (the
+  // same for both: the producer looks a page up once for the two).
+  PageMapSteps page_steps;
   // A paged cache gathered instead (gathers_pages, family.hpp): the producer
   // warpgroup copies K and V a key row a thread (producer_gather.cuh); only
   // with Traits::kGathersPages.

@@ -64,6 +64,9 @@ inline void prefetch_tensor_map(const CUtensorMap*) {}
 inline void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3) {
   emu::tma_load_4d(dst, map, bar, c0, c1, c2, c3);
 }
+inline void tma_load_5d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3, int c4) {
+  emu::tma_load_5d(dst, map, bar, c0, c1, c2, c3, c4);
+}
 inline void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
   emu::tma_store_4d(map, src, c0, c1, c2, c3);
 }
