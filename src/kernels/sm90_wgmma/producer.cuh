@@ -154,18 +154,18 @@ struct Producer {
       if constexpr (Traits::kPageGroups) {  // kQKChunks even: boxes == 2
         load_page_groups(cta.ring() + stage * Traits::kStageBytes, k_map, cta.qk_col0() / kBoxCols + 2 * ks, 2, j, 0,
                          Traits::kBlockN);
-        continue;
-      }
-      // At D = 1024 the columns of every box, hoisted out of the KV loop,
-      // would not fit the producer's 24 registers.
-      for (int b = 0; b < boxes; ++b) {
-        const int col = (Traits::kSplit == 2 ? opaque(cta.qk_col0()) : cta.qk_col0()) + (2 * ks + b) * kBoxCols;
-        const uint32_t dst = cta.ring() + stage * Traits::kStageBytes + b * Traits::kKBoxBytes;
-        if constexpr (kPaged) {
-          load_paged_rows(dst, k_map, col, j, 0, Traits::kBlockN);
-        } else {
-          const KeyCoordinates at = key_coordinates(cta.block_key(j));
-          tma_load_4d(dst, k_map, cta.full(position - 1), col, at.row, tile->kv_head, at.batch);
+      } else {
+        // At D = 1024 the columns of every box, hoisted out of the KV loop,
+        // would not fit the producer's 24 registers.
+        for (int b = 0; b < boxes; ++b) {
+          const int col = (Traits::kSplit == 2 ? opaque(cta.qk_col0()) : cta.qk_col0()) + (2 * ks + b) * kBoxCols;
+          const uint32_t dst = cta.ring() + stage * Traits::kStageBytes + b * Traits::kKBoxBytes;
+          if constexpr (kPaged) {
+            load_paged_rows(dst, k_map, col, j, 0, Traits::kBlockN);
+          } else {
+            const KeyCoordinates at = key_coordinates(cta.block_key(j));
+            tma_load_4d(dst, k_map, cta.full(position - 1), col, at.row, tile->kv_head, at.batch);
+          }
         }
       }
     }
@@ -189,16 +189,16 @@ struct Producer {
             load_page_groups(cta.ring() + stage * Traits::kStageBytes, v_map,
                              (cta.vo_col0() + w * Traits::kHalfCols) / kBoxCols, Traits::kHalfCols / kBoxCols, j,
                              key_half * 64, 64);
-            continue;
-          }
-          for (int box = 0; box < Traits::kHalfCols / kBoxCols; ++box) {
-            const uint32_t dst = cta.ring() + stage * Traits::kStageBytes + box * Traits::kTileBytes;
-            const int col = cta.vo_col0() + w * Traits::kHalfCols + box * kBoxCols;
-            if constexpr (kPaged) {
-              load_paged_rows(dst, v_map, col, j, key_half * 64, 64);
-            } else {
-              const KeyCoordinates at = key_coordinates(cta.block_key(j) + key_half * 64);
-              tma_load_4d(dst, v_map, cta.full(position - 1), col, at.row, tile->kv_head, at.batch);
+          } else {
+            for (int box = 0; box < Traits::kHalfCols / kBoxCols; ++box) {
+              const uint32_t dst = cta.ring() + stage * Traits::kStageBytes + box * Traits::kTileBytes;
+              const int col = cta.vo_col0() + w * Traits::kHalfCols + box * kBoxCols;
+              if constexpr (kPaged) {
+                load_paged_rows(dst, v_map, col, j, key_half * 64, 64);
+              } else {
+                const KeyCoordinates at = key_coordinates(cta.block_key(j) + key_half * 64);
+                tma_load_4d(dst, v_map, cta.full(position - 1), col, at.row, tile->kv_head, at.batch);
+              }
             }
           }
         }

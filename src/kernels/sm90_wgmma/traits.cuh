@@ -256,13 +256,13 @@ struct Args {
   // maps' boxes: a load never crosses a page), at least 8: a KV block is at
   // most 16 of them.
   int page_box_rows = 0;
-  // Traits::kPageGroups: how K's and V's grouped maps fold the KV head (the
-  // same for both: the producer looks a page up once for the two).
-  PageMapSteps page_steps;
   // A paged cache gathered instead (gathers_pages, family.hpp): the producer
   // warpgroup copies K and V a key row a thread (producer_gather.cuh); only
   // with Traits::kGathersPages.
   bool gather_pages = false;
+  // Traits::kPageGroups: how K's and V's grouped maps fold the KV head (the
+  // same for both: the producer looks a page up once for the two).
+  PageMapSteps page_steps;
 };
 
 }  // namespace ffpa::detail::sm90_wgmma
