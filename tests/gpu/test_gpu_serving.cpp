@@ -299,34 +299,41 @@ INSTANTIATE_TEST_SUITE_P(Small, GpuServing, ::testing::ValuesIn(serving_cases())
 // on long keys, D 512) and prefill rows, with
 // the unused rows of every sequence's last page NaN (the gather zero-fills
 // keys past Nkv).
+// Over pages of `page` keys: a decode batch at D = Dv = 512 (GQA-packed, split
+// by the plan on long keys) and a prefill batch at D 256 / Dv prefill_value_dim
+// (its cache the decode's layout), seeds from *seed.
+std::pair<ServingCase, ServingCase> paged_decode_and_prefill(int64_t page, uint64_t* seed,
+                                                             int64_t prefill_value_dim) {
+  ServingCase decode;
+  decode.seed = (*seed)++;
+  decode.dtype = page % 2 ? DType::bf16 : DType::f16;
+  decode.dim = decode.value_dim = 512;
+  decode.heads_q = 16, decode.heads_kv = 2;
+  decode.packed_q = false;
+  decode.keys = KeyForm::paged;
+  decode.page_size = page;
+  decode.cache = static_cast<CacheLayout>(*seed % 3);
+  decode.causal = Causal::bottom_right;
+  decode.seq_q.assign(6, 1);
+  decode.seq_kv = {1, 700, 0, 3001, 129, 64};
+  ServingCase prefill = decode;
+  prefill.seed = (*seed)++;
+  prefill.dim = 256, prefill.value_dim = prefill_value_dim;
+  prefill.heads_q = 4;
+  prefill.packed_q = true;
+  prefill.seq_q = {150, 1, 67};
+  prefill.seq_kv = {400, 33, 67};
+  return {decode, prefill};
+}
+
 std::vector<ServingCase> gathered_page_cases() {
   std::vector<ServingCase> cases;
-  const int64_t pages[] = {1, 3, 8, 16};
   uint64_t seed = 100;
-  for (int64_t page : pages) {
-    ServingCase decode;
-    decode.seed = seed++;
-    decode.dtype = page % 2 ? DType::bf16 : DType::f16;
-    decode.dim = decode.value_dim = 512;
-    decode.heads_q = 16, decode.heads_kv = 2;
-    decode.packed_q = false;
-    decode.keys = KeyForm::paged;
-    decode.page_size = page;
-    decode.cache = static_cast<CacheLayout>(seed % 3);
-    decode.causal = Causal::bottom_right;
-    decode.seq_q.assign(6, 1);
-    decode.seq_kv = {1, 700, 0, 3001, 129, 64};
-    cases.push_back(decode);
-    ServingCase prefill = decode;
-    prefill.seed = seed++;
-    prefill.dim = 256, prefill.value_dim = 192;
-    prefill.heads_q = 4;
-    prefill.packed_q = true;
-    prefill.seq_q = {150, 1, 67};
-    prefill.seq_kv = {400, 33, 67};
+  for (int64_t page : {1, 3, 8, 16}) {
+    auto [decode, prefill] = paged_decode_and_prefill(page, &seed, 192);
     prefill.softcap = page == 3 ? 30.0f : 0.0f;
-    prefill.sinks = page == 5;
     if (page == 16) prefill.window_left = 100;
+    cases.push_back(decode);
     cases.push_back(prefill);
   }
   // (Not above D 512, MLA's 576 / 512 included: the cluster kernels leave
@@ -336,39 +343,21 @@ std::vector<ServingCase> gathered_page_cases() {
 
 // Page sizes sm90_wgmma loads by TMA in key groups (the page-group variant of
 // instances 256 and 512: routing.cpp's loads_page_groups, asserted by the CPU
-// routing tests): D = Dv = 512 decode rows (GQA-packed, split by the plan on
-// long keys) and D = Dv = 256 prefill rows with a window, softcap and sinks,
-// pages of 16, 32, 64 and 128 in every cache layout (the KV head folded into
-// the pages or the chunks), and D 512 with Dv 448 beside them (a box per
-// chunk); the unused rows of each last page NaN.
+// routing tests): D = Dv = 512 decode rows and D = Dv = 256 prefill rows with
+// a window, softcap and sinks, pages of 16, 32, 64 and 128 in every cache
+// layout (the KV head folded into the pages or the chunks), and D 512 with
+// Dv 448 beside them (a box per chunk); the unused rows of each last page NaN.
 std::vector<ServingCase> page_group_cases() {
   std::vector<ServingCase> cases;
   uint64_t seed = 400;
   for (int64_t page : {16, 32, 64, 128}) {
-    ServingCase decode;
-    decode.seed = seed++;
+    auto [decode, prefill] = paged_decode_and_prefill(page, &seed, 256);
     decode.dtype = page % 32 ? DType::bf16 : DType::f16;
-    decode.dim = decode.value_dim = 512;
-    decode.heads_q = 16, decode.heads_kv = 2;
-    decode.packed_q = false;
-    decode.keys = KeyForm::paged;
-    decode.page_size = page;
-    decode.cache = static_cast<CacheLayout>(seed % 3);
-    decode.causal = Causal::bottom_right;
-    decode.seq_q.assign(6, 1);
-    decode.seq_kv = {1, 700, 0, 3001, 129, 64};
-    cases.push_back(decode);
-    ServingCase prefill = decode;
-    prefill.seed = seed++;
-    prefill.dim = prefill.value_dim = 256;
-    prefill.heads_q = 4;
-    prefill.packed_q = true;
     prefill.cache = static_cast<CacheLayout>((seed + 1) % 3);
-    prefill.seq_q = {150, 1, 67};
-    prefill.seq_kv = {400, 33, 67};
     prefill.window_left = page == 32 ? 100 : -1;
     prefill.softcap = page == 64 ? 30.0f : 0.0f;
     prefill.sinks = page == 128;
+    cases.push_back(decode);
     cases.push_back(prefill);
   }
   ServingCase narrow_value = cases.front();
