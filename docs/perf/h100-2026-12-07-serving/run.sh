@@ -4,9 +4,9 @@
 # 1, 64 and the mixed batch, each beside its dense reference) and memcheck of
 # the page-group cases, each under its own limit, outputs in $OUT. From the
 # repository root:
-#   bash docs/perf/h200-2026-12-07-serving/run.sh gpu_carry/NAME
+#   bash docs/perf/h100-2026-12-07-serving/run.sh gpu_carry/NAME
 set -uo pipefail
-B=${1:?build folder (scripts/pack_build.sh's NAME unpacked)}
+B=${1:?the unpacked build folder, scripts/pack_build.sh NAME}
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python:$PWD/bench FFPA_LIBRARY=$PWD/$B/libffpa.so
