@@ -90,6 +90,11 @@ struct WgmmaOp {
   bool accumulate;
   void* d[128] = {};
   int contributed = 0;
+  // RS: each thread's A registers, and their values at issue (a change
+  // before the wgmma retires is a kernel bug the real GPU would not report).
+  bool a_in_registers = false;
+  const uint32_t* a[128] = {};
+  uint32_t a_at_issue[128][4] = {};
 };
 
 struct Warpgroup {
@@ -283,6 +288,18 @@ Descriptor decode_descriptor(uint64_t desc) {
           static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4};
 }
 
+// A 16-bit element's value from its bits.
+float half_value(WgmmaKind kind, uint16_t bits) {
+  if (kind == WgmmaKind::bf16) {
+    __nv_bfloat16_raw raw;
+    raw.x = bits;
+    return __bfloat162float(__nv_bfloat16(raw));
+  }
+  __half_raw raw;
+  raw.x = bits;
+  return __half2float(__half(raw));
+}
+
 float element_value(WgmmaKind kind, uint32_t address) {
   const unsigned char* p = shared_memory_base() + swizzle(address);  // the issuing warpgroup's CTA
   switch (kind) {
@@ -312,7 +329,7 @@ float element_value(WgmmaKind kind, uint32_t address) {
 void execute(WgmmaOp& op) {
   const int element_bytes = op.kind == WgmmaKind::bf16 || op.kind == WgmmaKind::f16 ? 2 : 1;
   const int k_steps = 32 / element_bytes;  // 32 bytes of a 128-byte row per instruction
-  const Descriptor a = decode_descriptor(op.desc_a), b = decode_descriptor(op.desc_b);
+  const Descriptor a = op.a_in_registers ? Descriptor{} : decode_descriptor(op.desc_a), b = decode_descriptor(op.desc_b);
   // A [64][k] K-major: 8-row groups `stride` apart, rows of 128 bytes. M-major
   // ([k][m], 16-bit only): as an N-major B.
   auto a_address = [&](int m, int k) {
@@ -326,8 +343,22 @@ void execute(WgmmaOp& op) {
     return b.start + (n / 64) * b.leading + (k / 8) * b.stride + (k % 8) * 128 + (n % 64) * 2;
   };
   std::vector<float> av(static_cast<size_t>(64 * k_steps)), bv(static_cast<size_t>(k_steps * op.n));
-  for (int m = 0; m < 64; ++m)
-    for (int k = 0; k < k_steps; ++k) av[static_cast<size_t>(m * k_steps + k)] = element_value(op.kind, a_address(m, k));
+  if (op.a_in_registers) {
+    // Thread t = 32 w + l: register j holds row 16 w + l / 4 + 8 (j % 2),
+    // columns 8 (j / 2) + 2 (l % 4) + {0, 1} (the low half first).
+    for (int t = 0; t < 128; ++t) {
+      const int w = t / 32, l = t % 32;
+      for (int j = 0; j < 4; ++j) {
+        if (op.a[t][j] != op.a_at_issue[t][j]) fail("an RS wgmma's A registers changed before it retired");
+        const int row = 16 * w + l / 4 + 8 * (j % 2), col = 8 * (j / 2) + 2 * (l % 4);
+        av[static_cast<size_t>(row * k_steps + col)] = half_value(op.kind, static_cast<uint16_t>(op.a[t][j] & 0xFFFFu));
+        av[static_cast<size_t>(row * k_steps + col + 1)] = half_value(op.kind, static_cast<uint16_t>(op.a[t][j] >> 16));
+      }
+    }
+  } else {
+    for (int m = 0; m < 64; ++m)
+      for (int k = 0; k < k_steps; ++k) av[static_cast<size_t>(m * k_steps + k)] = element_value(op.kind, a_address(m, k));
+  }
   for (int k = 0; k < k_steps; ++k)
     for (int n = 0; n < op.n; ++n) bv[static_cast<size_t>(k * op.n + n)] = element_value(op.kind, b_address(k, n));
   for (int t = 0; t < 128; ++t) {
@@ -550,12 +581,35 @@ void wgmma(WgmmaKind kind, int n, bool transpose_b, uint64_t desc_a, uint64_t de
   const size_t k = static_cast<size_t>(group.issued[t]++);
   if (k == group.ops.size()) group.ops.push_back(WgmmaOp{kind, n, transpose_b, transpose_a, desc_a, desc_b, accumulate});
   WgmmaOp& op = group.ops[k];
-  if (op.kind != kind || op.n != n || op.transpose_b != transpose_b || op.transpose_a != transpose_a || op.desc_a != desc_a || op.desc_b != desc_b ||
+  if (op.a_in_registers || op.kind != kind || op.n != n || op.transpose_b != transpose_b ||
+      op.transpose_a != transpose_a || op.desc_a != desc_a || op.desc_b != desc_b || op.accumulate != accumulate) {
+    fail("the threads of a warpgroup issued different wgmmas");
+  }
+  if (op.d[t] != nullptr) fail("a wgmma issued twice by one thread");
+  op.d[t] = d;
+  ++op.contributed;
+  note_progress();
+}
+
+void wgmma_rs(WgmmaKind kind, int n, bool transpose_b, const uint32_t* a, uint64_t desc_b, bool accumulate, void* d) {
+  if (kind != WgmmaKind::bf16 && kind != WgmmaKind::f16) fail("an RS wgmma of 8-bit operands (not emulated)");
+  int t = 0;
+  Warpgroup& group = my_warpgroup(&t);
+  const size_t k = static_cast<size_t>(group.issued[t]++);
+  if (k == group.ops.size()) {
+    WgmmaOp op{kind, n, transpose_b, false, 0, desc_b, accumulate};
+    op.a_in_registers = true;
+    group.ops.push_back(op);
+  }
+  WgmmaOp& op = group.ops[k];
+  if (!op.a_in_registers || op.kind != kind || op.n != n || op.transpose_b != transpose_b || op.desc_b != desc_b ||
       op.accumulate != accumulate) {
     fail("the threads of a warpgroup issued different wgmmas");
   }
   if (op.d[t] != nullptr) fail("a wgmma issued twice by one thread");
   op.d[t] = d;
+  op.a[t] = a;
+  for (int j = 0; j < 4; ++j) op.a_at_issue[t][j] = a[j];
   ++op.contributed;
   note_progress();
 }

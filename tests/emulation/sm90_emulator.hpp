@@ -83,6 +83,11 @@ enum class WgmmaKind { bf16, f16, e4m3, s8 };
 // B N-major, A M-major (16-bit operands).
 void wgmma(WgmmaKind kind, int n, bool transpose_b, uint64_t desc_a, uint64_t desc_b, bool accumulate, void* d,
            bool transpose_a = false);
+// The same with A in registers (RS, 16-bit): `a` this thread's four A
+// registers (wgmma.cuh's fragment: warp w rows 16w + lane / 4 (+ 8), columns
+// 2 (lane % 4) (+ 8), two elements a register, the first in the low half),
+// read when the wgmma executes; a change to them before it retires fails.
+void wgmma_rs(WgmmaKind kind, int n, bool transpose_b, const uint32_t* a, uint64_t desc_b, bool accumulate, void* d);
 void wgmma_commit();
 void wgmma_wait(int pending);
 

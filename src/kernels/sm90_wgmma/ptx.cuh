@@ -236,6 +236,11 @@ __device__ __forceinline__ void fence_operands(float (&regs)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(regs[i])::"memory");
 }
+template <int N>
+__device__ __forceinline__ void fence_operands(uint32_t (&regs)[N]) {  // an RS wgmma's A fragment
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+r"(regs[i])::"memory");
+}
 
 // Shared-memory matrix descriptor, 128-byte swizzle (tiles 1024-byte aligned).
 // K-major operands: rows of 128 bytes, 8-row groups `stride_bytes` apart (the

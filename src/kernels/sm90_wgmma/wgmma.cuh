@@ -1,4 +1,5 @@
-// wgmma.mma_async with both operands in shared memory (SS):
+// wgmma.mma_async with both operands in shared memory (SS), or A in registers
+// (RS, wgmma_rs below):
 //   D[64 x N] (+)= A[64 x 16] B[16 x N], fp32 accumulators, bf16 or fp16 inputs.
 // A is K-major. B is K-major (kTransposeB = false: stored [n][k], as K is for
 // S = Q K^T) or N-major (kTransposeB = true: stored [k][n], as V is for O = P V).
@@ -126,6 +127,58 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[N / 2], uint64_t desc_a, uin
   }
 }
 
+// One RS wgmma: A from four registers of the calling thread (a_fragment.cuh
+// says which elements), B through its descriptor; operand numbers as for SS,
+// the four A registers in place of A's descriptor. PTX takes no transpose of a
+// register A.
+#define FFPA_WGMMA_RS(SHAPE, TYPE, REGS, A0, A1, A2, A3, B_INDEX, ACC_INDEX, TB_INDEX)                  \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" ACC_INDEX ", 0;\n"                                   \
+               "wgmma.mma_async.sync.aligned." SHAPE ".f32." TYPE "." TYPE "\n"                           \
+               "{" FFPA_WGMMA_REGS_##REGS "},\n{%" A0 ", %" A1 ", %" A2 ", %" A3 "}, %" B_INDEX          \
+               ", p, 1, 1, %" TB_INDEX ";\n}\n"                                                        \
+               : FFPA_WGMMA_BIND_##REGS("+f", d)                                                         \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(accumulate),              \
+                 "n"(kTransposeB ? 1 : 0))
+
+// D[64 x N] (+)= A[64 x 16] B[16 x N] with A in registers (RS): a k16 step of
+// P V where P stays in the registers its scores were computed in (FA3's
+// MmaPV_is_RS; a_fragment.cuh turns S's accumulators into A fragments). The
+// caller fences `a` (fence_operands) after writing it and keeps it unchanged
+// until the wgmma's group is waited for: the tensor cores read it
+// asynchronously.
+template <typename Element, int N, bool kTransposeB>
+__device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4], uint64_t desc_b,
+                                         int accumulate) {
+  static_assert(ElementTraits<Element>::kBytes == 2, "16-bit operands: bf16 or fp16");
+  constexpr bool kBf16 = ElementTraits<Element>::kIsBf16;
+  static_assert(N == 64 || N == 128 || N == 192 || N == 256, "instantiated shapes: N = 64, 128, 192, 256");
+  if constexpr (N == 64) {
+    if constexpr (kBf16) {
+      FFPA_WGMMA_RS("m64n64k16", "bf16", 32, "32", "33", "34", "35", "36", "37", "38");
+    } else {
+      FFPA_WGMMA_RS("m64n64k16", "f16", 32, "32", "33", "34", "35", "36", "37", "38");
+    }
+  } else if constexpr (N == 128) {
+    if constexpr (kBf16) {
+      FFPA_WGMMA_RS("m64n128k16", "bf16", 64, "64", "65", "66", "67", "68", "69", "70");
+    } else {
+      FFPA_WGMMA_RS("m64n128k16", "f16", 64, "64", "65", "66", "67", "68", "69", "70");
+    }
+  } else if constexpr (N == 192) {
+    if constexpr (kBf16) {
+      FFPA_WGMMA_RS("m64n192k16", "bf16", 96, "96", "97", "98", "99", "100", "101", "102");
+    } else {
+      FFPA_WGMMA_RS("m64n192k16", "f16", 96, "96", "97", "98", "99", "100", "101", "102");
+    }
+  } else {
+    if constexpr (kBf16) {
+      FFPA_WGMMA_RS("m64n256k16", "bf16", 128, "128", "129", "130", "131", "132", "133", "134");
+    } else {
+      FFPA_WGMMA_RS("m64n256k16", "f16", 128, "128", "129", "130", "131", "132", "133", "134");
+    }
+  }
+}
+
 // One SS 8-bit wgmma (k32, both operands K-major): TYPES "f32.e4m3.e4m3" or
 // "s32.s8.s8", SCALES the immediates after scale-d (", 1, 1" for imm-scale-a and
 // imm-scale-b of e4m3; "" for s8, which has none), CONSTRAINT the accumulator
@@ -166,6 +219,7 @@ __device__ __forceinline__ void wgmma_ss_s8(int32_t (&d)[N / 2], uint64_t desc_a
 }
 
 #undef FFPA_WGMMA_SS_K32
+#undef FFPA_WGMMA_RS
 #undef FFPA_WGMMA_SS
 #undef FFPA_WGMMA_REGS_32
 #undef FFPA_WGMMA_REGS_64

@@ -84,6 +84,8 @@ template <int N>
 inline void fence_operands(float (&)[N]) {}
 template <int N>
 inline void fence_operands(int32_t (&)[N]) {}
+template <int N>
+inline void fence_operands(uint32_t (&)[N]) {}
 
 inline uint64_t smem_descriptor(uint32_t address, uint32_t leading_bytes, uint32_t stride_bytes) {
   return static_cast<uint64_t>((address & 0x3FFFF) >> 4) | (static_cast<uint64_t>(leading_bytes >> 4) << 16) |
