@@ -16,7 +16,7 @@ namespace {
 
 using namespace p_in_registers;
 
-alignas(1024) unsigned char rs_smem[96 * 1024];
+alignas(1024) unsigned char rs_smem[128 * 1024];
 
 template <class Element, int kKeys, int kValueCols, bool kTransposeV>
 void expect_product(uint64_t seed) {
@@ -39,6 +39,11 @@ TEST(EmulatedSm90Wgmma, MultipliesPFromTheRegistersOfS) {
   expect_product<__half, 128, 256, true>(2);
   expect_product<__nv_bfloat16, 64, 64, false>(3);
   expect_product<__half, 64, 192, true>(4);
+  // The small-D plan's KV blocks and head dims (docs/kernels/sm90_small_d_plan.md).
+  expect_product<__nv_bfloat16, 80, 96, true>(5);
+  expect_product<__half, 112, 64, true>(6);
+  expect_product<__nv_bfloat16, 176, 128, true>(7);
+  expect_product<__half, 144, 256, true>(8);
 }
 
 }  // namespace

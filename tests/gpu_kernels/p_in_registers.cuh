@@ -8,7 +8,8 @@
 // Shared memory at `base` (1024-byte aligned, 128-byte swizzled rows, as TMA
 // writes them): Q [64][64], K [kKeys][64] (K-major: a row a key), then V as
 // [kKeys][kValueCols] in 64-column boxes of [kKeys][64] (N-major B:
-// kTransposeV), or V^T [kValueCols][kKeys] (K-major B, kKeys = 64). Thread t
+// kTransposeV; the last box part-filled where kValueCols is not a multiple of
+// 64), or V^T [kValueCols][kKeys] (K-major B, kKeys = 64). Thread t
 // of the warpgroup writes its accumulators of S and O into s_out [64][kKeys]
 // and o_out [64][kValueCols] (row-major floats).
 #pragma once
@@ -30,7 +31,7 @@ constexpr int kQBytes = kRows * 128;
 template <int kKeys>
 constexpr int kKBytes = kKeys * 128;
 template <int kKeys, int kValueCols, bool kTransposeV>
-constexpr int kVBytes = kTransposeV ? (kValueCols / 64) * kKeys * 128 : kValueCols * 128;
+constexpr int kVBytes = kTransposeV ? (kValueCols + 63) / 64 * kKeys * 128 : kValueCols * 128;
 
 // The byte offset of element (row, col) of V in its boxes.
 template <int kKeys, bool kTransposeV>

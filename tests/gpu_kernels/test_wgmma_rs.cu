@@ -77,6 +77,11 @@ TEST(WgmmaRs, MultipliesPFromTheRegistersOfS) {
   expect_product<__half, 128, 256, true>(2);
   expect_product<__nv_bfloat16, 64, 64, false>(3);
   expect_product<__half, 64, 192, true>(4);
+  // The small-D plan's KV blocks and head dims (docs/kernels/sm90_small_d_plan.md).
+  expect_product<__nv_bfloat16, 80, 96, true>(5);
+  expect_product<__half, 112, 64, true>(6);
+  expect_product<__nv_bfloat16, 176, 128, true>(7);
+  expect_product<__half, 144, 256, true>(8);
 }
 
 }  // namespace
