@@ -135,16 +135,7 @@ void rendezvous(Rendezvous& r, int count) {
 
 uint16_t half_word(uint32_t word, int which) { return static_cast<uint16_t>(which == 0 ? word & 0xFFFFu : word >> 16); }
 
-float to_float(uint16_t bits, Op op) {
-  if (op == Op::mma_bf16) {
-    __nv_bfloat16_raw raw;
-    raw.x = bits;
-    return __bfloat162float(__nv_bfloat16(raw));
-  }
-  __half_raw raw;
-  raw.x = bits;
-  return __half2float(__half(raw));
-}
+float to_float(uint16_t bits, Op op) { return half_bits_value(bits, op == Op::mma_bf16); }
 
 uint16_t load16(uint32_t address) {
   uint16_t v;
@@ -331,6 +322,17 @@ void run_cluster(Index3 first_block, int ranks, int cta_threads, unsigned char* 
   }
   if (cta.cluster_barrier.arrived != 0) fail("threads finished while others waited at the cluster barrier");
   g_cta = nullptr;
+}
+
+float half_bits_value(uint16_t bits, bool bf16) {
+  if (bf16) {
+    __nv_bfloat16_raw raw;
+    raw.x = bits;
+    return __bfloat162float(__nv_bfloat16(raw));
+  }
+  __half_raw raw;
+  raw.x = bits;
+  return __half2float(__half(raw));
 }
 
 int current_thread() { return g_cta != nullptr ? g_cta->current : -1; }

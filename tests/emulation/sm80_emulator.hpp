@@ -59,6 +59,10 @@ void cp_async_wait(int pending);
 // The running thread's index in its CTA (-1 outside run_cta).
 int current_thread();
 
+// A 16-bit element's value from its bits (bf16, or fp16): the mma.sync and
+// wgmma emulations' operand reads.
+float half_bits_value(uint16_t bits, bool bf16);
+
 // Spin-waits (the sm90 family's mbarrier try_wait loops): the thread yields
 // to the others. A round of the scheduler in which every live thread only
 // spun or waited, with no progress noted, is a deadlock, once the idle hook

@@ -288,30 +288,14 @@ Descriptor decode_descriptor(uint64_t desc) {
           static_cast<uint32_t>((desc >> 32) & 0x3FFF) << 4};
 }
 
-// A 16-bit element's value from its bits.
-float half_value(WgmmaKind kind, uint16_t bits) {
-  if (kind == WgmmaKind::bf16) {
-    __nv_bfloat16_raw raw;
-    raw.x = bits;
-    return __bfloat162float(__nv_bfloat16(raw));
-  }
-  __half_raw raw;
-  raw.x = bits;
-  return __half2float(__half(raw));
-}
-
 float element_value(WgmmaKind kind, uint32_t address) {
   const unsigned char* p = shared_memory_base() + swizzle(address);  // the issuing warpgroup's CTA
   switch (kind) {
-    case WgmmaKind::bf16: {
-      __nv_bfloat16_raw raw;
-      std::memcpy(&raw.x, p, 2);
-      return __bfloat162float(__nv_bfloat16(raw));
-    }
+    case WgmmaKind::bf16:
     case WgmmaKind::f16: {
-      __half_raw raw;
-      std::memcpy(&raw.x, p, 2);
-      return __half2float(__half(raw));
+      uint16_t bits;
+      std::memcpy(&bits, p, 2);
+      return half_bits_value(bits, kind == WgmmaKind::bf16);
     }
     case WgmmaKind::e4m3: {
       const unsigned v = *p;
@@ -351,8 +335,10 @@ void execute(WgmmaOp& op) {
       for (int j = 0; j < 4; ++j) {
         if (op.a[t][j] != op.a_at_issue[t][j]) fail("an RS wgmma's A registers changed before it retired");
         const int row = 16 * w + l / 4 + 8 * (j % 2), col = 8 * (j / 2) + 2 * (l % 4);
-        av[static_cast<size_t>(row * k_steps + col)] = half_value(op.kind, static_cast<uint16_t>(op.a[t][j] & 0xFFFFu));
-        av[static_cast<size_t>(row * k_steps + col + 1)] = half_value(op.kind, static_cast<uint16_t>(op.a[t][j] >> 16));
+        for (int e = 0; e < 2; ++e) {
+          const auto bits = static_cast<uint16_t>(e == 0 ? op.a[t][j] & 0xFFFFu : op.a[t][j] >> 16);
+          av[static_cast<size_t>(row * k_steps + col + e)] = half_bits_value(bits, op.kind == WgmmaKind::bf16);
+        }
       }
     }
   } else {

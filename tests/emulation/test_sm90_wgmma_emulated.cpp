@@ -18,32 +18,26 @@ using namespace p_in_registers;
 
 alignas(1024) unsigned char rs_smem[128 * 1024];
 
-template <class Element, int kKeys, int kValueCols, bool kTransposeV>
-void expect_product(uint64_t seed) {
-  SCOPED_TRACE("keys " + std::to_string(kKeys) + ", value columns " + std::to_string(kValueCols) +
-               (kTransposeV ? ", V N-major" : ", V^T K-major"));
-  const Case c = make_case<Element>(seed, kKeys, kValueCols);
-  const std::vector<unsigned char> image = shared_image<Element, kKeys, kValueCols, kTransposeV>(c);
-  ASSERT_LE(image.size(), sizeof rs_smem);
-  std::memcpy(rs_smem, image.data(), image.size());
-  std::vector<float> s(static_cast<size_t>(kRows * kKeys)), o(static_cast<size_t>(kRows * kValueCols));
-  emulation::sm90::run_cta({0, 0, 0}, 128, rs_smem, emulation::sm90::TmaLanding::at_issue, [&] {
-    p_in_registers_product<Element, kKeys, kValueCols, kTransposeV>(0, static_cast<int>(threadIdx.x), s.data(),
-                                                                     o.data());
-  });
-  EXPECT_TRUE(matches<Element>(c, s, o));
-}
+// One product of for_each_product, checked against the fp64 one.
+struct ExpectProduct {
+  template <class Element, int kKeys, int kValueCols, bool kTransposeV>
+  void run(uint64_t seed) const {
+    SCOPED_TRACE((product_name<kKeys, kValueCols, kTransposeV>()));
+    const Case c = make_case<Element>(seed, kKeys, kValueCols);
+    const std::vector<unsigned char> image = shared_image<Element, kKeys, kValueCols, kTransposeV>(c);
+    ASSERT_LE(image.size(), sizeof rs_smem);
+    std::memcpy(rs_smem, image.data(), image.size());
+    std::vector<float> s(static_cast<size_t>(kRows * kKeys)), o(static_cast<size_t>(kRows * kValueCols));
+    emulation::sm90::run_cta({0, 0, 0}, 128, rs_smem, emulation::sm90::TmaLanding::at_issue, [&] {
+      p_in_registers_product<Element, kKeys, kValueCols, kTransposeV>(0, static_cast<int>(threadIdx.x), s.data(),
+                                                                       o.data());
+    });
+    EXPECT_TRUE(matches<Element>(c, s, o));
+  }
+};
 
 TEST(EmulatedSm90Wgmma, MultipliesPFromTheRegistersOfS) {
-  expect_product<__nv_bfloat16, 64, 128, true>(1);
-  expect_product<__half, 128, 256, true>(2);
-  expect_product<__nv_bfloat16, 64, 64, false>(3);
-  expect_product<__half, 64, 192, true>(4);
-  // The small-D plan's KV blocks and head dims (docs/kernels/sm90_small_d_plan.md).
-  expect_product<__nv_bfloat16, 80, 96, true>(5);
-  expect_product<__half, 112, 64, true>(6);
-  expect_product<__nv_bfloat16, 176, 128, true>(7);
-  expect_product<__half, 144, 256, true>(8);
+  for_each_product(ExpectProduct{});
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpu_kernels/p_in_registers.cuh"
@@ -111,6 +112,30 @@ template <class Element>
       }
     }
   return ::testing::AssertionSuccess();
+}
+
+// What a product's failure message names.
+template <int kKeys, int kValueCols, bool kTransposeV>
+std::string product_name() {
+  return "keys " + std::to_string(kKeys) + ", value columns " + std::to_string(kValueCols) +
+         (kTransposeV ? ", V N-major" : ", V^T K-major");
+}
+
+// The products both tests run, the emulator's and the GPU's (so that the GPU
+// checks every shape the emulator's model was checked on): check.template
+// run<Element, kKeys, kValueCols, kTransposeV>(seed) for each. The first four
+// are the shapes the large-D kernels use, the rest the small-D plan's KV
+// blocks and head dims (docs/kernels/sm90_small_d_plan.md).
+template <class Check>
+void for_each_product(const Check& check) {
+  check.template run<__nv_bfloat16, 64, 128, true>(1);
+  check.template run<__half, 128, 256, true>(2);
+  check.template run<__nv_bfloat16, 64, 64, false>(3);
+  check.template run<__half, 64, 192, true>(4);
+  check.template run<__nv_bfloat16, 80, 96, true>(5);
+  check.template run<__half, 112, 64, true>(6);
+  check.template run<__nv_bfloat16, 176, 128, true>(7);
+  check.template run<__half, 144, 256, true>(8);
 }
 
 }  // namespace ffpa::testing::p_in_registers

@@ -43,45 +43,40 @@ bool sm90_device() {
          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major == 9;
 }
 
-template <class Element, int kKeys, int kValueCols, bool kTransposeV>
-void expect_product(uint64_t seed) {
-  SCOPED_TRACE("keys " + std::to_string(kKeys) + ", value columns " + std::to_string(kValueCols));
-  const Case c = make_case<Element>(seed, kKeys, kValueCols);
-  const std::vector<unsigned char> image = shared_image<Element, kKeys, kValueCols, kTransposeV>(c);
-  ASSERT_EQ(image.size() % 16, 0u);
-  void *image_d = nullptr, *s_d = nullptr, *o_d = nullptr;
-  const size_t s_bytes = sizeof(float) * kRows * kKeys, o_bytes = sizeof(float) * kRows * kValueCols;
-  RS_CHECK(cudaMalloc(&image_d, image.size()));
-  RS_CHECK(cudaMalloc(&s_d, s_bytes));
-  RS_CHECK(cudaMalloc(&o_d, o_bytes));
-  RS_CHECK(cudaMemcpy(image_d, image.data(), image.size(), cudaMemcpyHostToDevice));
-  const int shared_bytes = static_cast<int>(image.size()) + kAlign;
-  auto kernel = rs_kernel<Element, kKeys, kValueCols, kTransposeV>;
-  RS_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
-  kernel<<<1, 128, shared_bytes>>>(static_cast<const uint4*>(image_d), static_cast<int>(image.size() / 16),
-                                   static_cast<float*>(s_d), static_cast<float*>(o_d));
-  RS_CHECK(cudaGetLastError());
-  RS_CHECK(cudaDeviceSynchronize());
-  std::vector<float> s(static_cast<size_t>(kRows * kKeys)), o(static_cast<size_t>(kRows * kValueCols));
-  RS_CHECK(cudaMemcpy(s.data(), s_d, s_bytes, cudaMemcpyDeviceToHost));
-  RS_CHECK(cudaMemcpy(o.data(), o_d, o_bytes, cudaMemcpyDeviceToHost));
-  RS_CHECK(cudaFree(image_d));
-  RS_CHECK(cudaFree(s_d));
-  RS_CHECK(cudaFree(o_d));
-  EXPECT_TRUE(matches<Element>(c, s, o));
-}
+// One product of for_each_product, checked against the fp64 one.
+struct ExpectProduct {
+  template <class Element, int kKeys, int kValueCols, bool kTransposeV>
+  void run(uint64_t seed) const {
+    SCOPED_TRACE((product_name<kKeys, kValueCols, kTransposeV>()));
+    const Case c = make_case<Element>(seed, kKeys, kValueCols);
+    const std::vector<unsigned char> image = shared_image<Element, kKeys, kValueCols, kTransposeV>(c);
+    ASSERT_EQ(image.size() % 16, 0u);
+    void *image_d = nullptr, *s_d = nullptr, *o_d = nullptr;
+    const size_t s_bytes = sizeof(float) * kRows * kKeys, o_bytes = sizeof(float) * kRows * kValueCols;
+    RS_CHECK(cudaMalloc(&image_d, image.size()));
+    RS_CHECK(cudaMalloc(&s_d, s_bytes));
+    RS_CHECK(cudaMalloc(&o_d, o_bytes));
+    RS_CHECK(cudaMemcpy(image_d, image.data(), image.size(), cudaMemcpyHostToDevice));
+    const int shared_bytes = static_cast<int>(image.size()) + kAlign;
+    auto kernel = rs_kernel<Element, kKeys, kValueCols, kTransposeV>;
+    RS_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, shared_bytes));
+    kernel<<<1, 128, shared_bytes>>>(static_cast<const uint4*>(image_d), static_cast<int>(image.size() / 16),
+                                     static_cast<float*>(s_d), static_cast<float*>(o_d));
+    RS_CHECK(cudaGetLastError());
+    RS_CHECK(cudaDeviceSynchronize());
+    std::vector<float> s(static_cast<size_t>(kRows * kKeys)), o(static_cast<size_t>(kRows * kValueCols));
+    RS_CHECK(cudaMemcpy(s.data(), s_d, s_bytes, cudaMemcpyDeviceToHost));
+    RS_CHECK(cudaMemcpy(o.data(), o_d, o_bytes, cudaMemcpyDeviceToHost));
+    RS_CHECK(cudaFree(image_d));
+    RS_CHECK(cudaFree(s_d));
+    RS_CHECK(cudaFree(o_d));
+    EXPECT_TRUE(matches<Element>(c, s, o));
+  }
+};
 
 TEST(WgmmaRs, MultipliesPFromTheRegistersOfS) {
   if (!sm90_device()) GTEST_SKIP() << "no sm_90 device";
-  expect_product<__nv_bfloat16, 64, 128, true>(1);
-  expect_product<__half, 128, 256, true>(2);
-  expect_product<__nv_bfloat16, 64, 64, false>(3);
-  expect_product<__half, 64, 192, true>(4);
-  // The small-D plan's KV blocks and head dims (docs/kernels/sm90_small_d_plan.md).
-  expect_product<__nv_bfloat16, 80, 96, true>(5);
-  expect_product<__half, 112, 64, true>(6);
-  expect_product<__nv_bfloat16, 176, 128, true>(7);
-  expect_product<__half, 144, 256, true>(8);
+  for_each_product(ExpectProduct{});
 }
 
 }  // namespace

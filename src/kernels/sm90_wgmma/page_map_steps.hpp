@@ -10,6 +10,10 @@ struct PageMapSteps {
   int head_chunks = 0;  // chunk coordinate: chunk + head x head_chunks (an NHD cache: heads D apart)
   int page_step = 1;    // page coordinate: page x page_step + head x head_step (an HND cache:
   int head_step = 0;    //   (page, head) is one index, heads apart)
+
+  bool operator==(const PageMapSteps& other) const {
+    return head_chunks == other.head_chunks && page_step == other.page_step && head_step == other.head_step;
+  }
 };
 
 }  // namespace ffpa::detail::sm90_wgmma

@@ -111,36 +111,29 @@ struct Producer {
     }
   }
 
-  // A paged cache: rows [first, first + rows) of KV block j into `dst` (a box
-  // of 128-byte rows), lane c issuing the TMA load of page-box c with its own
-  // looked-up page: a block's page-boxes are issued at once, by as many lanes
-  // (one thread issuing them one by one, the pages passed by shuffles, cost
-  // ~180 ns a box on the H200: page size 16 ran at 0.37 of a batched cache's
-  // bandwidth, 2026-12-03). Lane 0 has announced the stage's bytes (the
+  // A paged cache: rows [first, first + rows) of KV block j into `dst`, lane
+  // c issuing the TMA load of page-box c with its own looked-up page: a
+  // block's page-boxes are issued at once, by as many lanes (one thread
+  // issuing them one by one, the pages passed by shuffles, cost ~180 ns a box
+  // on the H200: page size 16 ran at 0.37 of a batched cache's bandwidth,
+  // 2026-12-03). A box of 128-byte rows of the chunk at column `col`, or in
+  // the page-group variant `chunks` chunks from it in one load ([groups]
+  // [chunks][8 rows][128 bytes]; look_up_pages made the page-boxes the grouped
+  // map's coordinates). Lane 0 has announced the stage's bytes (the
   // mbarrier's transaction count may go below zero until it has).
   __device__ __forceinline__ void load_paged_rows(uint32_t dst, const CUtensorMap* map, int col, int j, int first,
-                                                  int rows) {
+                                                  int rows, int chunks = 1) {
     const int box_rows = cta.args.page_box_rows;
     const int box = lane - first / box_rows;  // this lane's page-box among the rows'
     if (box >= 0 && box * box_rows < rows) {
       const KeyCoordinates at = page_box(j);
-      tma_load_4d(dst + box * box_rows * kSwizzleRowBytes, map, cta.full(position - 1), col, at.row,
-                  cta.tile()->kv_head, at.batch);
-    }
-  }
-
-  // A paged cache in key groups (Traits::kPageGroups): rows [first, first +
-  // rows) of KV block j, `chunks` chunks from chunk `chunk`, into the stage at
-  // `dst` ([groups][chunks][8 rows][128 bytes]), lane c issuing page-box c as
-  // one load of all the chunks.
-  __device__ __forceinline__ void load_page_groups(uint32_t dst, const CUtensorMap* map, int chunk, int chunks, int j,
-                                                   int first, int rows) {
-    const int box_rows = cta.args.page_box_rows;
-    const int box = lane - first / box_rows;
-    if (box >= 0 && box * box_rows < rows) {
-      const KeyCoordinates at = page_box(j);  // look_up_pages made them the grouped map's
-      tma_load_5d(dst + box * box_rows * chunks * kSwizzleRowBytes, map, cta.full(position - 1), 0, 0,
-                  chunk + cta.tile()->kv_head * cta.args.page_steps.head_chunks, at.row, at.batch);
+      const uint32_t box_dst = dst + box * box_rows * chunks * kSwizzleRowBytes;
+      if constexpr (Traits::kPageGroups) {
+        tma_load_5d(box_dst, map, cta.full(position - 1), 0, 0,
+                    col / kBoxCols + cta.tile()->kv_head * cta.args.page_steps.head_chunks, at.row, at.batch);
+      } else {
+        tma_load_4d(box_dst, map, cta.full(position - 1), col, at.row, cta.tile()->kv_head, at.batch);
+      }
     }
   }
 
@@ -152,8 +145,8 @@ struct Producer {
       const int boxes = ks + 1 < kKStages ? 2 : kLast;
       const int stage = acquire(boxes * Traits::kKBoxBytes);
       if constexpr (Traits::kPageGroups) {  // kQKChunks even: boxes == 2
-        load_page_groups(cta.ring() + stage * Traits::kStageBytes, k_map, cta.qk_col0() / kBoxCols + 2 * ks, 2, j, 0,
-                         Traits::kBlockN);
+        load_paged_rows(cta.ring() + stage * Traits::kStageBytes, k_map, cta.qk_col0() + 2 * ks * kBoxCols, j, 0,
+                        Traits::kBlockN, 2);
       } else {
         // At D = 1024 the columns of every box, hoisted out of the KV loop,
         // would not fit the producer's 24 registers.
@@ -186,9 +179,8 @@ struct Producer {
         for (int w = 0; w < 2; ++w) {
           const int stage = acquire(Traits::kVStageBytes);
           if constexpr (Traits::kPageGroups) {
-            load_page_groups(cta.ring() + stage * Traits::kStageBytes, v_map,
-                             (cta.vo_col0() + w * Traits::kHalfCols) / kBoxCols, Traits::kHalfCols / kBoxCols, j,
-                             key_half * 64, 64);
+            load_paged_rows(cta.ring() + stage * Traits::kStageBytes, v_map, cta.vo_col0() + w * Traits::kHalfCols, j,
+                            key_half * 64, 64, Traits::kHalfCols / kBoxCols);
           } else {
             for (int box = 0; box < Traits::kHalfCols / kBoxCols; ++box) {
               const uint32_t dst = cta.ring() + stage * Traits::kStageBytes + box * Traits::kTileBytes;

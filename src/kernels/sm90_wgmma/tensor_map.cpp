@@ -3,6 +3,7 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled
 #include <cuda_runtime_api.h>
 
+#include <optional>
 #include <string>
 
 namespace ffpa::detail::sm90_wgmma {
@@ -12,6 +13,17 @@ namespace {
 // index (then it is used), else any valid value (it is multiplied by zero).
 uint64_t dimension_stride_bytes(int64_t extent, int64_t stride_elements, int element_bytes) {
   return extent > 1 ? static_cast<uint64_t>(stride_elements * element_bytes) : 16u;
+}
+
+// How a grouped page map folds the KV head of one paged tensor (K or V):
+// page_group_steps, for each of the two.
+std::optional<PageMapSteps> page_map_steps(const TensorMapShape& shape) {
+  if (shape.heads == 1) return PageMapSteps{0, 1, 0};
+  if (shape.stride[0] == shape.heads * shape.stride[1]) return PageMapSteps{0, static_cast<int>(shape.heads), 1};
+  if (shape.stride[1] == shape.head_dim && shape.head_dim % 64 == 0) {
+    return PageMapSteps{static_cast<int>(shape.head_dim / 64), 1, 0};
+  }
+  return std::nullopt;
 }
 
 // The driver's encoder, through the runtime's entry-point query (no libcuda
@@ -79,21 +91,10 @@ TensorMapSpec tensor_map_spec(const TensorMapShape& shape, int box_rows, int box
   return spec;
 }
 
-std::optional<PageMapSteps> page_map_steps(const TensorMapShape& shape) {
-  if (shape.heads == 1) return PageMapSteps{0, 1, 0};
-  if (shape.stride[0] == shape.heads * shape.stride[1]) return PageMapSteps{0, static_cast<int>(shape.heads), 1};
-  if (shape.stride[1] == shape.head_dim && shape.head_dim % 64 == 0) {
-    return PageMapSteps{static_cast<int>(shape.head_dim / 64), 1, 0};
-  }
-  return std::nullopt;
-}
-
 std::optional<PageMapSteps> page_group_steps(const AttentionProblem& problem) {
   const std::array<TensorMapShape, 4> shapes = attention_tensor_shapes(problem);
   const std::optional<PageMapSteps> k = page_map_steps(shapes[1]), v = page_map_steps(shapes[2]);
-  if (!k || !v || k->head_chunks != v->head_chunks || k->page_step != v->page_step || k->head_step != v->head_step) {
-    return std::nullopt;
-  }
+  if (!k || !v || !(*k == *v)) return std::nullopt;
   return k;
 }
 

@@ -48,14 +48,11 @@ TensorMapSpec tensor_map_spec(const TensorMapShape& shape, int box_rows, int box
 // every chunk of a stage, where the 4-d map needs one per chunk.
 TensorMapSpec page_group_spec(const TensorMapShape& shape, const PageMapSteps& steps, int box_chunks, int box_rows);
 
-// How a grouped page map folds the KV head of `shape` into another
-// dimension: into the pages (their stride is Hkv x the head's: an HND cache)
-// or into the chunks (the head's stride is D: an NHD cache); nothing when
-// neither holds (the 4-d map's page boxes serve it then).
-std::optional<PageMapSteps> page_map_steps(const TensorMapShape& shape);
-
-// How a paged call's K and V maps fold the KV head, where both fold it alike
-// (the producer looks a page up once for the two); nothing otherwise.
+// How a paged call's K and V maps fold the KV head into another dimension,
+// where both fold it alike (the producer looks a page up once for the two):
+// into the pages (their stride is Hkv x the head's: an HND cache) or into the
+// chunks (the head's stride is D: an NHD cache); nothing otherwise (the 4-d
+// map's page boxes serve it then).
 std::optional<PageMapSteps> page_group_steps(const AttentionProblem& problem);
 
 // The call's q, k, v and o, in that order.
