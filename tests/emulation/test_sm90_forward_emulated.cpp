@@ -155,6 +155,26 @@ TEST(EmulatedSm90Forward, UnequalValueHeadDims) {
   check<1024>("64/1000 dropout split-KV", shape_case(DType::bf16, 1, 2, 1, 2, 600, 64).with_dropout(0.1f), 1, 3, 1000);
 }
 
+// The row-split instances (D <= 128, row_split/): 128-row tiles, each
+// consumer warpgroup 64 rows with all of S and O, P from S's registers.
+TEST(EmulatedSm90Forward, RowSplitD128) {
+  check<128>("rows d128 odd", shape_case(DType::bf16, 2, 2, 1, 200, 333, 128));
+  check<128>("rows d128 causal top-left f16", shape_case(DType::f16, 1, 2, 2, 190, 260, 128).with_causal(Causal::top_left));
+  check<128>("rows d128 causal bottom-right", shape_case(DType::bf16, 1, 1, 1, 70, 300, 128).with_causal(Causal::bottom_right));
+  check<128>("rows d128 mask empty rows bnhd", shape_case(DType::bf16, 1, 2, 1, 129, 140, 128)
+                                                  .with_mask(DType::f32, MaskShape::batch_rows, true)
+                                                  .with_layout(Layout::bnhd));
+  check<128>("rows d96 bool keys", shape_case(DType::f16, 2, 1, 1, 64, 129, 96).with_mask(DType::boolean, MaskShape::keys, false));
+}
+
+TEST(EmulatedSm90Forward, RowSplitPackedSplitAndUnequalDims) {
+  check<128>("rows packed decode gqa8", shape_case(DType::bf16, 1, 16, 2, 1, 300, 128), 8);
+  check<128>("rows packed gqa2 split-KV", shape_case(DType::bf16, 1, 4, 2, 50, 700, 128), 2, 3);
+  check<128>("rows 128/64 causal", shape_case(DType::bf16, 1, 2, 1, 100, 150, 128).with_causal(Causal::top_left), 1, 1, 64);
+  check<128>("rows 64/128", shape_case(DType::f16, 1, 2, 2, 65, 100, 64), 1, 1, 128);
+  check_nans<128>("nan rows d128 causal", shape_case(DType::bf16, 1, 2, 2, 70, 200, 128).with_causal(Causal::top_left));
+}
+
 TEST(EmulatedSm90Forward, PackedDecodeAndSplitKv) {
   check<512>("d512 packed decode", shape_case(DType::bf16, 1, 8, 2, 1, 300, 512), 4);
   check<384>("d384 split-KV", shape_case(DType::bf16, 1, 2, 1, 3, 700, 384).with_causal(Causal::bottom_right), 1, 3);

@@ -14,6 +14,7 @@
 #include "kernels/common/tile_schedule.hpp"
 #include "kernels/serving/plan.hpp"
 #include "kernels/sm90_wgmma/family.hpp"
+#include "kernels/sm90_wgmma/row_split/traits.cuh"
 #include "kernels/sm90_wgmma/tensor_map.hpp"
 #include "kernels/sm90_wgmma/traits.cuh"
 
@@ -34,14 +35,9 @@ struct InstanceTraits {
   using type = Traits<Element, kQKChunks, kHalfCols, kSplit, kDropout, kMaskInS, Operands::input, kKvLoad>;
 };
 
-// Calls f(static_cast<T*>(nullptr)) with T the 16-bit kernel's Traits that serve
-// the problem at instance kHeadDim: the e4m3-cache variant for such a cache
-// (where the instance has one: takes_cache_codes; routing sends no other
-// there), the page-group variant where loads_page_groups says so, the dropout
-// variant, the mask-in-S variant where starts_s_at_mask says so, else the
-// plain one.
+// with_instance_traits for a column-split instance.
 template <int kHeadDim, class Element, class F>
-auto with_instance_traits(const AttentionProblem& problem, F&& f) {
+auto with_column_split_traits(const AttentionProblem& problem, F&& f) {
   using Kernels = InstanceTraits<kHeadDim>;
   if constexpr (takes_cache_codes(kHeadDim)) {
     if (problem.kv_e4m3) {
@@ -60,6 +56,23 @@ auto with_instance_traits(const AttentionProblem& problem, F&& f) {
   return f(static_cast<typename Kernels::template type<Element, false>*>(nullptr));
 }
 
+// Calls f(static_cast<T*>(nullptr)) with T the 16-bit kernel's Traits that serve
+// the problem at instance kHeadDim: a row-split instance's one kernel
+// (splits_rows; routing sends it only what row_split_serves), or the
+// e4m3-cache variant for such a cache
+// (where the instance has one: takes_cache_codes; routing sends no other
+// there), the page-group variant where loads_page_groups says so, the dropout
+// variant, the mask-in-S variant where starts_s_at_mask says so, else the
+// plain one.
+template <int kHeadDim, class Element, class F>
+auto with_instance_traits(const AttentionProblem& problem, F&& f) {
+  if constexpr (splits_rows(kHeadDim)) {
+    return f(static_cast<RowSplitTraits<Element, kHeadDim>*>(nullptr));
+  } else {
+    return with_column_split_traits<kHeadDim, Element>(problem, f);
+  }
+}
+
 struct ForwardLaunch {
   Args args{};
   int box_rows[4] = {};   // q, k, v, o
@@ -69,11 +82,13 @@ struct ForwardLaunch {
 
 template <class Traits>
 ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& tiles) {
-  // Q and O in boxes of a tile's 64 rows (64 / heads_per_tile rows of each of
-  // its heads: TMA fills the box row by row, head after head, the order of
-  // TileCoordinates::row_head), K of 128 (a KV block), V of 64 (half a block:
-  // one ring stage per key half and consumer).
+  // Q and O in boxes of 64 rows (a column-split tile, a row-split
+  // consumer's part): of one head, or of each of 64 / head_rows heads (TMA
+  // fills the box row by row, head after head, the order of
+  // TileCoordinates::row_head), K of a KV block, V of a block (row split)
+  // or half one (one ring stage per key half and consumer).
   const int head_rows = rows_per_head(Traits::kBlockM, tiles.heads_per_tile);
+  const int part_rows = std::min(head_rows, 64);
   ForwardLaunch launch;
   // A paged cache: K and V gathered, or in page-sized boxes
   // (paged_box_rows). Where the producer copies K and V itself (the gather,
@@ -84,9 +99,9 @@ ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& 
   const bool paged_tma = problem.sequences.paged() && !copied;
   const int page_rows = paged_tma ? paged_box_rows(problem.sequences.page_size, 64) : 0;
   const int k_rows = copied ? 8 : paged_tma ? page_rows : Traits::kBlockN;
-  const int v_rows = copied ? 8 : paged_tma ? page_rows : 64;
-  const int box_rows[4] = {head_rows, k_rows, v_rows, head_rows};
-  const int box_heads[4] = {tiles.heads_per_tile, 1, 1, tiles.heads_per_tile};
+  const int v_rows = copied ? 8 : paged_tma ? page_rows : Traits::kVBoxRows;
+  const int box_rows[4] = {part_rows, k_rows, v_rows, part_rows};
+  const int box_heads[4] = {64 / part_rows, 1, 1, 64 / part_rows};
   for (int i = 0; i < 4; ++i) launch.box_rows[i] = box_rows[i], launch.box_heads[i] = box_heads[i];
   Args& args = launch.args;
   args.p = problem;

@@ -135,7 +135,7 @@ struct Cta {
       // (The e4m3 cache's converters arrive so too, once they have widened it.)
       const uint32_t full_arrivals = (Traits::kGathersPages && args.gather_pages) || Traits::kCacheCodes ? 128 : 1;
       for (int f = 0; f < kFull; ++f) mbarrier_init(full(f), full_arrivals);
-      for (int s = 0; s < kStages; ++s) mbarrier_init(empty(s), 4);  // a warp of the consumer each
+      for (int s = 0; s < kStages; ++s) mbarrier_init(empty(s), Traits::kEmptyArrivals);  // a consumer warp each
       for (int b = 0; b < 2; ++b) {
         mbarrier_init(p_full(b), 128);  // every thread of the owner writes part of P
         mbarrier_init(p_empty(b), 4);   // the other consumer's warps have read P

@@ -53,8 +53,23 @@ Status instance_runnable(DType dtype, int device);
 
 // The tile of every instance, for host code (which cannot include traits.cuh;
 // launch.cuh asserts that Traits agrees): query rows, and keys of a KV block.
+// The rows are a column-split instance's; a row-split one's are tile_rows.
 constexpr int kTileRows = 64;
 constexpr int kTileKeys = 128;
+
+// Whether the instance for head_dim splits the tile's rows between its
+// consumers (row_split/: each consumer warpgroup 64 rows with all of S and
+// O, P in registers; FA3's structure, docs/kernels/sm90_small_d_plan.md)
+// rather than O's columns (kernel.cuh): D <= 128 for now.
+constexpr bool splits_rows(int head_dim) { return head_dim <= 128; }
+// Query rows of the instance's tile: two consumers' 64 each, or one 64-row tile.
+constexpr int tile_rows(int head_dim) { return splits_rows(head_dim) ? 128 : kTileRows; }
+
+// Whether a row-split instance serves the call: dense inputs (no sequence
+// batch: its producer loads neither pages nor packed sequences), no dropout
+// (its consumers draw no keep bits); defined in routing.cpp. The calls it
+// does not serve go to the next instance up.
+bool row_split_serves(const AttentionProblem& problem);
 
 // A serving call's tiling by the kernel (its plan cuts the sequences so).
 inline SequenceTiling sequence_tiling(const TileLaunch& tiles) {

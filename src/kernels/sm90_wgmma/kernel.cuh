@@ -1,4 +1,7 @@
 // The sm90_wgmma attention forward kernel (sm_90a: TMA + wgmma, warp-specialized).
+// Two CTA layouts: instances up to D 128 split the tile's rows between the
+// consumers (row_split/, family.hpp's splits_rows); the others split O's
+// columns, as this comment describes.
 //
 // One CTA: 64 query rows of one (batch, head), all of O. Three warpgroups:
 //   - a producer (one thread issues TMA loads into a ring of shared-memory stages;
@@ -57,8 +60,9 @@
 #include "kernels/sm90_wgmma/mainloop.cuh"
 #include "kernels/sm90_wgmma/producer.cuh"
 #include "kernels/sm90_wgmma/producer_codes.cuh"
-#include "kernels/sm90_wgmma/q_operand.cuh"
 #include "kernels/sm90_wgmma/producer_gather.cuh"
+#include "kernels/sm90_wgmma/q_operand.cuh"
+#include "kernels/sm90_wgmma/row_split/kernel.cuh"
 #include "kernels/sm90_wgmma/softmax.cuh"
 #include "kernels/sm90_wgmma/traits.cuh"
 
@@ -152,19 +156,12 @@ __device__ __forceinline__ void run_consumer(Consumer<Traits>& consumer) {
   }
 }
 
+// The column-split CTA (the header's comment): one 64-row tile, O's columns
+// split between two consumers, D > 512 in a cluster of two.
 template <class Traits>
-__global__ void __launch_bounds__(Traits::kThreads, 1)
-    forward_kernel(const __grid_constant__ Args args, const __grid_constant__ CUtensorMap q_map,
-                   const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
-                   const __grid_constant__ CUtensorMap o_map) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  // The split-KV combine (a programmatic dependent) may take the SMs this
-  // grid's last CTAs leave idle and find its rows there.
-  launch_dependent_grid();
-  // A serving call's kernel is itself the programmatic dependent of the
-  // kernel before it (its plan, or whatever the caller ran): every global
-  // read, the plan's and the inputs', follows this wait.
-  wait_prerequisite_grid();
+__device__ __forceinline__ void run_column_split_cta(const Args& args, const CUtensorMap* q_map,
+                                                     const CUtensorMap* k_map, const CUtensorMap* v_map,
+                                                     const CUtensorMap* o_map) {
   const Cta<Traits> cta(args);
   cta.setup();
   if (cta.idle()) return;  // the whole cluster: its CTAs share the tile index
@@ -179,13 +176,13 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
     const bool paged = !Traits::kFp8 && args.p.sequences.paged() && !gather;
     if constexpr (Traits::kCacheCodes) {
       // An e4m3 cache, dense or paged: the whole warpgroup copies and widens it.
-      CodeProducer<Traits>{cta, static_cast<int>(threadIdx.x)}.run(&q_map);
+      CodeProducer<Traits>{cta, static_cast<int>(threadIdx.x)}.run(q_map);
     } else if (gather) {
-      if constexpr (Traits::kGathersPages) GatherProducer<Traits>{cta, static_cast<int>(threadIdx.x)}.run(&q_map);
+      if constexpr (Traits::kGathersPages) GatherProducer<Traits>{cta, static_cast<int>(threadIdx.x)}.run(q_map);
     } else if (paged && threadIdx.x < 32) {
-      if constexpr (!Traits::kFp8) Producer<Traits, true>{cta, static_cast<int>(threadIdx.x)}.run(&q_map, &k_map, &v_map);
+      if constexpr (!Traits::kFp8) Producer<Traits, true>{cta, static_cast<int>(threadIdx.x)}.run(q_map, k_map, v_map);
     } else if (!paged && threadIdx.x == 0) {
-      if constexpr (!Traits::kPageGroups) Producer<Traits, false>{cta, 0}.run(&q_map, &k_map, &v_map);
+      if constexpr (!Traits::kPageGroups) Producer<Traits, false>{cta, 0}.run(q_map, k_map, v_map);
     }
     if constexpr (Traits::kDropoutWarps) {
       if (threadIdx.x >= 32) DropoutWarps<Traits>{cta}.run(threadIdx.x - 32);
@@ -204,9 +201,29 @@ __global__ void __launch_bounds__(Traits::kThreads, 1)
   if (cta.writes_partials()) {
     consumer.store_partial();
   } else {
-    consumer.store_output(&o_map);
+    consumer.store_output(o_map);
   }
   if constexpr (Traits::kSplit == 2) cluster_sync();  // the peer may still arrive on our barriers
+}
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+    forward_kernel(const __grid_constant__ Args args, const __grid_constant__ CUtensorMap q_map,
+                   const __grid_constant__ CUtensorMap k_map, const __grid_constant__ CUtensorMap v_map,
+                   const __grid_constant__ CUtensorMap o_map) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // The split-KV combine (a programmatic dependent) may take the SMs this
+  // grid's last CTAs leave idle and find its rows there.
+  launch_dependent_grid();
+  // A serving call's kernel is itself the programmatic dependent of the
+  // kernel before it (its plan, or whatever the caller ran): every global
+  // read, the plan's and the inputs', follows this wait.
+  wait_prerequisite_grid();
+  if constexpr (Traits::kRowSplit) {
+    run_row_split_cta<Traits>(args, &q_map, &k_map, &v_map, &o_map);
+  } else {
+    run_column_split_cta<Traits>(args, &q_map, &k_map, &v_map, &o_map);
+  }
 #endif
 }
 

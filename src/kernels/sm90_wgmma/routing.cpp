@@ -124,9 +124,16 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
   }
   if (problem.kv_e4m3) return route_cache_codes(problem, width, reason);
   for (int i = 0; i < kInstanceCount; ++i) {
-    if (kInstances[i].head_dim >= width) return &kInstances[i];
+    const int head_dim = kInstances[i].head_dim;
+    if (head_dim >= width && (!splits_rows(head_dim) || row_split_serves(problem))) return &kInstances[i];
   }
-  return nullptr;  // unreachable: width <= largest
+  *reason = "a sequence batch or dropout at head dim " + std::to_string(width) +
+            ": this build's row-split instances (D <= 128) take neither, and it has no column-split one above";
+  return nullptr;
+}
+
+bool row_split_serves(const AttentionProblem& problem) {
+  return !problem.sequences.active && !problem.has_dropout() && !problem.kv_e4m3;
 }
 
 const Fp8Instance* route_fp8(const AttentionProblem& problem, std::string* reason) {
@@ -165,27 +172,28 @@ bool starts_s_at_mask(const AttentionProblem& problem, int head_dim) {
 }
 
 TilePlan plan_tiles(const AttentionProblem& problem, int head_dim, int sm_count) {
+  const int rows = tile_rows(head_dim);
   TilePlan plan;
-  plan.heads_per_tile = packed_heads(problem.group_size(), problem.seq_q, kTileRows);
+  plan.heads_per_tile = packed_heads(problem.group_size(), problem.seq_q, rows);
   if (problem.sequences.active) {
     // A sequence batch: its plan chooses the split on the device, from the
     // batch's lengths, where every sequence is one row block (decode).
     const int slots = sm_count / cluster_size(head_dim);
-    if (serving::may_split(problem, kTileRows, plan.heads_per_tile)) plan.split_slots = slots;
+    if (serving::may_split(problem, rows, plan.heads_per_tile)) plan.split_slots = slots;
     // Decode rows beside longer sequences (a chunked-prefill batch): packed
     // by the batch's bound, each would be one row of a 64-row tile, unsplit,
     // reading its keys alone (GQA 8: 8x the K/V traffic). They run first, in
     // a pass of their own, packed for one row and split.
-    const int one_row_heads = packed_heads(problem.group_size(), 1, kTileRows);
+    const int one_row_heads = packed_heads(problem.group_size(), 1, rows);
     if (problem.batch > 1 && one_row_heads > plan.heads_per_tile) {
-      plan.short_rows = rows_per_head(kTileRows, one_row_heads);
+      plan.short_rows = rows_per_head(rows, one_row_heads);
       plan.short_heads_per_tile = one_row_heads;
       plan.short_split_slots = slots;
     }
     return plan;
   }
   const int64_t tiles = problem.batch * (problem.heads_q / plan.heads_per_tile) *
-                        head_row_blocks(problem.seq_q, kTileRows, plan.heads_per_tile);
+                        head_row_blocks(problem.seq_q, rows, plan.heads_per_tile);
   plan.splits = choose_kv_splits(tiles, problem.seq_kv, sm_count / cluster_size(head_dim), kTileKeys);
   return plan;
 }
@@ -199,6 +207,11 @@ Status run(const AttentionProblem& problem, int head_dim, const TileLaunch& tile
 }
 
 std::string kernel_name(const AttentionProblem& problem, const Instance& instance) {
+  if (splits_rows(instance.head_dim)) {
+    return std::string("sm90_wgmma<") + (problem.dtype == DType::bf16 ? "bf16" : "f16") + ",d" +
+           std::to_string(instance.head_dim) + ",m" + std::to_string(tile_rows(instance.head_dim)) + ",n" +
+           std::to_string(kTileKeys) + ",row-split>";
+  }
   const int ctas = cluster_size(instance.head_dim);
   const bool gather = gathers_pages(problem);
   return std::string("sm90_wgmma<") + (problem.dtype == DType::bf16 ? "bf16" : "f16") + ",d" +

@@ -97,6 +97,7 @@ struct Traits {
   // (exact: a partial sum over 512 channels is below 2^23, the total below 2^24).
   static constexpr bool kScoresAsInt = kQkInt8 && kSplit == 1;
   static constexpr int kOutCols = 2 * kHalfCols;  // columns of O per CTA
+  static constexpr bool kRowSplit = false;  // (row_split/traits.cuh: rows split between the consumers)
   static constexpr int kBlockM = 64;   // query rows: one wgmma M
   static constexpr int kBlockN = 128;  // keys per KV block: the N of S
   static constexpr int kThreads = 384;
@@ -154,6 +155,7 @@ struct Traits {
 
   static constexpr int kTileBytes = 64 * kSwizzleRowBytes;      // [64 rows][128 bytes]: Q, P, O, V boxes
   static constexpr int kKBoxBytes = kBlockN * kSwizzleRowBytes;  // [128 keys][kBoxCols]
+  static constexpr int kVBoxRows = 64;  // V's TMA box: a key half
   static constexpr int kVStageBytes = kFp8 ? kHalfCols * kSwizzleRowBytes : (kHalfCols / kBoxCols) * kTileBytes;
   static constexpr int kStageBytes = 2 * kKBoxBytes > kVStageBytes ? 2 * kKBoxBytes : kVStageBytes;
   // Q, then (after the last S) the O staging of the TMA stores.
@@ -199,6 +201,7 @@ struct Traits {
   // (kSplit = 2: x_full, x_empty; kDropoutWarps: keep_full[2], keep_empty). See
   // "Why more full barriers than stages" (kernel.cuh) for the count.
   static constexpr int kFullBarriers = 16;  // >= kKStages + 2 + kStages; a power of two: cheap p % 16
+  static constexpr int kEmptyArrivals = 4;  // a stage has one consumer warpgroup: a warp of it each
   static_assert(kFullBarriers >= kKStages + 2 + kStages, "see Why more full barriers than stages");
   static constexpr int kKeepBarrier = 1 + kFullBarriers + kStages + 4 + (kSplit == 1 ? 0 : 2);
   static constexpr int kBarriers = kKeepBarrier + (kDropoutWarps ? 3 : 0);
