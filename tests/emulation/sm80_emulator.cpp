@@ -318,7 +318,7 @@ void run_cluster(Index3 first_block, int ranks, int cta_threads, unsigned char* 
   for (const CtaBarriers& b : cta.ctas) {
     if (b.barrier.arrived != 0) fail("threads finished while others waited at __syncthreads");
     for (const Rendezvous& r : b.named)
-      if (r.arrived != 0) fail("threads finished while others waited at a named barrier");
+      if (r.arrived != 0) fail("threads finished while others waited at a named barrier (or arrivals were left at one)");
   }
   if (cta.cluster_barrier.arrived != 0) fail("threads finished while others waited at the cluster barrier");
   g_cta = nullptr;
@@ -356,18 +356,29 @@ void preempt_point() {
   swapcontext(&fiber.context, &g_cta->scheduler);
 }
 
-void named_barrier(int id, int count) {
+// The named barrier `id` after checking the id and the count every thread gives.
+static Rendezvous& named_rendezvous(int id, int count) {
   if (id < 0 || id >= 16 || count <= 0 || count % 32 != 0 || count > g_cta->cta_threads) {
-    fail("bar.sync: a bad id or count");
+    fail("bar.sync / bar.arrive: a bad id or count");
   }
   CtaBarriers& cta = my_cta();
   Rendezvous& r = cta.named[id];
   if (r.arrived == 0) {
     cta.named_count[id] = count;
   } else if (cta.named_count[id] != count) {
-    fail("bar.sync: threads of one barrier give different counts");
+    fail("bar.sync / bar.arrive: threads of one barrier give different counts");
   }
-  rendezvous(r, count);
+  return r;
+}
+
+void named_barrier(int id, int count) { rendezvous(named_rendezvous(id, count), count); }
+
+void named_barrier_arrive(int id, int count) {
+  Rendezvous& r = named_rendezvous(id, count);
+  if (++r.arrived == count) {
+    r.arrived = 0;
+    ++r.generation;
+  }
 }
 
 void cp_async(uint32_t dst, const void* src, bool valid, int bytes) {

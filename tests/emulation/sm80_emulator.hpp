@@ -86,6 +86,8 @@ void preempt_point();
 
 // bar.sync id, count: `count` threads (whole warps) meet at hardware barrier id.
 void named_barrier(int id, int count);
+// bar.arrive id, count: counts towards the barrier's `count` without waiting.
+void named_barrier_arrive(int id, int count);
 
 // Collectives: every lane of the warp (every thread of the CTA for
 // sync_threads) calls them, converged.

@@ -155,6 +155,44 @@ TEST(EmulatedSm90Forward, UnequalValueHeadDims) {
   check<1024>("64/1000 dropout split-KV", shape_case(DType::bf16, 1, 2, 1, 2, 600, 64).with_dropout(0.1f), 1, 3, 1000);
 }
 
+// The row-split kernel at instance 128 in each of its schedules
+// (row_split/traits.cuh's RowSchedule), whichever the build's instances use.
+void check_row_schedules(const std::string& name, const ForwardCase& c, int heads_per_tile = 1, int wanted_splits = 1) {
+  for (sm90::RowSchedule schedule : {sm90::RowSchedule::serial, sm90::RowSchedule::overlap, sm90::RowSchedule::ping_pong}) {
+    const std::string label = name + " schedule " + std::to_string(static_cast<int>(schedule));
+    check_forward(label, c, 0, [&](const detail::AttentionProblem& problem) {
+      sm90::TileLaunch tiles;
+      tiles.heads_per_tile = heads_per_tile;
+      auto run = [&](auto element) {
+        using Element = decltype(element);
+        switch (schedule) {
+          case sm90::RowSchedule::serial:
+            return run_traits<sm90::RowSplitTraits<Element, 128, 2, 128, sm90::RowSchedule::serial>>(
+                problem, tiles, wanted_splits, TmaLanding::at_wait);
+          case sm90::RowSchedule::overlap:
+            return run_traits<sm90::RowSplitTraits<Element, 128, 2, 128, sm90::RowSchedule::overlap>>(
+                problem, tiles, wanted_splits, TmaLanding::at_wait);
+          case sm90::RowSchedule::ping_pong:
+            return run_traits<sm90::RowSplitTraits<Element, 128, 2, 128, sm90::RowSchedule::ping_pong>>(
+                problem, tiles, wanted_splits, TmaLanding::at_wait);
+        }
+      };
+      if (c.dtype == DType::bf16) {
+        run(__nv_bfloat16{});
+      } else {
+        run(__half{});
+      }
+    });
+  }
+}
+
+TEST(EmulatedSm90Forward, RowSplitSchedules) {
+  check_row_schedules("rows one block", shape_case(DType::bf16, 1, 2, 1, 100, 90, 128));
+  check_row_schedules("rows causal", shape_case(DType::f16, 1, 2, 2, 190, 400, 128).with_causal(Causal::bottom_right));
+  check_row_schedules("rows packed split-KV mask", shape_case(DType::bf16, 1, 4, 1, 30, 700, 128)
+                                                        .with_mask(DType::f32, MaskShape::batch_rows, true), 4, 2);
+}
+
 // The row-split instances (D <= 128, row_split/): 128-row tiles, each
 // consumer warpgroup 64 rows with all of S and O, P from S's registers.
 TEST(EmulatedSm90Forward, RowSplitD128) {

@@ -71,9 +71,13 @@ struct RowSplitConsumer {
     if (lane_id() == 0) mbarrier_arrive(cta.empty(position % kStages));
   }
 
-  // S_j = Q K_j^T over the instance's columns.
-  __device__ __forceinline__ void compute_s(int j, float (&s)[kBlockN / 2]) {
-    const int position = ring_k_position(j, 1, 1);
+  __device__ __forceinline__ static int k_position(int j) { return ring_k_position(j, 1, 1); }
+  __device__ __forceinline__ int v_position(int j) const { return ring_v_position(j, cta.tile()->kv_blocks, 1, 1); }
+
+  // Issues S_j = Q K_j^T over the instance's columns (one wgmma group; the
+  // caller waits for it and releases K_j's stage).
+  __device__ __forceinline__ void issue_s(int j, float (&s)[kBlockN / 2]) {
+    const int position = k_position(j);
     mbarrier_wait(cta.full(position), cta.full_parity(position));
     const uint32_t k_stage = stage_address(position);
     fence_operands(s);
@@ -87,9 +91,13 @@ struct RowSplitConsumer {
         wgmma_ss<Element, kBlockN, false>(s, q, k, (c | kk) != 0);
       }
     wgmma_commit();
+  }
+
+  __device__ __forceinline__ void compute_s(int j, float (&s)[kBlockN / 2]) {
+    issue_s(j, s);
     wgmma_wait<0>();
     fence_operands(s);
-    release(position);
+    release(k_position(j));
   }
 
   // The online softmax of S_j in place: S_j becomes P_j (unnormalized, in the
@@ -124,16 +132,24 @@ struct RowSplitConsumer {
     }
   }
 
-  // O = scale O + P_j V_j, P_j from S_j's registers.
-  __device__ __forceinline__ void accumulate_pv(int j, const float (&s)[kBlockN / 2], const float (&scale)[2]) {
-    uint32_t p[kPSteps][4];
+  // P_j (S_j after the softmax) rounded into the A fragments of P_j V_j.
+  __device__ __forceinline__ static void pack_p(const float (&s)[kBlockN / 2], uint32_t (&p)[kPSteps][4]) {
 #pragma unroll
     for (int kk = 0; kk < kPSteps; ++kk) a_fragment_from_accumulators<Element>(s, kk, p[kk]);
+  }
+
+  // O's rows times the softmax's factors (skipped where no row of the warp moved its maximum).
+  __device__ __forceinline__ void rescale_o(const float (&scale)[2]) {
     if (warp_rescales(scale[0], scale[1])) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) scale_row<OLayout>(o_acc, h, scale[h]);
     }
-    const int position = ring_v_position(j, cta.tile()->kv_blocks, 1, 1);
+  }
+
+  // Issues O += P_j V_j (one wgmma group; the caller waits for it and
+  // releases V_j's stage).
+  __device__ __forceinline__ void issue_pv(int j, uint32_t (&p)[kPSteps][4]) {
+    const int position = v_position(j);
     mbarrier_wait(cta.full(position), cta.full_parity(position));
     const uint32_t v_stage = stage_address(position);
 #pragma unroll
@@ -148,9 +164,20 @@ struct RowSplitConsumer {
       wgmma_rs<Element, kHeadDim, true>(o_acc, p[kk], v, 1);
     }
     wgmma_commit();
+  }
+
+  // Waits for S_{j} issued before a P V group (the last one committed).
+  __device__ __forceinline__ void finish_s_under_pv(int j, float (&s)[kBlockN / 2]) {
+    wgmma_wait<1>();
+    fence_operands(s);
+    release(k_position(j));
+  }
+
+  // Waits for every wgmma of this warpgroup, P_j V_j the last.
+  __device__ __forceinline__ void finish_pv(int j) {
     wgmma_wait<0>();
     fence_operands(o_acc);
-    release(position);
+    release(v_position(j));
   }
 
   // This thread's rows' ends: the quad's sums added, the head's sink merged.

@@ -14,6 +14,87 @@
 
 namespace ffpa::detail::sm90_wgmma {
 
+// Turns between the two consumers (RowSchedule::ping_pong, FA3's warp
+// scheduler barriers): consumer w issues its products after waiting at
+// barrier kTurnBarrier + w, then arrives at the other's. Consumer 1 arrives
+// once at the start (consumer 0 goes first) and not after its last block,
+// so that every barrier's waits and arrivals pair up: barrier w sees
+// kv_blocks waits of consumer w and kv_blocks arrivals of the other (both
+// consumers run the tile's kv_blocks).
+template <class Traits>
+struct Turns {
+  const int w;
+  __device__ __forceinline__ void start() const {
+    if constexpr (Traits::kSchedule == RowSchedule::ping_pong) {
+      if (w == 1) named_barrier_arrive(Traits::kTurnBarrier, 256);
+    }
+  }
+  __device__ __forceinline__ void wait() const {
+    if constexpr (Traits::kSchedule == RowSchedule::ping_pong) named_barrier_sync(Traits::kTurnBarrier + w, 256);
+  }
+  __device__ __forceinline__ void pass(bool last) const {
+    if constexpr (Traits::kSchedule == RowSchedule::ping_pong) {
+      if (!(w == 1 && last)) named_barrier_arrive(Traits::kTurnBarrier + 1 - w, 256);
+    }
+  }
+};
+
+// The blocks one after another: S_j, its softmax, P_j V_j.
+template <class Traits>
+__device__ __forceinline__ void run_blocks_serially(RowSplitConsumer<Traits>& consumer) {
+  for (int j = 0; j < consumer.cta.tile()->kv_blocks; ++j) {
+    float s[Traits::kBlockN / 2];
+    float scale[2];
+    uint32_t p[Traits::kBlockN / 16][4];
+    consumer.compute_s(j, s);
+    consumer.softmax(j, s, scale);
+    consumer.pack_p(s, p);
+    consumer.rescale_o(scale);
+    consumer.issue_pv(j, p);
+    consumer.finish_pv(j);
+  }
+}
+
+// S_{j+1} and P_j V_j issued together; the softmax of S_{j+1} runs while
+// P_j V_j does, O takes its factor once P_j V_j is in. The issues and
+// their waits stay within one iteration (a wgmma group in flight across a
+// branch makes ptxas serialize every wgmma: kernel.cuh).
+template <class Traits>
+__device__ __forceinline__ void run_blocks_overlapped(RowSplitConsumer<Traits>& consumer) {
+  const Turns<Traits> turns{consumer.w};
+  if (consumer.cta.tile()->kv_blocks == 0) return;
+  uint32_t p[Traits::kBlockN / 16][4];
+  turns.start();
+  {
+    float s[Traits::kBlockN / 2];
+    float scale[2];
+    turns.wait();
+    consumer.issue_s(0, s);
+    turns.pass(consumer.cta.tile()->kv_blocks == 1);
+    wgmma_wait<0>();
+    fence_operands(s);
+    consumer.release(consumer.k_position(0));
+    consumer.softmax(0, s, scale);
+    consumer.pack_p(s, p);
+  }
+  for (int j = 1; j < opaque(consumer.cta.tile())->kv_blocks; ++j) {
+    float s[Traits::kBlockN / 2];
+    float scale[2];
+    turns.wait();
+    consumer.issue_s(j, s);
+    consumer.issue_pv(j - 1, p);
+    turns.pass(j + 1 == opaque(consumer.cta.tile())->kv_blocks);
+    consumer.finish_s_under_pv(j, s);
+    consumer.softmax(j, s, scale);
+    consumer.finish_pv(j - 1);
+    consumer.rescale_o(scale);
+    consumer.pack_p(s, p);
+  }
+  const int last = consumer.cta.tile()->kv_blocks - 1;
+  consumer.issue_pv(last, p);
+  consumer.finish_pv(last);
+}
+
 template <class Traits>
 __device__ __forceinline__ void run_row_split_cta(const Args& args, const CUtensorMap* q_map, const CUtensorMap* k_map,
                                                   const CUtensorMap* v_map, const CUtensorMap* o_map) {
@@ -29,13 +110,10 @@ __device__ __forceinline__ void run_row_split_cta(const Args& args, const CUtens
   setmaxnreg_increase<Traits::kConsumerRegisters>();
   RowSplitConsumer<Traits> consumer(cta, warpgroup - 1);
   mbarrier_wait(cta.q_full(), 0);
-  // The block count is read from shared memory where used, never held.
-  for (int j = 0; j < cta.tile()->kv_blocks; ++j) {
-    float s[Traits::kBlockN / 2];
-    float scale[2];
-    consumer.compute_s(j, s);
-    consumer.softmax(j, s, scale);
-    consumer.accumulate_pv(j, s, scale);
+  if constexpr (Traits::kSchedule == RowSchedule::serial) {
+    run_blocks_serially(consumer);
+  } else {
+    run_blocks_overlapped(consumer);
   }
   if (cta.writes_partials()) {
     consumer.store_partial();

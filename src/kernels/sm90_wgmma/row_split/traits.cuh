@@ -21,7 +21,20 @@
 
 namespace ffpa::detail::sm90_wgmma {
 
-template <typename Element_, int kHeadDim_, int kConsumers_ = 2, int kBlockN_ = 128>
+// How a consumer orders its tensor-core work (row_split/kernel.cuh):
+// - serial: S_j, its softmax, P_j V_j, one after another;
+// - overlap: S_{j+1} and P_j V_j issued together, the softmax of S_{j+1}
+//   running while P_j V_j is on the tensor cores (FA3's IntraWGOverlap);
+// - ping_pong: overlap, and the consumers take turns issuing their products
+//   (two named barriers), so one's softmax runs under the other's products.
+enum class RowSchedule : int { serial, overlap, ping_pong };
+
+#ifndef FFPA_ROW_SPLIT_SCHEDULE  // (an A/B build's choice; see docs/kernels/sm90_small_d_plan.md)
+#define FFPA_ROW_SPLIT_SCHEDULE 2
+#endif
+
+template <typename Element_, int kHeadDim_, int kConsumers_ = 2, int kBlockN_ = 128,
+          RowSchedule kSchedule_ = static_cast<RowSchedule>(FFPA_ROW_SPLIT_SCHEDULE)>
 struct RowSplitTraits {
   using Element = Element_;
   using Operand = Element_;
@@ -31,6 +44,11 @@ struct RowSplitTraits {
   static constexpr int kBlockM = 64 * kConsumers;
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kThreads = 128 * (kConsumers + 1);
+  static constexpr RowSchedule kSchedule = kSchedule_;
+  // Named barriers: 2 + w for consumer w's epilogue (row_split/consumer.cuh),
+  // kTurnBarrier + w for its turn to issue products (ping_pong).
+  static constexpr int kTurnBarrier = 2 + kConsumers;
+  static_assert(kSchedule != RowSchedule::ping_pong || kConsumers == 2, "turns between two consumers");
 
   // Not in this layout (the column split's variants).
   static constexpr int kSplit = 1;

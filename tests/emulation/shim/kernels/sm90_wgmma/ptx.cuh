@@ -99,5 +99,6 @@ inline void setmaxnreg_decrease() {}
 
 inline int lane_id() { return ::ffpa::emulation::current_thread() % 32; }
 inline void named_barrier_sync(int id, int threads) { ::ffpa::emulation::named_barrier(id, threads); }
+inline void named_barrier_arrive(int id, int threads) { ::ffpa::emulation::named_barrier_arrive(id, threads); }
 
 }  // namespace ffpa::detail::sm90_wgmma
