@@ -196,10 +196,10 @@ Status plan_sm80_split_d(const AttentionProblem& problem, MemorySpace space,
   return {};
 }
 
-// The choice's split-KV fields (its blocks of sm90_wgmma::kTileKeys keys).
-void set_kv_splits(const KvSplits& splits, KernelChoice* choice) {
+// The choice's split-KV fields (its blocks of the tile's keys: sm90_wgmma::tile_shape).
+void set_kv_splits(const KvSplits& splits, int block_keys, KernelChoice* choice) {
   choice->kv_splits = splits.count;
-  choice->split_blocks = static_cast<int32_t>(splits.keys_per_split / sm90_wgmma::kTileKeys);
+  choice->split_blocks = static_cast<int32_t>(splits.keys_per_split / block_keys);
 }
 
 Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, KernelChoice* choice) {
@@ -223,7 +223,7 @@ Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, Kerne
   choice->value_splits = 1;
   const sm90_wgmma::TilePlan tiles = sm90_wgmma::plan_tiles(problem, instance->head_dim, sm_count);
   choice->heads_per_tile = tiles.heads_per_tile;
-  set_kv_splits(tiles.splits, choice);
+  set_kv_splits(tiles.splits, sm90_wgmma::tile_shape(problem, instance->head_dim).keys, choice);
   if (tiles.split_slots > 0) {
     // A sequence batch whose plan chooses its KV splits on the device.
     choice->kv_splits = 0;
@@ -426,7 +426,8 @@ Status with_kv_splits(const AttentionProblem& problem, int wanted, KernelChoice*
                                             std::to_string(kMaxKvSplits)};
   }
   if (choice->impl == Impl::sm90_wgmma) {
-    set_kv_splits(kv_splits_of(problem.seq_kv, wanted, sm90_wgmma::kTileKeys), choice);
+    const int keys = sm90_wgmma::tile_shape(problem, static_cast<int>(choice->padded_head_dim)).keys;
+    set_kv_splits(kv_splits_of(problem.seq_kv, wanted, keys), keys, choice);
   } else {
     const int block_n = sm80_split_d::tile_shape(static_cast<int>(choice->padded_head_dim)).block_n;
     const KvSplits splits = kv_splits_of(problem.seq_kv, wanted, block_n);

@@ -38,7 +38,7 @@ template <class Traits>
 void run_traits(const detail::AttentionProblem& problem, sm90::TileLaunch tiles, int wanted_splits, TmaLanding landing) {
   static_assert(Traits::kSmemBytes <= sizeof emulated::cta_smem[0]);
   static_assert(Traits::kSplit <= 2, "clusters of up to two CTAs");
-  const detail::KvSplits splits = detail::kv_splits_of(problem.seq_kv, wanted_splits, sm90::kTileKeys);
+  const detail::KvSplits splits = detail::kv_splits_of(problem.seq_kv, wanted_splits, Traits::kBlockN);
   const int64_t rows = problem.batch * problem.heads_q * problem.seq_q;
   std::vector<float> partial_o;
   std::vector<detail::RowSoftmaxState> states;
@@ -46,7 +46,7 @@ void run_traits(const detail::AttentionProblem& problem, sm90::TileLaunch tiles,
     partial_o.assign(static_cast<size_t>(splits.count * rows * problem.dv()), std::nanf(""));
     states.assign(static_cast<size_t>(splits.count * rows), detail::RowSoftmaxState{std::nanf(""), std::nanf("")});
     tiles.splits = splits.count;
-    tiles.split_blocks = static_cast<int>(splits.keys_per_split / sm90::kTileKeys);
+    tiles.split_blocks = static_cast<int>(splits.keys_per_split / Traits::kBlockN);
     tiles.partial_o = partial_o.data();
     tiles.partial_states = states.data();
   }
@@ -211,6 +211,14 @@ TEST(EmulatedSm90Forward, RowSplitPackedSplitAndUnequalDims) {
   check<128>("rows 128/64 causal", shape_case(DType::bf16, 1, 2, 1, 100, 150, 128).with_causal(Causal::top_left), 1, 1, 64);
   check<128>("rows 64/128", shape_case(DType::f16, 1, 2, 2, 65, 100, 64), 1, 1, 128);
   check_nans<128>("nan rows d128 causal", shape_case(DType::bf16, 1, 2, 2, 70, 200, 128).with_causal(Causal::top_left));
+}
+
+// What the row split does not take runs the instance's column-split kernels.
+TEST(EmulatedSm90Forward, ColumnSplitAtInstance128) {
+  check<128>("d128 dropout mask", shape_case(DType::bf16, 1, 2, 1, 70, 200, 128)
+                                      .with_mask(DType::f32, MaskShape::batch_rows, true)
+                                      .with_dropout(0.2f));
+  check<128>("d96 dropout causal", shape_case(DType::f16, 1, 2, 2, 65, 140, 96).with_causal(Causal::bottom_right).with_dropout(0.1f));
 }
 
 TEST(EmulatedSm90Forward, PackedDecodeAndSplitKv) {

@@ -174,6 +174,15 @@ TEST(EmulatedSm90Serving, PackedSequencesPartialRowBlocks) {
   expect_matches_oracle<256>(c);
 }
 
+// At instance 128 a sequence batch runs the column-split kernel (the row
+// split takes dense calls: family.hpp's row_split_serves).
+TEST(EmulatedSm90Serving, PackedSequencesAtTheRowSplitInstance) {
+  ServingCase c = base_case(2, 128);
+  c.seq_q = {70, 1, 130};
+  c.seq_kv = {70, 90, 140};
+  expect_matches_oracle<128>(c);
+}
+
 // Pages TMA boxes in key groups (Traits::kPageGroups; D = Dv = the instance's:
 // the KV head folded into the chunks (NHD, stacked) or the pages (HND), or
 // one KV head), and a box per chunk (D_qk != D_v), every cache layout.

@@ -57,8 +57,8 @@ auto with_column_split_traits(const AttentionProblem& problem, F&& f) {
 }
 
 // Calls f(static_cast<T*>(nullptr)) with T the 16-bit kernel's Traits that serve
-// the problem at instance kHeadDim: a row-split instance's one kernel
-// (splits_rows; routing sends it only what row_split_serves), or the
+// the problem at instance kHeadDim: the row-split kernel where
+// runs_row_split says so, or the
 // e4m3-cache variant for such a cache
 // (where the instance has one: takes_cache_codes; routing sends no other
 // there), the page-group variant where loads_page_groups says so, the dropout
@@ -66,11 +66,12 @@ auto with_column_split_traits(const AttentionProblem& problem, F&& f) {
 // plain one.
 template <int kHeadDim, class Element, class F>
 auto with_instance_traits(const AttentionProblem& problem, F&& f) {
-  if constexpr (splits_rows(kHeadDim)) {
-    return f(static_cast<RowSplitTraits<Element, kHeadDim>*>(nullptr));
-  } else {
-    return with_column_split_traits<kHeadDim, Element>(problem, f);
+  if constexpr (has_row_split(kHeadDim)) {
+    if (row_split_serves(problem)) {
+      return f(static_cast<RowSplitTraits<Element, kHeadDim, 2, row_split_keys(kHeadDim)>*>(nullptr));
+    }
   }
+  return with_column_split_traits<kHeadDim, Element>(problem, f);
 }
 
 struct ForwardLaunch {

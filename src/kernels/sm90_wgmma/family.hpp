@@ -51,25 +51,38 @@ Status launch_instance(const AttentionProblem& problem, const TileLaunch& tiles,
 template <int kHeadDim>
 Status instance_runnable(DType dtype, int device);
 
-// The tile of every instance, for host code (which cannot include traits.cuh;
-// launch.cuh asserts that Traits agrees): query rows, and keys of a KV block.
-// The rows are a column-split instance's; a row-split one's are tile_rows.
+// The tile of the column-split kernels (kernel.cuh), for host code (which
+// cannot include traits.cuh; launch.cuh asserts that Traits agrees): query
+// rows, and keys of a KV block.
 constexpr int kTileRows = 64;
 constexpr int kTileKeys = 128;
 
-// Whether the instance for head_dim splits the tile's rows between its
-// consumers (row_split/: each consumer warpgroup 64 rows with all of S and
-// O, P in registers; FA3's structure, docs/kernels/sm90_small_d_plan.md)
-// rather than O's columns (kernel.cuh): D <= 128 for now.
-constexpr bool splits_rows(int head_dim) { return head_dim <= 128; }
-// Query rows of the instance's tile: two consumers' 64 each, or one 64-row tile.
-constexpr int tile_rows(int head_dim) { return splits_rows(head_dim) ? 128 : kTileRows; }
+// Whether the instance for head_dim carries the row-split kernel
+// (row_split/: the tile's rows split between the consumers, each warpgroup
+// 64 rows with all of S and O, P in registers; FA3's structure,
+// docs/kernels/sm90_small_d_plan.md) beside its column-split ones: D <= 128.
+constexpr bool has_row_split(int head_dim) { return head_dim <= 128; }
+// The row-split kernel's tile: two consumers' 64 rows, and its KV block.
+constexpr int kRowSplitRows = 128;
+constexpr int row_split_keys(int /*head_dim*/) { return 128; }
 
-// Whether a row-split instance serves the call: dense inputs (no sequence
+// Whether the row-split kernel serves the call: dense inputs (no sequence
 // batch: its producer loads neither pages nor packed sequences), no dropout
-// (its consumers draw no keep bits); defined in routing.cpp. The calls it
-// does not serve go to the next instance up.
+// (its consumers draw no keep bits), no e4m3 cache; defined in routing.cpp.
+// The instance's column-split kernels serve the others.
 bool row_split_serves(const AttentionProblem& problem);
+inline bool runs_row_split(const AttentionProblem& problem, int head_dim) {
+  return has_row_split(head_dim) && row_split_serves(problem);
+}
+
+// The tile a call runs at instance head_dim: query rows and keys of a KV block.
+struct TileShape {
+  int rows, keys;
+};
+inline TileShape tile_shape(const AttentionProblem& problem, int head_dim) {
+  return runs_row_split(problem, head_dim) ? TileShape{kRowSplitRows, row_split_keys(head_dim)}
+                                           : TileShape{kTileRows, kTileKeys};
+}
 
 // A serving call's tiling by the kernel (its plan cuts the sequences so).
 inline SequenceTiling sequence_tiling(const TileLaunch& tiles) {

@@ -1,6 +1,7 @@
 // The sm90_wgmma attention forward kernel (sm_90a: TMA + wgmma, warp-specialized).
-// Two CTA layouts: instances up to D 128 split the tile's rows between the
-// consumers (row_split/, family.hpp's splits_rows); the others split O's
+// Two CTA layouts: the row-split kernel (row_split/; family.hpp's
+// runs_row_split: instances up to D 128, dense calls without dropout)
+// splits the tile's rows between the consumers; the others split O's
 // columns, as this comment describes.
 //
 // One CTA: 64 query rows of one (batch, head), all of O. Three warpgroups:

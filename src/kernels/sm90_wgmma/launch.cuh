@@ -28,7 +28,8 @@ namespace ffpa::detail::sm90_wgmma {
 // v, o in that order.
 template <class Traits>
 Status launch_tiles(const Args& args, const CUtensorMap (&maps)[4], int64_t tile_count, cudaStream_t stream) {
-  static_assert(Traits::kBlockN == kTileKeys, "the KV block the host plans with");
+  static_assert(Traits::kRowSplit || (Traits::kBlockM == kTileRows && Traits::kBlockN == kTileKeys),
+                "the tile the host plans with (family.hpp's tile_shape)");
   static SharedMemoryOptIn opt_in;
   // A serving call: the programmatic dependent of its plan kernel (plan.cu),
   // whose launch and set-up then pass under the plan (forward_kernel waits
@@ -113,7 +114,8 @@ template <int kHeadDim, class Element>
 Status launch_element(const AttentionProblem& problem, const TileLaunch& tiles, cudaStream_t stream) {
   return with_instance_traits<kHeadDim, Element>(problem, [&](auto* traits) {
     using Kernel = std::remove_pointer_t<decltype(traits)>;
-    static_assert(Kernel::kBlockM == tile_rows(kHeadDim), "the tile the host plans with");
+    static_assert(!Kernel::kRowSplit || (Kernel::kBlockM == kRowSplitRows && Kernel::kBlockN == row_split_keys(kHeadDim)),
+                  "the tile the host plans with (family.hpp's tile_shape)");
     return launch<Kernel>(problem, tiles, stream);
   });
 }

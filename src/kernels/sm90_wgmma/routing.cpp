@@ -124,12 +124,9 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
   }
   if (problem.kv_e4m3) return route_cache_codes(problem, width, reason);
   for (int i = 0; i < kInstanceCount; ++i) {
-    const int head_dim = kInstances[i].head_dim;
-    if (head_dim >= width && (!splits_rows(head_dim) || row_split_serves(problem))) return &kInstances[i];
+    if (kInstances[i].head_dim >= width) return &kInstances[i];
   }
-  *reason = "a sequence batch or dropout at head dim " + std::to_string(width) +
-            ": this build's row-split instances (D <= 128) take neither, and it has no column-split one above";
-  return nullptr;
+  return nullptr;  // unreachable: width <= largest
 }
 
 bool row_split_serves(const AttentionProblem& problem) {
@@ -172,7 +169,8 @@ bool starts_s_at_mask(const AttentionProblem& problem, int head_dim) {
 }
 
 TilePlan plan_tiles(const AttentionProblem& problem, int head_dim, int sm_count) {
-  const int rows = tile_rows(head_dim);
+  const TileShape tile = tile_shape(problem, head_dim);
+  const int rows = tile.rows;
   TilePlan plan;
   plan.heads_per_tile = packed_heads(problem.group_size(), problem.seq_q, rows);
   if (problem.sequences.active) {
@@ -194,7 +192,7 @@ TilePlan plan_tiles(const AttentionProblem& problem, int head_dim, int sm_count)
   }
   const int64_t tiles = problem.batch * (problem.heads_q / plan.heads_per_tile) *
                         head_row_blocks(problem.seq_q, rows, plan.heads_per_tile);
-  plan.splits = choose_kv_splits(tiles, problem.seq_kv, sm_count / cluster_size(head_dim), kTileKeys);
+  plan.splits = choose_kv_splits(tiles, problem.seq_kv, sm_count / cluster_size(head_dim), tile.keys);
   return plan;
 }
 
@@ -207,10 +205,11 @@ Status run(const AttentionProblem& problem, int head_dim, const TileLaunch& tile
 }
 
 std::string kernel_name(const AttentionProblem& problem, const Instance& instance) {
-  if (splits_rows(instance.head_dim)) {
+  if (runs_row_split(problem, instance.head_dim)) {
+    const TileShape tile = tile_shape(problem, instance.head_dim);
     return std::string("sm90_wgmma<") + (problem.dtype == DType::bf16 ? "bf16" : "f16") + ",d" +
-           std::to_string(instance.head_dim) + ",m" + std::to_string(tile_rows(instance.head_dim)) + ",n" +
-           std::to_string(kTileKeys) + ",row-split>";
+           std::to_string(instance.head_dim) + ",m" + std::to_string(tile.rows) + ",n" + std::to_string(tile.keys) +
+           ",row-split>";
   }
   const int ctas = cluster_size(instance.head_dim);
   const bool gather = gathers_pages(problem);
