@@ -155,9 +155,11 @@ TEST(EmulatedSm90Forward, UnequalValueHeadDims) {
   check<1024>("64/1000 dropout split-KV", shape_case(DType::bf16, 1, 2, 1, 2, 600, 64).with_dropout(0.1f), 1, 3, 1000);
 }
 
-// The row-split kernel at instance 128 in each of its schedules
+// The row-split kernel at instance kHeadDim in each of its schedules
 // (row_split/traits.cuh's RowSchedule), whichever the build's instances use.
+template <int kHeadDim = 128>
 void check_row_schedules(const std::string& name, const ForwardCase& c, int heads_per_tile = 1, int wanted_splits = 1) {
+  constexpr int kKeys = sm90::row_split_keys(kHeadDim);
   for (sm90::RowSchedule schedule : {sm90::RowSchedule::serial, sm90::RowSchedule::overlap, sm90::RowSchedule::ping_pong}) {
     const std::string label = name + " schedule " + std::to_string(static_cast<int>(schedule));
     check_forward(label, c, 0, [&](const detail::AttentionProblem& problem) {
@@ -167,13 +169,13 @@ void check_row_schedules(const std::string& name, const ForwardCase& c, int head
         using Element = decltype(element);
         switch (schedule) {
           case sm90::RowSchedule::serial:
-            return run_traits<sm90::RowSplitTraits<Element, 128, 2, 128, sm90::RowSchedule::serial>>(
+            return run_traits<sm90::RowSplitTraits<Element, kHeadDim, 2, kKeys, sm90::RowSchedule::serial>>(
                 problem, tiles, wanted_splits, TmaLanding::at_wait);
           case sm90::RowSchedule::overlap:
-            return run_traits<sm90::RowSplitTraits<Element, 128, 2, 128, sm90::RowSchedule::overlap>>(
+            return run_traits<sm90::RowSplitTraits<Element, kHeadDim, 2, kKeys, sm90::RowSchedule::overlap>>(
                 problem, tiles, wanted_splits, TmaLanding::at_wait);
           case sm90::RowSchedule::ping_pong:
-            return run_traits<sm90::RowSplitTraits<Element, 128, 2, 128, sm90::RowSchedule::ping_pong>>(
+            return run_traits<sm90::RowSplitTraits<Element, kHeadDim, 2, kKeys, sm90::RowSchedule::ping_pong>>(
                 problem, tiles, wanted_splits, TmaLanding::at_wait);
         }
       };
@@ -184,6 +186,13 @@ void check_row_schedules(const std::string& name, const ForwardCase& c, int head
       }
     });
   }
+}
+
+// D 256's row split (KV blocks of 64 keys), not yet an instance's.
+TEST(EmulatedSm90Forward, RowSplitD256) {
+  check_row_schedules<256>("rows d256 causal", shape_case(DType::bf16, 1, 2, 1, 150, 230, 256).with_causal(Causal::top_left));
+  check_row_schedules<256>("rows d192 mask split-KV", shape_case(DType::f16, 1, 2, 2, 70, 500, 192)
+                                                               .with_mask(DType::bf16, MaskShape::batch_keys, false), 1, 3);
 }
 
 TEST(EmulatedSm90Forward, RowSplitSchedules) {

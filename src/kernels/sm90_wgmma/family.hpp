@@ -60,11 +60,14 @@ constexpr int kTileKeys = 128;
 // Whether the instance for head_dim carries the row-split kernel
 // (row_split/: the tile's rows split between the consumers, each warpgroup
 // 64 rows with all of S and O, P in registers; FA3's structure,
-// docs/kernels/sm90_small_d_plan.md) beside its column-split ones: D <= 128.
+// docs/kernels/sm90_small_d_plan.md) beside its column-split ones: D <= 128
+// (256 once measured: its row-split kernel is written and emulated).
 constexpr bool has_row_split(int head_dim) { return head_dim <= 128; }
-// The row-split kernel's tile: two consumers' 64 rows, and its KV block.
+// The row-split kernel's tile: two consumers' 64 rows, and its KV block
+// (at D 256 O takes 128 registers a thread: S over 80 keys spills 84 bytes
+// in ptxas, over 64 none).
 constexpr int kRowSplitRows = 128;
-constexpr int row_split_keys(int /*head_dim*/) { return 128; }
+constexpr int row_split_keys(int head_dim) { return head_dim > 128 ? 64 : 128; }
 
 // Whether the row-split kernel serves the call: dense inputs (no sequence
 // batch: its producer loads neither pages nor packed sequences), no dropout

@@ -68,7 +68,9 @@ struct RowSplitTraits {
   // S of a consumer warp: one 16-row slab, kBlockN / 8 column blocks; O: kHeadDim / 8.
   using SLayout = AccumulatorLayout<1, kBlockN / 8>;
   using OLayout = AccumulatorLayout<1, kHeadDim / 8>;
-  static constexpr int kMaskBlocksInFlight = 8;
+  // The mask's column blocks in flight (score_mask.cuh's add_mask): the
+  // largest divisor of S's blocks up to 8.
+  static constexpr int kMaskBlocksInFlight = kBlockN % 64 == 0 ? 8 : kBlockN % 32 == 0 ? 4 : kBlockN % 16 == 0 ? 2 : 1;
   static constexpr bool kMaskPairLoads = true;
 
   // Registers after setmaxnreg: FA3's split for two consumers (24 + 2 x 240:
