@@ -119,6 +119,10 @@ CASES: tuple[Case, ...] = (
     Case("d320-causal", 320, causal=TOP_LEFT),
     Case("d512-causal", 512, causal=TOP_LEFT),
     Case("d1024-causal", 1024, causal=TOP_LEFT),
+    # Issue 32: ffpa's own kernels at D <= 256 (ffpa_impl_*), beside the routed call.
+    Case("d128-causal", 128, causal=TOP_LEFT),
+    Case("d256-causal", 256, causal=TOP_LEFT),
+    Case("d192-128", 192, Hq=128, Hkv=128, causal=TOP_LEFT, Dv=128),
     Case("d512-n16k", 512, Nq=16384, Nkv=16384),
     Case("d512-n32k-h8", 512, Hq=8, Hkv=8, Nq=32768, Nkv=32768),
     Case("d512-gqa32-8", 512, Hkv=8),
@@ -142,6 +146,8 @@ CASES: tuple[Case, ...] = (
     # Issue 14: absorbed MLA (D_qk 576, D_v 512, one KV head shared by every query head).
     Case("mla-prefill-576-512", 576, Hq=128, Hkv=1, Nq=4096, Nkv=4096, causal=TOP_LEFT, Dv=512),
     Case("mla-decode-b64-n8k", 576, B=64, Hq=128, Hkv=1, Nq=1, Nkv=8192, Dv=512),
+    Case("bwd-d128", 128, mode="bwd"),
+    Case("bwd-d256", 256, mode="bwd"),
     Case("bwd-d512", 512, mode="bwd"),
     Case("bwd-d512-causal", 512, causal=TOP_LEFT, mode="bwd"),
     Case("bwd-d1024", 1024, mode="bwd"),
