@@ -222,6 +222,14 @@ TEST(EmulatedSm90Forward, RowSplitPackedSplitAndUnequalDims) {
   check_nans<128>("nan rows d128 causal", shape_case(DType::bf16, 1, 2, 2, 70, 200, 128).with_causal(Causal::top_left));
 }
 
+// Instance 64: the row split over one 64-column chunk, and its column-split
+// kernels (one chunk of S, O halves of 128 columns) for dropout.
+TEST(EmulatedSm90Forward, Instance64) {
+  check<64>("rows d64 causal gqa", shape_case(DType::bf16, 1, 4, 2, 150, 300, 64).with_causal(Causal::bottom_right));
+  check<64>("rows d40 mask", shape_case(DType::f16, 2, 1, 1, 64, 129, 40).with_mask(DType::boolean, MaskShape::batch_keys, true));
+  check<64>("d64 dropout", shape_case(DType::bf16, 1, 2, 1, 70, 200, 64).with_dropout(0.2f));
+}
+
 // What the row split does not take runs the instance's column-split kernels.
 TEST(EmulatedSm90Forward, ColumnSplitAtInstance128) {
   check<128>("d128 dropout mask", shape_case(DType::bf16, 1, 2, 1, 70, 200, 128)
