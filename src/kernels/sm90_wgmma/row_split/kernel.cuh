@@ -2,7 +2,7 @@
 // issues the TMA loads: row_split/producer.cuh) and kConsumers consumer
 // warpgroups, each running the KV blocks over its own 64 rows
 // (row_split/consumer.cuh). forward_kernel (kernel.cuh) runs it for the
-// row-split instances.
+// calls family.hpp's runs_row_split gives it.
 #pragma once
 
 #include <cuda.h>
