@@ -1,48 +1,81 @@
 #!/usr/bin/env bash
-# Seventh session's device call: the RS wgmma GPU test (issue 32, milestone
-# 1), the GPU suite's forward cases (every case under impl sm90_wgmma too: D
-# <= 128 now runs the row-split instance), memcheck of its D 72 / 128 cases,
-# then bench/small_d_ab.py (the row split beside sm80_split_d, cuDNN and FA2).
+# The row split's first device call (issue 32; README.md), in three sizes by
+# the device time left:
+#   run.sh BUILD [full|min|tiny]
+#   full (~8 min): the wgmma kernel tests (WgmmaRs), the forward GPU suite
+#        (every case under impl sm90_wgmma too), bench/small_d_ab.py's default
+#        cases, the three schedules at D 128 (limited builds ab0, ab1 and the
+#        build: 0 1 2 0 1), D 256's row split (ab256k64) against the column
+#        split, memcheck of the D 72 / 128 cases;
+#   min  (~3 min): the kernel tests, the D 72 / 128 forward cases, D 128 N 8192
+#        for the three schedules;
+#   tiny (~2 min): the kernel tests, the D 128 forward cases, D 128 N 8192 for
+#        the build's schedule.
 set -uo pipefail
 B=${1:?unpacked build folder}
+SIZE=${2:-full}
+case "$SIZE" in full | min | tiny) ;; *) echo "run.sh: size is full, min or tiny, not $SIZE" >&2; exit 2 ;; esac
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python:$PWD/bench FFPA_LIBRARY=$PWD/$B/libffpa.so
 log=$OUT/run.log
 step() { echo "== $1 ($(date +%T))" | tee -a "$log"; }
+# A test binary under a time limit, its summary lines into the log.
+gtest() {
+  local limit=$1 name=$2
+  shift 2
+  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "exit $?" | tee -a "$log"
+  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED' "$OUT/$name.log" | head -30 | tee -a "$log"
+}
+# bench/small_d_ab.py under time limit $1 with library $2 (a folder holding
+# libffpa.so), JSON $3, then its options.
+ab() {
+  local limit=$1 lib=$2 json=$3
+  shift 3
+  FFPA_LIBRARY=$PWD/$lib/libffpa.so timeout "$limit" python3 bench/small_d_ab.py "$@" --json "$OUT/$json" 2>&1 | tee -a "$log"
+}
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee -a "$log"
 step "wgmma kernel tests"
-timeout 60 "$B/tests/ffpa_gpu_kernel_tests" > "$OUT/kernel_tests.log" 2>&1
-echo "exit $?" | tee -a "$log"
-grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED' "$OUT/kernel_tests.log" | head -20 | tee -a "$log"
+gtest 30 kernel_tests "$B/tests/ffpa_gpu_kernel_tests"
 step "forward GPU tests"
-timeout 150 "$B/tests/ffpa_gpu_tests" --gtest_filter='*GpuForward*:*GpuValueDim*:*Nan*:*SplitKv*' \
-  --gtest_output="json:$OUT/gpu_tests.json" > "$OUT/tests.log" 2>&1
-echo "exit $?" | tee -a "$log"
-grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED' "$OUT/tests.log" | head -30 | tee -a "$log"
-step "small-D beside cuDNN (the build's schedule: ping-pong)"
-timeout 100 python3 bench/small_d_ab.py --json "$OUT/small_d_ab.json" 2>&1 | tee -a "$log"
-# The row split's schedules: serial (ab0), overlap (ab1), ping-pong (the
-# build), each its own process with cuDNN beside it, in the order 0 1 2 0 1.
+case "$SIZE" in
+  full) gtest 150 tests "$B/tests/ffpa_gpu_tests" --gtest_filter='*GpuForward*:*GpuValueDim*:*Nan*:*SplitKv*' ;;
+  min) gtest 60 tests "$B/tests/ffpa_gpu_tests" --gtest_filter='Small/GpuForward.*D128*:Small/GpuForward.*D72*:GpuForwardSmall.*' ;;
+  tiny) gtest 40 tests "$B/tests/ffpa_gpu_tests" --gtest_filter='Small/GpuForward.*D128*' ;;
+esac
+D128="--rounds 2 --iters 10 --cases 128:8192:0,128:8192:1"
+if [ "$SIZE" = tiny ]; then
+  step "D 128: the build's schedule (ping-pong)"
+  ab 45 "$B" d128.json $D128
+  step done
+  exit 0
+fi
+if [ "$SIZE" = full ]; then
+  step "small-D beside cuDNN (the build's schedule: ping-pong)"
+  ab 100 "$B" small_d_ab.json
+  D128="--rounds 2 --cases 128:2048:0,128:2048:1,128:8192:0,128:8192:1"
+fi
+# The schedules: serial (ab0), overlap (ab1), ping-pong (the build), each its
+# own process with cuDNN beside it.
 n=0
 for lib in gpu_carry/ab0 gpu_carry/ab1 "$B" gpu_carry/ab0 gpu_carry/ab1; do
   n=$((n + 1))
+  [ "$SIZE" = min ] && [ $n -gt 3 ] && break
   step "schedule A/B $n: $lib"
-  FFPA_LIBRARY=$PWD/$lib/libffpa.so timeout 60 python3 bench/small_d_ab.py --rounds 2 \
-    --cases 128:2048:0,128:2048:1,128:8192:0,128:8192:1 --json "$OUT/schedule_ab_$n.json" 2>&1 | tee -a "$log"
+  ab 60 "$lib" "schedule_ab_$n.json" $D128
 done
-# D 256: the column split (the build) against the row split with KV blocks
-# of 64 (ab256k64, no spills).
-n=0
-for lib in gpu_carry/ab256k64 "$B" gpu_carry/ab256k64; do
-  n=$((n + 1))
-  step "D 256 A/B $n: $lib"
-  FFPA_LIBRARY=$PWD/$lib/libffpa.so timeout 60 python3 bench/small_d_ab.py --rounds 2 \
-    --cases 256:2048:0,256:2048:1,256:8192:0,256:8192:1 --json "$OUT/d256_ab_$n.json" 2>&1 | tee -a "$log"
-done
-step "memcheck: D 72 and 128 cases"
-timeout 60 compute-sanitizer --tool memcheck --error-exitcode 1 "$B/tests/ffpa_gpu_tests" \
-  --gtest_filter='Small/GpuForward.*D128*:Small/GpuForward.*D72*' --gtest_brief=1 > "$OUT/memcheck.log" 2>&1
-echo "exit $?" | tee -a "$log"
-tail -n 4 "$OUT/memcheck.log" | tee -a "$log"
+if [ "$SIZE" = full ]; then
+  # D 256: the column split (the build) against the row split with KV blocks of 64 (ab256k64).
+  n=0
+  for lib in gpu_carry/ab256k64 "$B" gpu_carry/ab256k64; do
+    n=$((n + 1))
+    step "D 256 A/B $n: $lib"
+    ab 60 "$lib" "d256_ab_$n.json" --rounds 2 --cases 256:2048:0,256:2048:1,256:8192:0,256:8192:1
+  done
+  step "memcheck: D 72 and 128 cases"
+  gtest 60 memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$B/tests/ffpa_gpu_tests" \
+    --gtest_filter='Small/GpuForward.*D128*:Small/GpuForward.*D72*' --gtest_brief=1
+  tail -n 4 "$OUT/memcheck.log" | tee -a "$log"
+fi
 step done
