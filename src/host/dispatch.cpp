@@ -223,7 +223,7 @@ Status plan_sm90_wgmma(const AttentionProblem& problem, MemorySpace space, Kerne
   choice->value_splits = 1;
   const sm90_wgmma::TilePlan tiles = sm90_wgmma::plan_tiles(problem, instance->head_dim, sm_count);
   choice->heads_per_tile = tiles.heads_per_tile;
-  set_kv_splits(tiles.splits, sm90_wgmma::tile_shape(problem, instance->head_dim).keys, choice);
+  set_kv_splits(tiles.splits, tiles.tile.keys, choice);
   if (tiles.split_slots > 0) {
     // A sequence batch whose plan chooses its KV splits on the device.
     choice->kv_splits = 0;

@@ -33,6 +33,7 @@ gtest() {
 ab() {
   local limit=$1 lib=$2 json=$3
   shift 3
+  [ -e "$lib/libffpa.so" ] || { echo "no $lib/libffpa.so: skipped" | tee -a "$log"; return; }
   FFPA_LIBRARY=$PWD/$lib/libffpa.so timeout "$limit" python3 bench/small_d_ab.py "$@" --json "$OUT/$json" 2>&1 | tee -a "$log"
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee -a "$log"

@@ -21,11 +21,6 @@
 
 namespace ffpa::detail::sm90_wgmma {
 
-// This thread's index within its quad (the column pair of the wgmma
-// accumulator layout), re-read at every use: an asm volatile read is not
-// merged across the KV loop, so it never occupies a register there.
-__device__ __forceinline__ int quad_lane() { return lane_id() % 4; }
-
 template <class Traits>
 struct Consumer {
   using Element = typename Traits::Element;

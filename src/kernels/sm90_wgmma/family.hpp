@@ -190,6 +190,7 @@ Status run(const AttentionProblem& problem, int head_dim, const TileLaunch& tile
 // tile, split for short_split_slots CTA slots; then the rest as the fields
 // above say. short_rows 0: one pass.
 struct TilePlan {
+  TileShape tile{};  // tile_shape(problem, head_dim)
   int heads_per_tile = 1;
   KvSplits splits;
   int split_slots = 0;  // a sequence batch that may split its keys: the plan chooses for these slots

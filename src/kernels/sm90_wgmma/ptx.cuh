@@ -271,6 +271,10 @@ __device__ __forceinline__ int lane_id() {
   return lane;
 }
 
+// This thread's index within its quad (the column pair of the wgmma
+// accumulator layout), re-read at every use like lane_id.
+__device__ __forceinline__ int quad_lane() { return lane_id() % 4; }
+
 // Synchronizes `threads` threads (whole warps) on hardware barrier `id`.
 __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");

@@ -169,9 +169,9 @@ bool starts_s_at_mask(const AttentionProblem& problem, int head_dim) {
 }
 
 TilePlan plan_tiles(const AttentionProblem& problem, int head_dim, int sm_count) {
-  const TileShape tile = tile_shape(problem, head_dim);
-  const int rows = tile.rows;
   TilePlan plan;
+  plan.tile = tile_shape(problem, head_dim);
+  const int rows = plan.tile.rows;
   plan.heads_per_tile = packed_heads(problem.group_size(), problem.seq_q, rows);
   if (problem.sequences.active) {
     // A sequence batch: its plan chooses the split on the device, from the
@@ -192,7 +192,7 @@ TilePlan plan_tiles(const AttentionProblem& problem, int head_dim, int sm_count)
   }
   const int64_t tiles = problem.batch * (problem.heads_q / plan.heads_per_tile) *
                         head_row_blocks(problem.seq_q, rows, plan.heads_per_tile);
-  plan.splits = choose_kv_splits(tiles, problem.seq_kv, sm_count / cluster_size(head_dim), tile.keys);
+  plan.splits = choose_kv_splits(tiles, problem.seq_kv, sm_count / cluster_size(head_dim), plan.tile.keys);
   return plan;
 }
 

@@ -52,7 +52,6 @@ struct RowSplitConsumer {
   // Thread coordinates, read where used (lane_id() is not merged across the
   // KV loop, so they hold no registers beside S and O).
   __device__ __forceinline__ static int thread() { return static_cast<int>(threadIdx.x) % 128; }
-  __device__ __forceinline__ static int quad_lane() { return lane_id() % 4; }
   // This thread's row h within its consumer's 64 (wgmma accumulator layout),
   // and as a tile row.
   __device__ __forceinline__ static int part_row(int h) { return thread() / 32 * 16 + lane_id() / 4 + 8 * h; }

@@ -98,6 +98,7 @@ template <int kRegisters>
 inline void setmaxnreg_decrease() {}
 
 inline int lane_id() { return ::ffpa::emulation::current_thread() % 32; }
+inline int quad_lane() { return lane_id() % 4; }
 inline void named_barrier_sync(int id, int threads) { ::ffpa::emulation::named_barrier(id, threads); }
 inline void named_barrier_arrive(int id, int threads) { ::ffpa::emulation::named_barrier_arrive(id, threads); }
 
