@@ -19,17 +19,18 @@ ServingPasses serving_passes(const AttentionProblem& problem, const KernelChoice
     add(PassRows{}, sm80_split_d::sequence_tiling(problem, route, choice.kv_splits == 0 ? choice.split_blocks : 0));
     return passes;
   }
+  const sm90_wgmma::TileShape shape = sm90_wgmma::tile_shape(problem, static_cast<int>(choice.padded_head_dim));
   sm90_wgmma::TileLaunch tiles;
   PassRows rest;
   if (choice.short_rows > 0) {
     tiles.heads_per_tile = choice.short_heads_per_tile;
     tiles.split_slots = choice.short_split_slots;
-    add(PassRows{0, choice.short_rows}, sm90_wgmma::sequence_tiling(tiles));
+    add(PassRows{0, choice.short_rows}, sm90_wgmma::sequence_tiling(shape, tiles));
     rest.min_q_rows = choice.short_rows + 1;
   }
   tiles.heads_per_tile = choice.heads_per_tile;
   tiles.split_slots = choice.kv_splits == 0 ? choice.split_blocks : 0;  // kv_splits 0: the plan splits
-  add(rest, sm90_wgmma::sequence_tiling(tiles));
+  add(rest, sm90_wgmma::sequence_tiling(shape, tiles));
   return passes;
 }
 

@@ -44,14 +44,15 @@ using emulation::sm90::TmaLanding;
 
 template <class Traits>
 void run_traits(detail::AttentionProblem problem, sm90::TileLaunch tiles, TmaLanding landing) {
+  const detail::SequenceTiling tiling = sm90::sequence_tiling({Traits::kBlockM, Traits::kBlockN}, tiles);
   std::vector<unsigned char> plan(static_cast<size_t>(detail::serving::plan_bytes(problem)));
-  detail::serving::plan_on_host(problem, sm90::sequence_tiling(tiles), plan.data(), tiles.pass);
+  detail::serving::plan_on_host(problem, tiling, plan.data(), tiles.pass);
   ASSERT_EQ(detail::serving::plan_header(plan.data())->fault, 0);
   problem.sequences.plan = plan.data();
   std::vector<float> partial_o;
   std::vector<detail::RowSoftmaxState> states;
   if (tiles.split_slots > 0) {
-    const int64_t rows = detail::serving::max_partial_rows(problem, sm90::sequence_tiling(tiles), tiles.pass);
+    const int64_t rows = detail::serving::max_partial_rows(problem, tiling, tiles.pass);
     partial_o.assign(static_cast<size_t>(rows * problem.dv()), std::nanf(""));
     states.assign(static_cast<size_t>(rows), detail::RowSoftmaxState{std::nanf(""), std::nanf("")});
     tiles.partial_o = partial_o.data();
@@ -99,20 +100,32 @@ int run_instance(const detail::AttentionProblem& problem, TmaLanding landing, in
   return static_cast<int>(passes.size());
 }
 
-// A paged cache's rows past each sequence's keys in its last page: NaN in K
-// and V (the gather zero-fills them, TMA loads them and the consumers zero
-// V's: a NaN there would reach P V as 0 x NaN).
-void poison_unused_page_rows(const ServingInputs& in) {
+// The rows of K and V no sequence uses: NaN. A paged cache's rows past each
+// sequence's keys in its last page, packed keys' slots past seqused_k and
+// the spare row after the last sequence, a batched cache's slots past
+// seqused_k: the gather zero-fills them, TMA loads them whole and the
+// consumers zero V's (a NaN there would reach P V as 0 x NaN).
+void poison_unused_key_rows(const ServingInputs& in) {
   const ServingCase& c = in.c;
   const double nan = std::nan("");
-  for (int64_t b = 0; b < c.batch(); ++b)
-    for (int64_t j = c.seq_kv[b]; j < static_cast<int64_t>(in.pages[b].size()) * c.page_size; ++j) {
-      const int64_t page = in.pages[b][j / c.page_size], row = j % c.page_size;
-      for (int64_t h = 0; h < c.heads_kv; ++h) {
-        for (int64_t d = 0; d < c.dim; ++d) set_element(in.k, {page, h, row, d}, nan);
-        for (int64_t d = 0; d < c.value_dim; ++d) set_element(in.v, {page, h, row, d}, nan);
-      }
+  auto poison = [&](int64_t outer, int64_t row) {
+    for (int64_t h = 0; h < c.heads_kv; ++h) {
+      for (int64_t d = 0; d < c.dim; ++d) set_element(in.k, {outer, h, row, d}, nan);
+      for (int64_t d = 0; d < c.value_dim; ++d) set_element(in.v, {outer, h, row, d}, nan);
     }
+  };
+  const int64_t inner = in.k.shape[2];
+  for (int64_t b = 0; b < c.batch(); ++b) {
+    if (c.keys == KeyForm::paged) {
+      for (int64_t j = c.seq_kv[b]; j < static_cast<int64_t>(in.pages[b].size()) * c.page_size; ++j)
+        poison(in.pages[b][j / c.page_size], j % c.page_size);
+    } else if (c.keys == KeyForm::packed) {
+      for (int64_t j = c.seq_kv[b]; j < in.capacity[b]; ++j) poison(0, in.k_begin[b] + j);
+    } else {
+      for (int64_t j = c.seq_kv[b]; j < inner; ++j) poison(b, j);
+    }
+  }
+  if (c.keys == KeyForm::packed) poison(0, inner - 1);
 }
 
 // passes: how many passes the case must run in (0: any).
@@ -121,7 +134,7 @@ void expect_matches_oracle(const ServingCase& c, int split_slots = 0, int passes
   for (TmaLanding landing : {TmaLanding::at_issue, TmaLanding::at_wait}) {
     SCOPED_TRACE(c.describe() + (landing == TmaLanding::at_issue ? " [tma at issue]" : " [tma at wait]"));
     ServingInputs in = make_serving_inputs(c);
-    if (c.keys == KeyForm::paged) poison_unused_page_rows(in);  // TMA loads them: the consumers zero V's
+    poison_unused_key_rows(in);
     detail::AttentionProblem problem;
     const Status status = detail::validate_forward(in.params, &problem);
     ASSERT_TRUE(status.ok()) << status.message;
@@ -157,6 +170,14 @@ void expect_matches_oracle(const ServingCase& c, int split_slots = 0, int passes
   }
 }
 
+// Whether the case runs the row-split kernel at instance head_dim.
+bool runs_row_split(const ServingCase& c, int head_dim) {
+  ServingInputs in = make_serving_inputs(c);
+  detail::AttentionProblem problem;
+  EXPECT_TRUE(detail::validate_forward(in.params, &problem).ok());
+  return sm90::runs_row_split(problem, head_dim);
+}
+
 ServingCase base_case(uint64_t seed, int64_t dim) {
   ServingCase c;
   c.seed = seed;
@@ -174,13 +195,48 @@ TEST(EmulatedSm90Serving, PackedSequencesPartialRowBlocks) {
   expect_matches_oracle<256>(c);
 }
 
-// At instance 128 a sequence batch runs the column-split kernel (the row
-// split takes dense calls: family.hpp's row_split_serves).
-TEST(EmulatedSm90Serving, PackedSequencesAtTheRowSplitInstance) {
+// At instance 128 a sequence batch of packed or batched keys runs the
+// row-split kernel (128-row tiles: partial row blocks in packed q stored
+// row by row, the last V block cleared past the sequence's keys, whose
+// slots past seqused_k hold NaN), a paged cache the column split
+// (family.hpp's row_split_serves).
+TEST(EmulatedSm90Serving, SequencesAtTheRowSplitInstance) {
   ServingCase c = base_case(2, 128);
   c.seq_q = {70, 1, 130};
   c.seq_kv = {70, 90, 140};
+  ASSERT_TRUE(runs_row_split(c, 128));
   expect_matches_oracle<128>(c);
+  ServingCase used = base_case(3, 128);
+  used.seqused = true;
+  used.heads_q = 4, used.heads_kv = 1;
+  used.seq_q = {200, 0, 3, 129};
+  used.seq_kv = {250, 40, 131, 129};
+  used.window_left = 100;
+  used.softcap = 15.0f;
+  used.sinks = true;
+  expect_matches_oracle<128>(used);
+  expect_matches_oracle<128>(used, 6);  // split over 6 CTA slots
+  ServingCase batched = base_case(4, 128);
+  batched.packed_q = false;
+  batched.keys = KeyForm::batched;
+  batched.dtype = DType::f16;
+  batched.value_dim = 64;
+  batched.seq_q = {1, 1, 1};
+  batched.seq_kv = {300, 129, 1};
+  ASSERT_TRUE(runs_row_split(batched, 128));
+  expect_matches_oracle<128>(batched, 8);  // decode, heads packed, split
+  ServingCase mixed = base_case(5, 128);
+  mixed.heads_q = 8, mixed.heads_kv = 1;
+  mixed.seq_q = {1, 150, 3, 0};
+  mixed.seq_kv = {400, 160, 90, 20};
+  expect_matches_oracle<128>(mixed, 16, 2);  // the short rows' pass, then the chunk
+  ServingCase paged = base_case(6, 128);
+  paged.keys = KeyForm::paged;
+  paged.page_size = 32;
+  paged.seq_q = {9, 1};
+  paged.seq_kv = {150, 300};
+  ASSERT_FALSE(runs_row_split(paged, 128));
+  expect_matches_oracle<128>(paged);
 }
 
 // Pages TMA boxes in key groups (Traits::kPageGroups; D = Dv = the instance's:

@@ -125,7 +125,7 @@ ForwardLaunch forward_launch(const AttentionProblem& problem, const TileLaunch& 
   // says how many there are; CTAs past them return at once).
   launch.tile_count =
       problem.sequences.active
-          ? serving::max_tiles(problem, sequence_tiling(tiles), tiles.pass)
+          ? serving::max_tiles(problem, sequence_tiling({Traits::kBlockM, Traits::kBlockN}, tiles), tiles.pass)
           : problem.batch * (problem.heads_q / tiles.heads_per_tile) * args.row_blocks * tiles.splits;  // < 2^30
   return launch;
 }

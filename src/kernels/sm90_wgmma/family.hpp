@@ -69,9 +69,10 @@ constexpr bool has_row_split(int head_dim) { return head_dim <= 128; }
 constexpr int kRowSplitRows = 128;
 constexpr int row_split_keys(int head_dim) { return head_dim > 128 ? 64 : 128; }
 
-// Whether the row-split kernel serves the call: dense inputs (no sequence
-// batch: its producer loads neither pages nor packed sequences), no dropout
-// (its consumers draw no keep bits), no e4m3 cache; defined in routing.cpp.
+// Whether the row-split kernel serves the call: dense inputs or a sequence
+// batch of packed or batched keys (no paged cache: its producer loads whole
+// blocks, not pages), no dropout (its consumers draw no keep bits), no e4m3
+// cache; defined in routing.cpp.
 // The instance's column-split kernels serve the others.
 bool row_split_serves(const AttentionProblem& problem);
 inline bool runs_row_split(const AttentionProblem& problem, int head_dim) {
@@ -87,9 +88,10 @@ inline TileShape tile_shape(const AttentionProblem& problem, int head_dim) {
                                            : TileShape{kTileRows, kTileKeys};
 }
 
-// A serving call's tiling by the kernel (its plan cuts the sequences so).
-inline SequenceTiling sequence_tiling(const TileLaunch& tiles) {
-  return {kTileRows, kTileKeys, tiles.heads_per_tile, tiles.split_slots};
+// A serving call's tiling by the kernel of tile shape `tile` (its plan cuts
+// the sequences so).
+inline SequenceTiling sequence_tiling(TileShape tile, const TileLaunch& tiles) {
+  return {tile.rows, tile.keys, tiles.heads_per_tile, tiles.split_slots};
 }
 
 // How a paged cache's K and V reach shared memory, by page size: gathered by

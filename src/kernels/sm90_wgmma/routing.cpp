@@ -130,7 +130,7 @@ const Instance* route(const AttentionProblem& problem, std::string* reason) {
 }
 
 bool row_split_serves(const AttentionProblem& problem) {
-  return !problem.sequences.active && !problem.has_dropout() && !problem.kv_e4m3;
+  return !problem.sequences.paged() && !problem.has_dropout() && !problem.kv_e4m3;
 }
 
 const Fp8Instance* route_fp8(const AttentionProblem& problem, std::string* reason) {

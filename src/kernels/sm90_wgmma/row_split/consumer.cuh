@@ -22,6 +22,7 @@
 #include "kernels/sm90_wgmma/cta.cuh"
 #include "kernels/sm90_wgmma/ptx.cuh"
 #include "kernels/sm90_wgmma/row_split/producer.cuh"
+#include "kernels/sm90_wgmma/stage_rows.cuh"
 #include "kernels/sm90_wgmma/wgmma.cuh"
 
 namespace ffpa::detail::sm90_wgmma {
@@ -150,6 +151,7 @@ struct RowSplitConsumer {
   __device__ __forceinline__ void issue_pv(int j, uint32_t (&p)[kPSteps][4]) {
     const int position = v_position(j);
     mbarrier_wait(cta.full(position), cta.full_parity(position));
+    if (cta.p.sequences.active) clear_v_rows_past_sequence(j, position);
     const uint32_t v_stage = stage_address(position);
 #pragma unroll
     for (int kk = 0; kk < kPSteps; ++kk) fence_operands(p[kk]);
@@ -163,6 +165,24 @@ struct RowSplitConsumer {
       wgmma_rs<Element, kHeadDim, true>(o_acc, p[kk], v, 1);
     }
     wgmma_commit();
+  }
+
+  // A sequence's last KV block: V_j's rows past the sequence (another
+  // sequence's keys, a batched cache's slots past seqused_k: anything, NaN
+  // included, and P = 0 times NaN is NaN) zeroed before any consumer's wgmma
+  // reads the stage (stage_rows.cuh). Consumer 0 clears them, both consumers
+  // then meet at kVClearedBarrier; every consumer runs the same blocks, so
+  // both reach it or neither. K needs none: a key past Nkv has its score set
+  // to -inf (score_mask.cuh), whatever K holds.
+  __device__ __forceinline__ void clear_v_rows_past_sequence(int j, int position) const {
+    const int rows = opaque(cta.sequence()->seq_kv) - cta.block_key(j);
+    if (rows >= kBlockN) return;
+    if (w == 0) {
+      clear_rows_from<kBlockN, kChunks, Traits::kKBoxBytes>(
+          Cta<Traits>::smem() + Traits::kRingOffset + (position % kStages) * Traits::kStageBytes, rows < 0 ? 0 : rows,
+          thread(), 2);
+    }
+    named_barrier_sync(Traits::kVClearedBarrier, 128 * Traits::kConsumers);
   }
 
   // Waits for S_{j} issued before a P V group (the last one committed).
@@ -185,7 +205,8 @@ struct RowSplitConsumer {
   }
 
   // O normalized into this consumer's Q part (its last S has read it), LSE,
-  // then a TMA store per 64-column box of its 64 rows.
+  // then a TMA store per 64-column box of its 64 rows (plain stores of the
+  // rows inside the sequence where the next rows are another's).
   __device__ __forceinline__ void store_output(const CUtensorMap* o_map) {
     const AttentionProblem& p = cta.p;
     const TileCoordinates* tile = cta.tile();
@@ -213,6 +234,13 @@ struct RowSplitConsumer {
     }
     fence_proxy_async();
     named_barrier_sync(2 + w, 128);  // the consumer's rows are staged
+    if (p.sequences.packed_q() && tile->q0 + (1 << tile->row_shift) > seq->seq_q) {
+      // A sequence's last row block in packed q: a TMA store of whole boxes
+      // would overwrite the next sequence's rows (TMA clips at the tensor's
+      // end only).
+      store_rows_inside(o_part);
+      return;
+    }
     if (thread() == 0) {
       const PartOrigin at = part_origin(*tile, 64 * w);
       const int value_dim = static_cast<int>(p.dv());
@@ -221,6 +249,28 @@ struct RowSplitConsumer {
                      at.head, seq->q_batch);
       tma_store_commit();
       tma_store_wait_read();
+    }
+  }
+
+  // This consumer's staged rows (o_part: boxes of [64 rows][kOutBoxCols],
+  // 128-byte swizzle) that lie inside the tile's sequence, 16 bytes a thread
+  // at a time.
+  __device__ __forceinline__ void store_rows_inside(const unsigned char* o_part) const {
+    const AttentionProblem& p = cta.p;
+    const TileCoordinates* tile = cta.tile();
+    const TileSequence* seq = cta.sequence();
+    const int value_dim = static_cast<int>(p.dv());
+    constexpr int kSegments = kHeadDim / 8;  // 16-byte segments of a row
+    for (int item = thread(); item < 64 * kSegments; item += 128) {
+      const int r = item / kSegments, col = (item % kSegments) * 8;
+      const int i = tile->query_row(64 * w + r);
+      if (i >= seq->seq_q || col >= value_dim) continue;
+      const unsigned char* const staged =
+          o_part + (col / Traits::kOutBoxCols) * kTileBytes + swizzle128<Traits::kElementBytes>(r, col % Traits::kOutBoxCols);
+      Element* const out = static_cast<Element*>(p.o) + seq->q_batch * p.o_stride[0] +
+                           tile->row_head(64 * w + r) * p.o_stride[1] +
+                           static_cast<int64_t>(seq->q_begin + i) * p.o_stride[2];
+      *reinterpret_cast<uint4*>(out + col) = *reinterpret_cast<const uint4*>(staged);
     }
   }
 

@@ -46,8 +46,10 @@ struct RowSplitTraits {
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr RowSchedule kSchedule = kSchedule_;
   // Named barriers: 2 + w for consumer w's epilogue (row_split/consumer.cuh),
-  // kTurnBarrier + w for its turn to issue products (ping_pong).
+  // kTurnBarrier + w for its turn to issue products (ping_pong),
+  // kVClearedBarrier for a sequence's last V block cleared past its keys.
   static constexpr int kTurnBarrier = 2 + kConsumers;
+  static constexpr int kVClearedBarrier = kTurnBarrier + 2;
   static_assert(kSchedule != RowSchedule::ping_pong || kConsumers == 2, "turns between two consumers");
 
   // Not in this layout (the column split's variants).
