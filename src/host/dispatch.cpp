@@ -263,12 +263,15 @@ Status plan_fp8(const AttentionProblem& problem, Impl requested, MemorySpace spa
 // call and is measured faster (docs/kernels/sm90_wgmma.md), else split-D.
 Status plan_automatic_device(const AttentionProblem& problem, KernelChoice* choice) {
   // H200, N = 8192, bf16 (docs/kernels/sm90_wgmma.md): D = 128 split-D 218 vs
-  // sm90 137 TFLOP/s; D = 256 split-D 249 vs sm90 451.
+  // sm90's column split 137 TFLOP/s; D = 256 split-D 249 vs sm90 451. The
+  // row split wherever it runs the call (H100, N 8192: D 64 397 vs split-D
+  // 164, D 128 625 vs 148; docs/kernels/sm90_small_d_plan.md's log).
   // D_qk != D_v by the wider head dim (the sm90 instance it takes): MLA 576 /
   // 512 prefill 242 vs split-D 221 TFLOP/s, its decode (B 64, Hq 128 packed)
   // 0.66 vs 0.67 ms, 192 / 128 causal 192 vs 180 (docs/perf/h200-2026-12-01g/mla_ab.jsonl).
   constexpr int64_t kSm90MinHeadDim = 129;
-  if (sm90_wgmma::instance_width(problem) >= kSm90MinHeadDim &&
+  const int64_t width = sm90_wgmma::instance_width(problem);
+  if ((width >= kSm90MinHeadDim || sm90_wgmma::runs_row_split(problem, static_cast<int>(width))) &&
       plan_sm90_wgmma(problem, MemorySpace::device, choice).ok()) {
     return {};
   }

@@ -188,11 +188,17 @@ void check_row_schedules(const std::string& name, const ForwardCase& c, int head
   }
 }
 
-// D 256's row split (KV blocks of 64 keys), not yet an instance's.
+// D 256's row split (KV blocks of 80 keys) in each schedule, and as instance
+// 256's kernel (GQA packing, split-KV, softcap-free NaN rows); its dropout
+// runs the column split.
 TEST(EmulatedSm90Forward, RowSplitD256) {
   check_row_schedules<256>("rows d256 causal", shape_case(DType::bf16, 1, 2, 1, 150, 230, 256).with_causal(Causal::top_left));
   check_row_schedules<256>("rows d192 mask split-KV", shape_case(DType::f16, 1, 2, 2, 70, 500, 192)
                                                                .with_mask(DType::bf16, MaskShape::batch_keys, false), 1, 3);
+  check<256>("rows d256 packed gqa4 split-KV", shape_case(DType::bf16, 1, 8, 2, 30, 410, 256), 4, 3);
+  check<256>("rows d200 bnhd", shape_case(DType::f16, 2, 2, 1, 129, 161, 200).with_layout(Layout::bnhd));
+  check_nans<256>("nan rows d256", shape_case(DType::bf16, 1, 2, 2, 70, 200, 256).with_causal(Causal::bottom_right));
+  check<256>("d256 dropout", shape_case(DType::bf16, 1, 2, 1, 70, 200, 256).with_dropout(0.2f));
 }
 
 TEST(EmulatedSm90Forward, RowSplitSchedules) {
@@ -227,6 +233,7 @@ TEST(EmulatedSm90Forward, RowSplitPackedSplitAndUnequalDims) {
 TEST(EmulatedSm90Forward, Instance64) {
   check<64>("rows d64 causal gqa", shape_case(DType::bf16, 1, 4, 2, 150, 300, 64).with_causal(Causal::bottom_right));
   check<64>("rows d40 mask", shape_case(DType::f16, 2, 1, 1, 64, 129, 40).with_mask(DType::boolean, MaskShape::batch_keys, true));
+  check<64>("rows d64 split-KV", shape_case(DType::bf16, 1, 2, 1, 40, 900, 64), 1, 2);
   check<64>("d64 dropout", shape_case(DType::bf16, 1, 2, 1, 70, 200, 64).with_dropout(0.2f));
 }
 

@@ -60,14 +60,17 @@ constexpr int kTileKeys = 128;
 // Whether the instance for head_dim carries the row-split kernel
 // (row_split/: the tile's rows split between the consumers, each warpgroup
 // 64 rows with all of S and O, P in registers; FA3's structure,
-// docs/kernels/sm90_small_d_plan.md) beside its column-split ones: D <= 128
-// (256 once measured: its row-split kernel is written and emulated).
-constexpr bool has_row_split(int head_dim) { return head_dim <= 128; }
-// The row-split kernel's tile: two consumers' 64 rows, and its KV block
-// (at D 256 O takes 128 registers a thread: S over 80 keys spills 84 bytes
-// in ptxas, over 64 none).
+// docs/kernels/sm90_small_d_plan.md) beside its column-split ones: D <= 256
+// (H100, N 8192: D 256 662 TFLOP/s against the column split's 435).
+constexpr bool has_row_split(int head_dim) { return head_dim <= 256; }
+// The row-split kernel's tile: two consumers' 64 rows, and its KV block, the
+// fastest measured (H100, N 8192, TFLOP/s, docs/perf/row-split-tiles): D 64
+// 192 keys (437 against 128's 385, 256's 314: 248 bytes of spills); D 128
+// 128 (626 against 144's 625 and 176's 350: 1.3 KB of spills); D 256 80
+// (673 against 64's 662, though ptxas spills 92 bytes: O takes 128
+// registers a thread).
 constexpr int kRowSplitRows = 128;
-constexpr int row_split_keys(int head_dim) { return head_dim > 128 ? 64 : 128; }
+constexpr int row_split_keys(int head_dim) { return head_dim > 128 ? 80 : head_dim > 64 ? 128 : 192; }
 
 // Whether the row-split kernel serves the call: dense inputs or a sequence
 // batch of packed or batched keys (no paged cache: its producer loads whole

@@ -151,7 +151,6 @@ struct RowSplitConsumer {
   __device__ __forceinline__ void issue_pv(int j, uint32_t (&p)[kPSteps][4]) {
     const int position = v_position(j);
     mbarrier_wait(cta.full(position), cta.full_parity(position));
-    if (cta.p.sequences.active) clear_v_rows_past_sequence(j, position);
     const uint32_t v_stage = stage_address(position);
 #pragma unroll
     for (int kk = 0; kk < kPSteps; ++kk) fence_operands(p[kk]);
@@ -167,16 +166,21 @@ struct RowSplitConsumer {
     wgmma_commit();
   }
 
-  // A sequence's last KV block: V_j's rows past the sequence (another
+  // A sequence batch's tile, before P V of its last block j (the only one
+  // that can reach past the sequence's keys: set_kv_blocks ends a tile's
+  // blocks at the sequence's): V_j's rows past the sequence (another
   // sequence's keys, a batched cache's slots past seqused_k: anything, NaN
   // included, and P = 0 times NaN is NaN) zeroed before any consumer's wgmma
   // reads the stage (stage_rows.cuh). Consumer 0 clears them, both consumers
-  // then meet at kVClearedBarrier; every consumer runs the same blocks, so
-  // both reach it or neither. K needs none: a key past Nkv has its score set
-  // to -inf (score_mask.cuh), whatever K holds.
-  __device__ __forceinline__ void clear_v_rows_past_sequence(int j, int position) const {
+  // then meet at kVClearedBarrier; both run the same blocks, so both reach it
+  // or neither. K needs none: a key past Nkv has its score set to -inf
+  // (score_mask.cuh), whatever K holds.
+  __device__ __forceinline__ void clear_last_v_block(int j) const {
+    if (!cta.p.sequences.active) return;
     const int rows = opaque(cta.sequence()->seq_kv) - cta.block_key(j);
     if (rows >= kBlockN) return;
+    const int position = v_position(j);
+    mbarrier_wait(cta.full(position), cta.full_parity(position));
     if (w == 0) {
       clear_rows_from<kBlockN, kChunks, Traits::kKBoxBytes>(
           Cta<Traits>::smem() + Traits::kRingOffset + (position % kStages) * Traits::kStageBytes, rows < 0 ? 0 : rows,

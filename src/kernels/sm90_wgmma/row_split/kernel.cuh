@@ -50,6 +50,7 @@ __device__ __forceinline__ void run_blocks_serially(RowSplitConsumer<Traits>& co
     consumer.softmax(j, s, scale);
     consumer.pack_p(s, p);
     consumer.rescale_o(scale);
+    if (j + 1 == consumer.cta.tile()->kv_blocks) consumer.clear_last_v_block(j);
     consumer.issue_pv(j, p);
     consumer.finish_pv(j);
   }
@@ -91,6 +92,7 @@ __device__ __forceinline__ void run_blocks_overlapped(RowSplitConsumer<Traits>& 
     consumer.pack_p(s, p);
   }
   const int last = consumer.cta.tile()->kv_blocks - 1;
+  consumer.clear_last_v_block(last);
   consumer.issue_pv(last, p);
   consumer.finish_pv(last);
 }

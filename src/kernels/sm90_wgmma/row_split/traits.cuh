@@ -27,14 +27,13 @@ namespace ffpa::detail::sm90_wgmma {
 //   running while P_j V_j is on the tensor cores (FA3's IntraWGOverlap);
 // - ping_pong: overlap, and the consumers take turns issuing their products
 //   (two named barriers), so one's softmax runs under the other's products.
+// The instances run ping_pong: D 128 on an H100, N 8192, 555 / 580 / 624
+// TFLOP/s (docs/kernels/sm90_small_d_plan.md's log); the others stay for the
+// next A/B (and are emulated).
 enum class RowSchedule : int { serial, overlap, ping_pong };
 
-#ifndef FFPA_ROW_SPLIT_SCHEDULE  // (an A/B build's choice; see docs/kernels/sm90_small_d_plan.md)
-#define FFPA_ROW_SPLIT_SCHEDULE 2
-#endif
-
 template <typename Element_, int kHeadDim_, int kConsumers_ = 2, int kBlockN_ = 128,
-          RowSchedule kSchedule_ = static_cast<RowSchedule>(FFPA_ROW_SPLIT_SCHEDULE)>
+          RowSchedule kSchedule_ = RowSchedule::ping_pong>
 struct RowSplitTraits {
   using Element = Element_;
   using Operand = Element_;
