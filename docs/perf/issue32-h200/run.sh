@@ -11,21 +11,9 @@
 # compass.md, compass_serving.md and raw.tgz (the test logs) under $OUT.
 set -uo pipefail
 B=${1:?unpacked build folder}
-OUT=${OUT:-/tmp/out}
-RAW=$OUT/raw
-mkdir -p "$RAW"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python:$PWD/bench FFPA_LIBRARY=$PWD/$B/libffpa.so
-log=$OUT/run.log
-step() { echo "== $1 ($(date +%T))" | tee -a "$log"; }
-gtest() {
-  local limit=$1 name=$2
-  shift 2
-  timeout "$limit" "$@" > "$RAW/$name.log" 2>&1
-  echo "exit $?" | tee -a "$log"
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|ERROR SUMMARY' "$RAW/$name.log" | head -30 | tee -a "$log"
-}
+RAW=${OUT:-/tmp/out}/raw
+. scripts/device_steps.sh
 trap 'tar -czf "$OUT/raw.tgz" -C "$OUT" raw && rm -rf "$RAW"' EXIT
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee -a "$log"
 step "GPU tests at D <= 256"
 gtest 200 tests "$B/tests/ffpa_gpu_tests" \
   --gtest_filter='*GpuForward*D64*:*GpuForward*D72*:*GpuForward*D128*:*GpuForward*D256*:*GpuServing*_d64:*GpuServing*_d128:*GpuServing*_d256:*GpuBackward*:*Nan*'

@@ -15,28 +15,7 @@ set -uo pipefail
 B=${1:?unpacked build folder}
 SIZE=${2:-full}
 case "$SIZE" in full | min | tiny) ;; *) echo "run.sh: size is full, min or tiny, not $SIZE" >&2; exit 2 ;; esac
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python:$PWD/bench FFPA_LIBRARY=$PWD/$B/libffpa.so
-log=$OUT/run.log
-step() { echo "== $1 ($(date +%T))" | tee -a "$log"; }
-# A test binary under a time limit, its summary lines into the log.
-gtest() {
-  local limit=$1 name=$2
-  shift 2
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "exit $?" | tee -a "$log"
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED' "$OUT/$name.log" | head -30 | tee -a "$log"
-}
-# bench/small_d_ab.py under time limit $1 with library $2 (a folder holding
-# libffpa.so), JSON $3, then its options.
-ab() {
-  local limit=$1 lib=$2 json=$3
-  shift 3
-  [ -e "$lib/libffpa.so" ] || { echo "no $lib/libffpa.so: skipped" | tee -a "$log"; return; }
-  FFPA_LIBRARY=$PWD/$lib/libffpa.so timeout "$limit" python3 bench/small_d_ab.py "$@" --json "$OUT/$json" 2>&1 | tee -a "$log"
-}
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee -a "$log"
+. scripts/device_steps.sh
 step "wgmma kernel tests"
 gtest 30 kernel_tests "$B/tests/ffpa_gpu_kernel_tests"
 step "forward GPU tests"

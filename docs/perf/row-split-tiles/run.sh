@@ -9,28 +9,19 @@
 # raw.tgz (the JSON of every step, the logs) under $OUT.
 set -uo pipefail
 B=${1:?unpacked build folder}
-OUT=${OUT:-/tmp/out}
-RAW=$OUT/raw
-mkdir -p "$RAW"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python:$PWD/bench FFPA_LIBRARY=$PWD/$B/libffpa.so
-log=$OUT/run.log
-step() { echo "== $1 ($(date +%T))" | tee -a "$log"; }
-gtest() {
-  local limit=$1 name=$2
+RAW=${OUT:-/tmp/out}/raw
+. scripts/device_steps.sh
+trap 'tar -czf "$OUT/raw.tgz" -C "$OUT" raw && rm -rf "$RAW"' EXIT
+# Each library of $2... twice, interleaved, on the cases $1; JSON NAME_<n>.json.
+tiles() {
+  local cases=$1 name=$2
   shift 2
-  timeout "$limit" "$@" > "$RAW/$name.log" 2>&1
-  echo "exit $?" | tee -a "$log"
-  grep -E '^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED|ERROR SUMMARY' "$RAW/$name.log" | head -30 | tee -a "$log"
+  local n=0
+  for lib in "$@" "$@"; do
+    n=$((n + 1))
+    ab 40 "$lib" "${name}_$n.json" $T --cases "$cases"
+  done
 }
-ab() {
-  local limit=$1 lib=$2 json=$3
-  shift 3
-  [ -e "$lib/libffpa.so" ] || { echo "no $lib/libffpa.so: skipped" | tee -a "$log"; return; }
-  FFPA_LIBRARY=$PWD/$lib/libffpa.so timeout "$limit" python3 bench/small_d_ab.py "$@" --json "$RAW/$json" 2>&1 | tee -a "$log"
-}
-finish() { tar -czf "$OUT/raw.tgz" -C "$OUT" raw && rm -rf "$RAW"; }
-trap finish EXIT
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee -a "$log"
 step "GPU tests: forward, serving (the row split at D 64 / 128 / 256 under impl auto and sm90_wgmma)"
 gtest 240 tests "$B/tests/ffpa_gpu_tests" --gtest_filter='*GpuForward*:*GpuServing*:*GpuValueDim*:*Nan*:*SplitKv*'
 step "memcheck: serving at D 64 / 128 / 256"
@@ -40,23 +31,11 @@ step "small-D beside cuDNN (the build)"
 ab 100 "$B" small_d_ab.json --rounds 2
 T="--rounds 2 --iters 10"
 step "D 128 KV blocks: 176, 144, the build's 128"
-n=0
-for lib in gpu_carry/ab128n176 gpu_carry/ab128n144 "$B" gpu_carry/ab128n176 gpu_carry/ab128n144 "$B"; do
-  n=$((n + 1))
-  ab 40 "$lib" "d128_tiles_$n.json" $T --cases 128:8192:0,128:8192:1,128:2048:0
-done
+tiles 128:8192:0,128:8192:1,128:2048:0 d128_tiles gpu_carry/ab128n176 gpu_carry/ab128n144 "$B"
 step "D 64 KV blocks: 192, 256, the build's 128"
-n=0
-for lib in gpu_carry/ab64n192 gpu_carry/ab64n256 "$B" gpu_carry/ab64n192 gpu_carry/ab64n256 "$B"; do
-  n=$((n + 1))
-  ab 40 "$lib" "d64_tiles_$n.json" $T --cases 64:8192:0,64:8192:1,64:2048:0
-done
+tiles 64:8192:0,64:8192:1,64:2048:0 d64_tiles gpu_carry/ab64n192 gpu_carry/ab64n256 "$B"
 step "D 256 KV blocks: 80, the build's 64"
-n=0
-for lib in gpu_carry/ab256n80 "$B" gpu_carry/ab256n80 "$B"; do
-  n=$((n + 1))
-  ab 40 "$lib" "d256_tiles_$n.json" $T --cases 256:8192:0,256:8192:1
-done
+tiles 256:8192:0,256:8192:1 d256_tiles gpu_carry/ab256n80 "$B"
 step "ncu: the row split at D 128, N 8192"
 timeout 120 ncu --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
   --section Occupancy -k regex:forward_kernel -c 1 python3 bench/small_d_ab.py --cases 128:8192:0 --rounds 1 --iters 1 \
