@@ -7,6 +7,8 @@
 #                                   $RAW/NAME.log, its summary lines in the log
 #   ab LIMIT LIB JSON ARGS...       bench/small_d_ab.py with LIB/libffpa.so (skipped
 #                                   where LIB has none), its JSON in $RAW/JSON
+#   interleave CASES NAME LIB...    each LIB twice, interleaved, on small_d_ab.py's
+#                                   CASES (2 rounds of 10 calls); JSON NAME_<n>.json
 OUT=${OUT:-/tmp/out}
 RAW=${RAW:-$OUT}
 mkdir -p "$OUT" "$RAW"
@@ -26,5 +28,14 @@ ab() {
   [ -e "$lib/libffpa.so" ] || { echo "no $lib/libffpa.so: skipped" | tee -a "$log"; return; }
   FFPA_LIBRARY=$PWD/$lib/libffpa.so timeout "$limit" python3 bench/small_d_ab.py "$@" --json "$RAW/$json" 2>&1 |
     tee -a "$log"
+}
+interleave() {
+  local cases=$1 name=$2
+  shift 2
+  local n=0
+  for lib in "$@" "$@"; do
+    n=$((n + 1))
+    ab 40 "$lib" "${name}_$n.json" --rounds 2 --iters 10 --cases "$cases"
+  done
 }
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm --format=csv | tee -a "$log"

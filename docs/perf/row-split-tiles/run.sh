@@ -12,16 +12,6 @@ B=${1:?unpacked build folder}
 RAW=${OUT:-/tmp/out}/raw
 . scripts/device_steps.sh
 trap 'tar -czf "$OUT/raw.tgz" -C "$OUT" raw && rm -rf "$RAW"' EXIT
-# Each library of $2... twice, interleaved, on the cases $1; JSON NAME_<n>.json.
-tiles() {
-  local cases=$1 name=$2
-  shift 2
-  local n=0
-  for lib in "$@" "$@"; do
-    n=$((n + 1))
-    ab 40 "$lib" "${name}_$n.json" $T --cases "$cases"
-  done
-}
 step "GPU tests: forward, serving (the row split at D 64 / 128 / 256 under impl auto and sm90_wgmma)"
 gtest 240 tests "$B/tests/ffpa_gpu_tests" --gtest_filter='*GpuForward*:*GpuServing*:*GpuValueDim*:*Nan*:*SplitKv*'
 step "memcheck: serving at D 64 / 128 / 256"
@@ -29,13 +19,12 @@ gtest 90 memcheck compute-sanitizer --tool memcheck --error-exitcode 1 "$B/tests
   --gtest_filter='Small/GpuServing.*_d64:Small/GpuServing.*_d128:Small/GpuServing.*_d256' --gtest_brief=1
 step "small-D beside cuDNN (the build)"
 ab 100 "$B" small_d_ab.json --rounds 2
-T="--rounds 2 --iters 10"
 step "D 128 KV blocks: 176, 144, the build's 128"
-tiles 128:8192:0,128:8192:1,128:2048:0 d128_tiles gpu_carry/ab128n176 gpu_carry/ab128n144 "$B"
+interleave 128:8192:0,128:8192:1,128:2048:0 d128_tiles gpu_carry/ab128n176 gpu_carry/ab128n144 "$B"
 step "D 64 KV blocks: 192, 256, the build's 128"
-tiles 64:8192:0,64:8192:1,64:2048:0 d64_tiles gpu_carry/ab64n192 gpu_carry/ab64n256 "$B"
+interleave 64:8192:0,64:8192:1,64:2048:0 d64_tiles gpu_carry/ab64n192 gpu_carry/ab64n256 "$B"
 step "D 256 KV blocks: 80, the build's 64"
-tiles 256:8192:0,256:8192:1 d256_tiles gpu_carry/ab256n80 "$B"
+interleave 256:8192:0,256:8192:1 d256_tiles gpu_carry/ab256n80 "$B"
 step "ncu: the row split at D 128, N 8192"
 timeout 120 ncu --section SpeedOfLight --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
   --section Occupancy -k regex:forward_kernel -c 1 python3 bench/small_d_ab.py --cases 128:8192:0 --rounds 1 --iters 1 \
