@@ -1,7 +1,8 @@
 # The steps the device scripts under docs/perf share; sourced, not run:
 #   B=<unpacked build folder>; RAW=<folder for logs and JSON> (default $OUT); . scripts/device_steps.sh
 # Sets OUT (default /tmp/out) and log ($OUT/run.log), points the Python package at
-# $B/libffpa.so, writes the GPU's name and clocks into the log, and defines:
+# $B/libffpa.so, writes the GPU's name and clocks into the log (RAW=$OUT/raw: packs it into
+# $OUT/raw.tgz at exit, one file for the device tool to return), and defines:
 #   step TEXT                       a heading in the log
 #   gtest LIMIT NAME CMD...         a test binary under a time limit; its output in
 #                                   $RAW/NAME.log, its summary lines in the log
@@ -12,6 +13,7 @@
 OUT=${OUT:-/tmp/out}
 RAW=${RAW:-$OUT}
 mkdir -p "$OUT" "$RAW"
+[ "$RAW" = "$OUT/raw" ] && trap 'tar -czf "$OUT/raw.tgz" -C "$OUT" raw && rm -rf "$RAW"' EXIT
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD/python:$PWD/bench FFPA_LIBRARY=$PWD/$B/libffpa.so
 log=$OUT/run.log
 step() { echo "== $1 ($(date +%T))" | tee -a "$log"; }

@@ -17,7 +17,6 @@ set -uo pipefail
 B=${1:?unpacked build folder}
 RAW=${OUT:-/tmp/out}/raw
 . scripts/device_steps.sh
-trap 'tar -czf "$OUT/raw.tgz" -C "$OUT" raw && rm -rf "$RAW"' EXIT
 step "GPU tests at D <= 256"
 gtest 200 tests "$B/tests/ffpa_gpu_tests" \
   --gtest_filter='*GpuForward*D64*:*GpuForward*D72*:*GpuForward*D128*:*GpuForward*D256*:*GpuServing*_d64:*GpuServing*_d128:*GpuServing*_d256:*GpuBackward*:*Nan*'

@@ -11,7 +11,6 @@ set -uo pipefail
 B=${1:?unpacked build folder}
 RAW=${OUT:-/tmp/out}/raw
 . scripts/device_steps.sh
-trap 'tar -czf "$OUT/raw.tgz" -C "$OUT" raw && rm -rf "$RAW"' EXIT
 step "GPU tests: forward, serving (the row split at D 64 / 128 / 256 under impl auto and sm90_wgmma)"
 gtest 240 tests "$B/tests/ffpa_gpu_tests" --gtest_filter='*GpuForward*:*GpuServing*:*GpuValueDim*:*Nan*:*SplitKv*'
 step "memcheck: serving at D 64 / 128 / 256"
