@@ -165,7 +165,6 @@ struct Consumer {
   __device__ __forceinline__ void rescale_own_o(int j, const float (&scale)[2]);
   // epilogue.cuh
   __device__ __forceinline__ void store_output(const CUtensorMap* o_map);
-  __device__ __forceinline__ void store_rows_inside(const unsigned char* o_tiles, int value_dim);
   __device__ __forceinline__ void store_partial();
 };
 

@@ -9,6 +9,7 @@
 #include "kernels/common/math_constants.hpp"
 #include "kernels/common/swizzle.hpp"
 #include "kernels/sm90_wgmma/consumer.cuh"
+#include "kernels/sm90_wgmma/staged_output.cuh"
 
 namespace ffpa::detail::sm90_wgmma {
 
@@ -129,11 +130,8 @@ __device__ __forceinline__ void Consumer<Traits>::store_output(const CUtensorMap
   named_barrier_sync(2 + w, 128);
   const TileSequence* seq = cta.sequence();
   const int value_dim = static_cast<int>(p.dv());  // O's columns
-  if (p.sequences.packed_q() && tile->q0 + (1 << tile->row_shift) > seq->seq_q) {
-    // A sequence's last row block in packed q: the rows after it are the next
-    // sequence's, which a TMA store of the whole box would overwrite (TMA
-    // clips at the tensor's end only). Plain 16-byte stores of the rows inside.
-    store_rows_inside(o_tiles, value_dim);
+  if (rows_reach_next_sequence(cta)) {
+    store_staged_rows_inside<Traits, kHalfCols>(cta, o_tiles, 0, w * kHalfCols, thread);  // this consumer's half
     return;
   }
   if (thread == 0) {
@@ -145,27 +143,6 @@ __device__ __forceinline__ void Consumer<Traits>::store_output(const CUtensorMap
     }
     tma_store_commit();
     tma_store_wait_read();
-  }
-}
-
-// This consumer's half of the staged O tile (o_tiles: boxes of [64 rows]
-// [kOutBoxCols], 128-byte swizzle) to global memory row by row, the rows
-// inside the tile's sequence only: 16 bytes a thread at a time.
-template <class Traits>
-__device__ __forceinline__ void Consumer<Traits>::store_rows_inside(const unsigned char* o_tiles, int value_dim) {
-  const AttentionProblem& p = cta.p;
-  const TileCoordinates* tile = cta.tile();
-  const TileSequence* seq = cta.sequence();
-  constexpr int kSegments = kHalfCols / 8;  // 16-byte segments of a row of this half
-  for (int item = thread; item < 64 * kSegments; item += 128) {
-    const int r = item / kSegments, col = w * kHalfCols + (item % kSegments) * 8;
-    const int i = tile->query_row(r);
-    if (i >= seq->seq_q || cta.vo_col0() + col >= value_dim) continue;
-    const uint4 value = *reinterpret_cast<const uint4*>(o_tiles + (col / kOutBoxCols) * kTileBytes +
-                                                        swizzle128<kElementBytes>(r, col % kOutBoxCols));
-    Element* const out = static_cast<Element*>(p.o) + seq->q_batch * p.o_stride[0] +
-                         tile->row_head(r) * p.o_stride[1] + static_cast<int64_t>(seq->q_begin + i) * p.o_stride[2];
-    *reinterpret_cast<uint4*>(out + cta.vo_col0() + col) = value;
   }
 }
 

@@ -1,8 +1,8 @@
 // The sm90_wgmma attention forward kernel (sm_90a: TMA + wgmma, warp-specialized).
 // Two CTA layouts: the row-split kernel (row_split/; family.hpp's
-// runs_row_split: instances up to D 128, dense calls without dropout)
-// splits the tile's rows between the consumers; the others split O's
-// columns, as this comment describes.
+// runs_row_split: instances up to D 256, calls without dropout, a paged or
+// an e4m3 cache) splits the tile's rows between the consumers; the others
+// split O's columns, as this comment describes.
 //
 // One CTA: 64 query rows of one (batch, head), all of O. Three warpgroups:
 //   - a producer (one thread issues TMA loads into a ring of shared-memory stages;

@@ -23,6 +23,7 @@
 #include "kernels/sm90_wgmma/ptx.cuh"
 #include "kernels/sm90_wgmma/row_split/producer.cuh"
 #include "kernels/sm90_wgmma/stage_rows.cuh"
+#include "kernels/sm90_wgmma/staged_output.cuh"
 #include "kernels/sm90_wgmma/wgmma.cuh"
 
 namespace ffpa::detail::sm90_wgmma {
@@ -238,11 +239,8 @@ struct RowSplitConsumer {
     }
     fence_proxy_async();
     named_barrier_sync(2 + w, 128);  // the consumer's rows are staged
-    if (p.sequences.packed_q() && tile->q0 + (1 << tile->row_shift) > seq->seq_q) {
-      // A sequence's last row block in packed q: a TMA store of whole boxes
-      // would overwrite the next sequence's rows (TMA clips at the tensor's
-      // end only).
-      store_rows_inside(o_part);
+    if (rows_reach_next_sequence(cta)) {
+      store_staged_rows_inside<Traits, kHeadDim>(cta, o_part, 64 * w, 0, thread());  // its 64 rows, every column
       return;
     }
     if (thread() == 0) {
@@ -253,28 +251,6 @@ struct RowSplitConsumer {
                      at.head, seq->q_batch);
       tma_store_commit();
       tma_store_wait_read();
-    }
-  }
-
-  // This consumer's staged rows (o_part: boxes of [64 rows][kOutBoxCols],
-  // 128-byte swizzle) that lie inside the tile's sequence, 16 bytes a thread
-  // at a time.
-  __device__ __forceinline__ void store_rows_inside(const unsigned char* o_part) const {
-    const AttentionProblem& p = cta.p;
-    const TileCoordinates* tile = cta.tile();
-    const TileSequence* seq = cta.sequence();
-    const int value_dim = static_cast<int>(p.dv());
-    constexpr int kSegments = kHeadDim / 8;  // 16-byte segments of a row
-    for (int item = thread(); item < 64 * kSegments; item += 128) {
-      const int r = item / kSegments, col = (item % kSegments) * 8;
-      const int i = tile->query_row(64 * w + r);
-      if (i >= seq->seq_q || col >= value_dim) continue;
-      const unsigned char* const staged =
-          o_part + (col / Traits::kOutBoxCols) * kTileBytes + swizzle128<Traits::kElementBytes>(r, col % Traits::kOutBoxCols);
-      Element* const out = static_cast<Element*>(p.o) + seq->q_batch * p.o_stride[0] +
-                           tile->row_head(64 * w + r) * p.o_stride[1] +
-                           static_cast<int64_t>(seq->q_begin + i) * p.o_stride[2];
-      *reinterpret_cast<uint4*>(out + col) = *reinterpret_cast<const uint4*>(staged);
     }
   }
 
