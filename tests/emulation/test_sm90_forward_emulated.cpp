@@ -159,7 +159,7 @@ TEST(EmulatedSm90Forward, UnequalValueHeadDims) {
 // (row_split/traits.cuh's RowSchedule), whichever the build's instances use.
 template <int kHeadDim = 128>
 void check_row_schedules(const std::string& name, const ForwardCase& c, int heads_per_tile = 1, int wanted_splits = 1) {
-  constexpr int kKeys = sm90::row_split_keys(kHeadDim);
+  constexpr int kKeys = sm90::row_split_keys(kHeadDim, false);
   for (sm90::RowSchedule schedule : {sm90::RowSchedule::serial, sm90::RowSchedule::overlap, sm90::RowSchedule::ping_pong}) {
     const std::string label = name + " schedule " + std::to_string(static_cast<int>(schedule));
     check_forward(label, c, 0, [&](const detail::AttentionProblem& problem) {

@@ -68,7 +68,11 @@ template <int kHeadDim, class Element, class F>
 auto with_instance_traits(const AttentionProblem& problem, F&& f) {
   if constexpr (has_row_split(kHeadDim)) {
     if (row_split_serves(problem)) {
-      return f(static_cast<RowSplitTraits<Element, kHeadDim, 2, row_split_keys(kHeadDim)>*>(nullptr));
+      if (scores_plain(problem)) {
+        constexpr int kKeys = row_split_keys(kHeadDim, true);
+        return f(static_cast<RowSplitTraits<Element, kHeadDim, 2, kKeys, RowSchedule::ping_pong, false>*>(nullptr));
+      }
+      return f(static_cast<RowSplitTraits<Element, kHeadDim, 2, row_split_keys(kHeadDim, false)>*>(nullptr));
     }
   }
   return with_column_split_traits<kHeadDim, Element>(problem, f);

@@ -70,7 +70,16 @@ constexpr bool has_row_split(int head_dim) { return head_dim <= 256; }
 // (673 against 64's 662, though ptxas spills 92 bytes: O takes 128
 // registers a thread).
 constexpr int kRowSplitRows = 128;
-constexpr int row_split_keys(int head_dim) { return head_dim > 128 ? 80 : head_dim > 64 ? 128 : 192; }
+constexpr int row_split_keys(int head_dim, bool plain_scores) {
+  return plain_scores ? (head_dim > 128 ? 80 : head_dim > 64 ? 128 : 192) : (head_dim > 128 ? 80 : head_dim > 64 ? 128 : 192);
+}
+
+// Whether a call's scores take neither the user's mask nor a softcap, with a
+// positive scale: the row split's plain kernel (RowSplitTraits'
+// kMaskAndSoftcap false) serves it.
+inline bool scores_plain(const AttentionProblem& problem) {
+  return problem.mask_kind == MaskKind::none && !(problem.softcap > 0.0f) && problem.scale > 0.0f;
+}
 
 // Whether the row-split kernel serves the call: dense inputs or a sequence
 // batch of packed or batched keys (no paged cache: its producer loads whole
@@ -87,7 +96,7 @@ struct TileShape {
   int rows, keys;
 };
 inline TileShape tile_shape(const AttentionProblem& problem, int head_dim) {
-  return runs_row_split(problem, head_dim) ? TileShape{kRowSplitRows, row_split_keys(head_dim)}
+  return runs_row_split(problem, head_dim) ? TileShape{kRowSplitRows, row_split_keys(head_dim, scores_plain(problem))}
                                            : TileShape{kTileRows, kTileKeys};
 }
 

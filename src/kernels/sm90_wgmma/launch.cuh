@@ -114,8 +114,10 @@ template <int kHeadDim, class Element>
 Status launch_element(const AttentionProblem& problem, const TileLaunch& tiles, cudaStream_t stream) {
   return with_instance_traits<kHeadDim, Element>(problem, [&](auto* traits) {
     using Kernel = std::remove_pointer_t<decltype(traits)>;
-    static_assert(!Kernel::kRowSplit || (Kernel::kBlockM == kRowSplitRows && Kernel::kBlockN == row_split_keys(kHeadDim)),
-                  "the tile the host plans with (family.hpp's tile_shape)");
+    if constexpr (Kernel::kRowSplit) {
+      static_assert(Kernel::kBlockM == kRowSplitRows && Kernel::kBlockN == row_split_keys(kHeadDim, !Kernel::kMaskAndSoftcap),
+                    "the tile the host plans with (family.hpp's tile_shape)");
+    }
     return launch<Kernel>(problem, tiles, stream);
   });
 }

@@ -103,13 +103,19 @@ struct RowSplitConsumer {
 
   // The online softmax of S_j in place: S_j becomes P_j (unnormalized, in the
   // running maximum's units); `scale` is the factor O's rows take before
-  // P_j V_j is added.
+  // P_j V_j is added. Without the mask and the softcap (Traits::
+  // kMaskAndSoftcap false: routed so only with a positive scale) S keeps its
+  // raw scores and the scale is the factor of the maxima (max commutes with
+  // a positive factor) and of the exponentials' FFMA.
   __device__ __forceinline__ void softmax(int j, float (&s)[kBlockN / 2], float (&scale)[2]) {
     const AttentionProblem& p = cta.p;
     const TileCoordinates* tile = cta.tile();
     const int kv0 = cta.block_key(j);
     const int key0 = kv0 + 2 * quad_lane();
-    if (Traits::kSoftcap && p.softcap > 0.0f) {
+    float factor = 1.0f;
+    if constexpr (!Traits::kMaskAndSoftcap) {
+      factor = cta.score_scale();
+    } else if (p.softcap > 0.0f) {
       apply_softcap<SLayout>(s, softcap_factors(p, cta.score_scale()));
     } else {
       const float score_scale = cta.score_scale();
@@ -119,16 +125,22 @@ struct RowSplitConsumer {
     const KeyLimits limits(opaque(cta.sequence())->seq_kv, *opaque(cta.key_bounds()), *tile);
     const SCoordinates coords{*this};
     if (limits.block_needs_masking(kv0, kBlockN)) mask_outside_limits<SLayout>(s, limits, coords, key0);
-    if (p.mask_kind != MaskKind::none) {
-      add_mask<SLayout, Traits::kMaskBlocksInFlight, Traits::kMaskPairLoads>(s, p, *tile, coords, key0);
+    if constexpr (Traits::kMaskAndSoftcap) {
+      if (p.mask_kind != MaskKind::none) {
+        add_mask<SLayout, Traits::kMaskBlocksInFlight, Traits::kMaskPairLoads>(s, p, *tile, coords, key0);
+      }
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const RowRescale rescale = rescale_row(row_max[h], quad_max(thread_row_max<SLayout>(s, h)));
+      const RowRescale rescale = rescale_row(row_max[h], quad_max(thread_row_max<SLayout>(s, h) * factor));
       row_max[h] = rescale.new_max;
       scale[h] = rescale.scale;
       float block_sum = 0.0f;
-      exponentiate_row<SLayout>(s, h, rescale.base, block_sum);
+      if constexpr (Traits::kMaskAndSoftcap) {
+        exponentiate_row<SLayout>(s, h, rescale.base, block_sum);
+      } else {
+        exponentiate_row<SLayout>(s, h, factor, rescale.base, block_sum);
+      }
       row_sum[h] = row_sum[h] * rescale.scale + block_sum;
     }
   }

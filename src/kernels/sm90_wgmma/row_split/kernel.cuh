@@ -57,18 +57,19 @@ __device__ __forceinline__ void run_blocks_serially(RowSplitConsumer<Traits>& co
 }
 
 // S_{j+1} and P_j V_j issued together; the softmax of S_{j+1} runs while
-// P_j V_j does, O takes its factor once P_j V_j is in. The issues and
-// their waits stay within one iteration (a wgmma group in flight across a
-// branch makes ptxas serialize every wgmma: kernel.cuh).
+// P_j V_j does. O takes block j's factor between the two issues, under
+// S_{j+1} on the tensor cores (FA3's order), not on the way to the next
+// turn. The issues and their waits stay within one iteration (a wgmma group
+// in flight across a branch makes ptxas serialize every wgmma: kernel.cuh).
 template <class Traits>
 __device__ __forceinline__ void run_blocks_overlapped(RowSplitConsumer<Traits>& consumer) {
   const Turns<Traits> turns{consumer.w};
   if (consumer.cta.tile()->kv_blocks == 0) return;
   uint32_t p[Traits::kBlockN / 16][4];
+  float scale[2];  // the factor O takes before the next P V: the last softmax's
   turns.start();
   {
     float s[Traits::kBlockN / 2];
-    float scale[2];
     turns.wait();
     consumer.issue_s(0, s);
     turns.pass(consumer.cta.tile()->kv_blocks == 1);
@@ -80,19 +81,19 @@ __device__ __forceinline__ void run_blocks_overlapped(RowSplitConsumer<Traits>& 
   }
   for (int j = 1; j < opaque(consumer.cta.tile())->kv_blocks; ++j) {
     float s[Traits::kBlockN / 2];
-    float scale[2];
     turns.wait();
     consumer.issue_s(j, s);
+    consumer.rescale_o(scale);
     consumer.issue_pv(j - 1, p);
     turns.pass(j + 1 == opaque(consumer.cta.tile())->kv_blocks);
     consumer.finish_s_under_pv(j, s);
     consumer.softmax(j, s, scale);
     consumer.finish_pv(j - 1);
-    consumer.rescale_o(scale);
     consumer.pack_p(s, p);
   }
   const int last = consumer.cta.tile()->kv_blocks - 1;
   consumer.clear_last_v_block(last);
+  consumer.rescale_o(scale);
   consumer.issue_pv(last, p);
   consumer.finish_pv(last);
 }

@@ -32,8 +32,12 @@ namespace ffpa::detail::sm90_wgmma {
 // next A/B (and are emulated).
 enum class RowSchedule : int { serial, overlap, ping_pong };
 
+// kMaskAndSoftcap: whether the kernel carries the user's mask and the
+// softcap. Without them (family.hpp's scores_plain: neither, and a positive
+// scale) the score scale rides in the exponentials' FFMA instead of a
+// multiply a score, and the registers the mask's loads would hold stay free.
 template <typename Element_, int kHeadDim_, int kConsumers_ = 2, int kBlockN_ = 128,
-          RowSchedule kSchedule_ = RowSchedule::ping_pong>
+          RowSchedule kSchedule_ = RowSchedule::ping_pong, bool kMaskAndSoftcap_ = true>
 struct RowSplitTraits {
   using Element = Element_;
   using Operand = Element_;
@@ -44,6 +48,7 @@ struct RowSplitTraits {
   static constexpr int kBlockN = kBlockN_;
   static constexpr int kThreads = 128 * (kConsumers + 1);
   static constexpr RowSchedule kSchedule = kSchedule_;
+  static constexpr bool kMaskAndSoftcap = kMaskAndSoftcap_;
   // Named barriers: 2 + w for consumer w's epilogue (row_split/consumer.cuh),
   // kTurnBarrier + w for its turn to issue products (ping_pong),
   // kVClearedBarrier for a sequence's last V block cleared past its keys.
@@ -56,7 +61,7 @@ struct RowSplitTraits {
   static constexpr bool kFp8 = false, kQkInt8 = false, kDropout = false, kDropoutWarps = false, kMaskInS = false;
   static constexpr KvLoad kKvLoad = KvLoad::boxes;
   static constexpr bool kCacheCodes = false, kPageGroups = false, kGathersPages = false;
-  static constexpr bool kSoftcap = true;
+  static constexpr bool kSoftcap = kMaskAndSoftcap;
   static constexpr int kDropoutThreads = 0;
 
   static constexpr int kElementBytes = ElementTraits<Element>::kBytes;
