@@ -156,10 +156,13 @@ TEST(EmulatedSm90Forward, UnequalValueHeadDims) {
 }
 
 // The row-split kernel at instance kHeadDim in each of its schedules
-// (row_split/traits.cuh's RowSchedule), whichever the build's instances use.
-template <int kHeadDim = 128>
+// (row_split/traits.cuh's RowSchedule), whichever the build's instances use:
+// kConsumers consumer warpgroups, the plain kernel (no mask, no softcap) or
+// the full one.
+template <int kHeadDim = 128, int kConsumers = 2, bool kPlain = false>
 void check_row_schedules(const std::string& name, const ForwardCase& c, int heads_per_tile = 1, int wanted_splits = 1) {
-  constexpr int kKeys = sm90::row_split_keys(kHeadDim, false);
+  constexpr int kKeys = sm90::row_split_keys(kHeadDim, kConsumers);
+  constexpr bool kFull = !kPlain;
   for (sm90::RowSchedule schedule : {sm90::RowSchedule::serial, sm90::RowSchedule::overlap, sm90::RowSchedule::ping_pong}) {
     const std::string label = name + " schedule " + std::to_string(static_cast<int>(schedule));
     check_forward(label, c, 0, [&](const detail::AttentionProblem& problem) {
@@ -169,13 +172,13 @@ void check_row_schedules(const std::string& name, const ForwardCase& c, int head
         using Element = decltype(element);
         switch (schedule) {
           case sm90::RowSchedule::serial:
-            return run_traits<sm90::RowSplitTraits<Element, kHeadDim, 2, kKeys, sm90::RowSchedule::serial>>(
+            return run_traits<sm90::RowSplitTraits<Element, kHeadDim, kConsumers, kKeys, sm90::RowSchedule::serial, kFull>>(
                 problem, tiles, wanted_splits, TmaLanding::at_wait);
           case sm90::RowSchedule::overlap:
-            return run_traits<sm90::RowSplitTraits<Element, kHeadDim, 2, kKeys, sm90::RowSchedule::overlap>>(
+            return run_traits<sm90::RowSplitTraits<Element, kHeadDim, kConsumers, kKeys, sm90::RowSchedule::overlap, kFull>>(
                 problem, tiles, wanted_splits, TmaLanding::at_wait);
           case sm90::RowSchedule::ping_pong:
-            return run_traits<sm90::RowSplitTraits<Element, kHeadDim, 2, kKeys, sm90::RowSchedule::ping_pong>>(
+            return run_traits<sm90::RowSplitTraits<Element, kHeadDim, kConsumers, kKeys, sm90::RowSchedule::ping_pong, kFull>>(
                 problem, tiles, wanted_splits, TmaLanding::at_wait);
         }
       };
@@ -230,6 +233,20 @@ TEST(EmulatedSm90Forward, RowSplitPackedSplitAndUnequalDims) {
 
 // Instance 64: the row split over one 64-column chunk, and its column-split
 // kernels (one chunk of S, O halves of 128 columns) for dropout.
+// Three consumers (a 192-row tile) at D <= 64 for dense calls of plain
+// scores whose rows pack no heads (family.hpp's row_split_consumers), in
+// each schedule (ping-pong: the turns' round robin), and as instance 64's
+// kernel.
+TEST(EmulatedSm90Forward, RowSplitThreeConsumers) {
+  check_row_schedules<64, 3, true>("rows3 d64 odd", shape_case(DType::bf16, 1, 2, 1, 200, 333, 64));
+  check_row_schedules<64, 3, true>("rows3 d64 causal split-KV", shape_case(DType::f16, 1, 2, 2, 390, 700, 64)
+                                                                    .with_causal(Causal::bottom_right), 1, 2);
+  check<64>("rows3 d64 causal top-left gqa", shape_case(DType::bf16, 2, 4, 2, 250, 260, 64).with_causal(Causal::top_left));
+  check<64>("rows3 d48 bnhd", shape_case(DType::f16, 1, 2, 1, 193, 129, 48).with_layout(Layout::bnhd));
+  check<64>("rows3 64/32", shape_case(DType::bf16, 1, 2, 1, 100, 150, 64), 1, 1, 32);
+  check_nans<64>("nan rows3 d64", shape_case(DType::bf16, 1, 2, 2, 200, 200, 64).with_causal(Causal::top_left));
+}
+
 TEST(EmulatedSm90Forward, Instance64) {
   check<64>("rows d64 causal gqa", shape_case(DType::bf16, 1, 4, 2, 150, 300, 64).with_causal(Causal::bottom_right));
   check<64>("rows d40 mask", shape_case(DType::f16, 2, 1, 1, 64, 129, 40).with_mask(DType::boolean, MaskShape::batch_keys, true));

@@ -69,10 +69,16 @@ auto with_instance_traits(const AttentionProblem& problem, F&& f) {
   if constexpr (has_row_split(kHeadDim)) {
     if (row_split_serves(problem)) {
       if (scores_plain(problem)) {
-        constexpr int kKeys = row_split_keys(kHeadDim, true);
+        if constexpr (kHeadDim <= 64) {
+          if (row_split_consumers(problem, kHeadDim) == 3) {
+            constexpr int kKeys = row_split_keys(kHeadDim, 3);
+            return f(static_cast<RowSplitTraits<Element, kHeadDim, 3, kKeys, RowSchedule::ping_pong, false>*>(nullptr));
+          }
+        }
+        constexpr int kKeys = row_split_keys(kHeadDim, 2);
         return f(static_cast<RowSplitTraits<Element, kHeadDim, 2, kKeys, RowSchedule::ping_pong, false>*>(nullptr));
       }
-      return f(static_cast<RowSplitTraits<Element, kHeadDim, 2, row_split_keys(kHeadDim, false)>*>(nullptr));
+      return f(static_cast<RowSplitTraits<Element, kHeadDim, 2, row_split_keys(kHeadDim, 2)>*>(nullptr));
     }
   }
   return with_column_split_traits<kHeadDim, Element>(problem, f);

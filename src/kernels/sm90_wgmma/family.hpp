@@ -63,22 +63,31 @@ constexpr int kTileKeys = 128;
 // docs/kernels/sm90_small_d_plan.md) beside its column-split ones: D <= 256
 // (H100, N 8192: D 256 662 TFLOP/s against the column split's 435).
 constexpr bool has_row_split(int head_dim) { return head_dim <= 256; }
-// The row-split kernel's tile: two consumers' 64 rows, and its KV block, the
-// fastest measured (H100, N 8192, TFLOP/s, docs/perf/row-split-tiles): D 64
-// 192 keys (437 against 128's 385, 256's 314: 248 bytes of spills); D 128
-// 128 (626 against 144's 625 and 176's 350: 1.3 KB of spills); D 256 80
-// (673 against 64's 662, though ptxas spills 92 bytes: O takes 128
-// registers a thread).
-constexpr int kRowSplitRows = 128;
-constexpr int row_split_keys(int head_dim, bool plain_scores) {
-  return plain_scores ? (head_dim > 128 ? 80 : head_dim > 64 ? 128 : 192) : (head_dim > 128 ? 80 : head_dim > 64 ? 128 : 192);
-}
-
 // Whether a call's scores take neither the user's mask nor a softcap, with a
-// positive scale: the row split's plain kernel (RowSplitTraits'
-// kMaskAndSoftcap false) serves it.
+// positive scale: the row split's plain kernels (RowSplitTraits'
+// kMaskAndSoftcap false) serve it.
 inline bool scores_plain(const AttentionProblem& problem) {
   return problem.mask_kind == MaskKind::none && !(problem.softcap > 0.0f) && problem.scale > 0.0f;
+}
+
+// The row-split kernel's consumer warpgroups, 64 tile rows each: three at
+// D <= 64 for a dense call of plain scores whose rows pack no heads (FA3's
+// 192-row tile there: a consumer's softmax, as long as its products at this
+// D, hides under two others' products; TileCoordinates' row shift needs a
+// power of two rows a head where heads are packed), else two.
+inline int row_split_consumers(const AttentionProblem& problem, int head_dim) {
+  const bool three = head_dim <= 64 && !problem.sequences.active && scores_plain(problem) &&
+                     packed_heads(problem.group_size(), problem.seq_q, 3 * 64) == 1;
+  return three ? 3 : 2;
+}
+// The row-split kernel's KV block, the fastest measured (H100, N 8192,
+// TFLOP/s, docs/perf/row-split-tiles): D 64 192 keys (437 against 128's
+// 385, 256's 314: 248 bytes of spills); D 128 128 (626 against 144's 625 and
+// 176's 350: 1.3 KB of spills); D 256 80 (673 against 64's 662, though
+// ptxas spills 92 bytes: O takes 128 registers a thread). Three consumers
+// (160 registers each) hold S, P and O of 128 keys (FA3's RS tile at D 64).
+constexpr int row_split_keys(int head_dim, int consumers) {
+  return consumers == 3 ? 128 : head_dim > 128 ? 80 : head_dim > 64 ? 128 : 192;
 }
 
 // Whether the row-split kernel serves the call: dense inputs or a sequence
@@ -96,8 +105,9 @@ struct TileShape {
   int rows, keys;
 };
 inline TileShape tile_shape(const AttentionProblem& problem, int head_dim) {
-  return runs_row_split(problem, head_dim) ? TileShape{kRowSplitRows, row_split_keys(head_dim, scores_plain(problem))}
-                                           : TileShape{kTileRows, kTileKeys};
+  if (!runs_row_split(problem, head_dim)) return {kTileRows, kTileKeys};
+  const int consumers = row_split_consumers(problem, head_dim);
+  return {64 * consumers, row_split_keys(head_dim, consumers)};
 }
 
 // A serving call's tiling by the kernel of tile shape `tile` (its plan cuts

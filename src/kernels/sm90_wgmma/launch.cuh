@@ -49,6 +49,13 @@ Status launch(const AttentionProblem& problem, const TileLaunch& tiles, cudaStre
   if (problem.kv_e4m3 != Traits::kCacheCodes) {  // routing sends an e4m3 cache only to an instance with its variant
     return {StatusCode::impl_unavailable, "impl sm90_wgmma: this kernel variant does not take an e4m3 KV cache"};
   }
+  // TileCoordinates finds a packed row's head by a shift: a power of two rows
+  // a head (routing packs no heads into a three-consumer tile's 192 rows).
+  const int head_rows = Traits::kBlockM / tiles.heads_per_tile;
+  if (tiles.heads_per_tile > 1 && (Traits::kBlockM % tiles.heads_per_tile != 0 || (head_rows & (head_rows - 1)) != 0)) {
+    return {StatusCode::impl_unavailable, "impl sm90_wgmma: " + std::to_string(tiles.heads_per_tile) +
+                                              " heads packed into a tile of " + std::to_string(Traits::kBlockM) + " rows"};
+  }
   CUtensorMap maps[4];
   const std::array<TensorMapSpec, 4> specs = forward_map_specs<Traits>(problem, launch);
   for (int i = 0; i < 4; ++i) {
@@ -115,7 +122,7 @@ Status launch_element(const AttentionProblem& problem, const TileLaunch& tiles, 
   return with_instance_traits<kHeadDim, Element>(problem, [&](auto* traits) {
     using Kernel = std::remove_pointer_t<decltype(traits)>;
     if constexpr (Kernel::kRowSplit) {
-      static_assert(Kernel::kBlockM == kRowSplitRows && Kernel::kBlockN == row_split_keys(kHeadDim, !Kernel::kMaskAndSoftcap),
+      static_assert(Kernel::kBlockN == row_split_keys(kHeadDim, Kernel::kConsumers),
                     "the tile the host plans with (family.hpp's tile_shape)");
     }
     return launch<Kernel>(problem, tiles, stream);

@@ -14,19 +14,21 @@
 
 namespace ffpa::detail::sm90_wgmma {
 
-// Turns between the two consumers (RowSchedule::ping_pong, FA3's warp
-// scheduler barriers): consumer w issues its products after waiting at
-// barrier kTurnBarrier + w, then arrives at the other's. Consumer 1 arrives
-// once at the start (consumer 0 goes first) and not after its last block,
-// so that every barrier's waits and arrivals pair up: barrier w sees
-// kv_blocks waits of consumer w and kv_blocks arrivals of the other (both
-// consumers run the tile's kv_blocks).
+// Turns between the consumers (RowSchedule::ping_pong, FA3's warp
+// scheduler barriers), round robin: consumer w issues its products after
+// waiting at barrier kTurnBarrier + w, then arrives at its successor's. The
+// last consumer arrives once at the start (consumer 0 goes first) and not
+// after its last block, so that every barrier's waits and arrivals pair up:
+// barrier w sees kv_blocks waits of consumer w and kv_blocks arrivals of its
+// predecessor (every consumer runs the tile's kv_blocks). Each barrier
+// counts its waiter's and its arriver's 128 threads.
 template <class Traits>
 struct Turns {
+  static constexpr int kLast = Traits::kConsumers - 1;
   const int w;
   __device__ __forceinline__ void start() const {
     if constexpr (Traits::kSchedule == RowSchedule::ping_pong) {
-      if (w == 1) named_barrier_arrive(Traits::kTurnBarrier, 256);
+      if (w == kLast) named_barrier_arrive(Traits::kTurnBarrier, 256);
     }
   }
   __device__ __forceinline__ void wait() const {
@@ -34,7 +36,7 @@ struct Turns {
   }
   __device__ __forceinline__ void pass(bool last) const {
     if constexpr (Traits::kSchedule == RowSchedule::ping_pong) {
-      if (!(w == 1 && last)) named_barrier_arrive(Traits::kTurnBarrier + 1 - w, 256);
+      if (!(w == kLast && last)) named_barrier_arrive(Traits::kTurnBarrier + (w == kLast ? 0 : w + 1), 256);
     }
   }
 };

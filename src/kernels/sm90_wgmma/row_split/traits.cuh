@@ -53,8 +53,9 @@ struct RowSplitTraits {
   // kTurnBarrier + w for its turn to issue products (ping_pong),
   // kVClearedBarrier for a sequence's last V block cleared past its keys.
   static constexpr int kTurnBarrier = 2 + kConsumers;
-  static constexpr int kVClearedBarrier = kTurnBarrier + 2;
-  static_assert(kSchedule != RowSchedule::ping_pong || kConsumers == 2, "turns between two consumers");
+  static constexpr int kVClearedBarrier = kTurnBarrier + kConsumers;
+  static_assert(kConsumers == 2 || kConsumers == 3, "two consumers, or three at D <= 64 (family.hpp)");
+  static_assert(kVClearedBarrier < 16, "a CTA has 16 named barriers");
 
   // Not in this layout (the column split's variants).
   static constexpr int kSplit = 1;
@@ -79,11 +80,12 @@ struct RowSplitTraits {
   static constexpr int kMaskBlocksInFlight = kBlockN % 64 == 0 ? 8 : kBlockN % 32 == 0 ? 4 : kBlockN % 16 == 0 ? 2 : 1;
   static constexpr bool kMaskPairLoads = true;
 
-  // Registers after setmaxnreg: FA3's split for two consumers (24 + 2 x 240:
-  // the launch's 168 a thread of 384, all of it).
+  // Registers after setmaxnreg: FA3's splits, 24 + 2 x 240 for two consumers
+  // (the launch's 168 a thread of 384), 32 + 3 x 160 for three (128 of 512):
+  // all of the register file either way.
   static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
+  static constexpr int kProducerRegisters = kConsumers == 2 ? 24 : 32;
+  static constexpr int kConsumerRegisters = kConsumers == 2 ? 240 : 160;
   static_assert(128 * kProducerRegisters + 128 * kConsumers * kConsumerRegisters <= kThreads * kLaunchRegisters,
                 "setmaxnreg redistributes the launch's registers: more would never be granted");
 
