@@ -80,6 +80,7 @@ struct PendingStore {
   const CUtensorMap* map;
   uint32_t src;
   int coords[5];
+  bool add = false;  // a reduction (tma_reduce_add_4d): fp32 elements added, not stored
 };
 
 struct WgmmaOp {
@@ -156,9 +157,12 @@ void land_copy(const AsyncCopy& copy) {
   std::memset(to + copy.src_bytes, 0, 16 - copy.src_bytes);
 }
 
-// The box at `coords` between global memory and shared memory at `smem`.
-template <bool kLoad>
+// The box at `coords` between global memory and shared memory at `smem`:
+// loaded into shared memory, stored from it, or (fp32) added from it.
+enum class BoxCopy { load, store, add_f32 };
+template <BoxCopy kCopy>
 void copy_box(const TensorMapInfo& m, unsigned char* shared, uint32_t smem, const int (&coords)[5]) {
+  if (kCopy == BoxCopy::add_f32 && m.element_bytes != 4) fail("a TMA reduce-add of other than fp32 elements");
   const int eb = m.element_bytes;
   if (m.box[0] * eb != 128) fail("TMA boxes of 128-byte rows (the 128-byte swizzle)");
   if (smem % 1024 != 0) fail("a swizzled TMA box not 1024-byte aligned in shared memory");
@@ -175,14 +179,21 @@ void copy_box(const TensorMapInfo& m, unsigned char* shared, uint32_t smem, cons
             unsigned char* s = shared + swizzle(smem + row * 128 + static_cast<uint32_t>(i0 * eb));
             const int64_t offset =
                 c[0] * eb + c[1] * m.strides[0] + c[2] * m.strides[1] + c[3] * m.strides[2] + c[4] * m.strides[3];
-            if (kLoad) {
+            unsigned char* const g = const_cast<unsigned char*>(m.base) + offset;
+            if (kCopy == BoxCopy::load) {
               if (inside) {
-                std::memcpy(s, m.base + offset, static_cast<size_t>(eb));
+                std::memcpy(s, g, static_cast<size_t>(eb));
               } else {
                 std::memset(s, 0, static_cast<size_t>(eb));
               }
+            } else if (inside && kCopy == BoxCopy::store) {
+              std::memcpy(g, s, static_cast<size_t>(eb));
             } else if (inside) {
-              std::memcpy(const_cast<unsigned char*>(m.base) + offset, s, static_cast<size_t>(eb));
+              float sum, term;
+              std::memcpy(&sum, g, 4);
+              std::memcpy(&term, s, 4);
+              sum += term;
+              std::memcpy(g, &sum, 4);
             }
           }
 }
@@ -192,7 +203,7 @@ int64_t box_bytes(const TensorMapInfo& m) {
 }
 
 void land(ClusterAddress bar, const PendingLoad& load) {
-  copy_box<true>(decode(load.map), cluster_shared_memory(load.rank), load.dst, load.coords);
+  copy_box<BoxCopy::load>(decode(load.map), cluster_shared_memory(load.rank), load.dst, load.coords);
   Barrier& b = barrier(bar);
   b.tx -= box_bytes(decode(load.map));
   maybe_complete(b);
@@ -271,7 +282,11 @@ void flush_stores(int thread) {
   auto it = g_state->stores.find(thread);
   if (it == g_state->stores.end()) return;
   for (const PendingStore& store : it->second) {
-    copy_box<false>(decode(store.map), shared_memory_base(), store.src, store.coords);
+    if (store.add) {
+      copy_box<BoxCopy::add_f32>(decode(store.map), shared_memory_base(), store.src, store.coords);
+    } else {
+      copy_box<BoxCopy::store>(decode(store.map), shared_memory_base(), store.src, store.coords);
+    }
   }
   it->second.clear();
 }
@@ -555,6 +570,11 @@ void tma_load_5d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int
 
 void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
   g_state->stores[current_thread()].push_back({map, src, {c0, c1, c2, c3, 0}});
+  note_progress();
+}
+
+void tma_reduce_add_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
+  g_state->stores[current_thread()].push_back({map, src, {c0, c1, c2, c3, 0}, true});
   note_progress();
 }
 

@@ -75,6 +75,9 @@ void cp_async_wait(int pending);
 void tma_load_4d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3);
 void tma_load_5d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int c0, int c1, int c2, int c3, int c4);
 void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3);
+// cp.reduce.async.bulk.tensor .add of an fp32 box: lands, as the stores do, at
+// the thread's next tma_store_wait_read (adding to what global memory holds then).
+void tma_reduce_add_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3);
 void tma_store_wait_read();
 
 enum class WgmmaKind { bf16, f16, e4m3, s8 };

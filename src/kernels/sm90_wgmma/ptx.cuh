@@ -210,6 +210,17 @@ __device__ __forceinline__ void tma_store_4d(const CUtensorMap* map, uint32_t sr
                                   __cvta_shared_to_generic(src));
 }
 
+// Adds a shared-memory box of fp32 values to global memory element by element
+// (the bulk tensor reduction: each element's add atomic, the order between
+// CTAs unspecified); out-of-range elements are skipped. Committed and waited
+// for as the stores are.
+__device__ __forceinline__ void tma_reduce_add_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2,
+                                                  int c3) {
+  const int32_t coords[4] = {c0, c1, c2, c3};
+  cuda::ptx::cp_reduce_async_bulk_tensor(cuda::ptx::space_global, cuda::ptx::space_shared, cuda::ptx::op_add, map,
+                                         coords, __cvta_shared_to_generic(src));
+}
+
 __device__ __forceinline__ void tma_store_commit() { cuda::ptx::cp_async_bulk_commit_group(); }
 
 // Waits until the committed stores have finished reading shared memory.

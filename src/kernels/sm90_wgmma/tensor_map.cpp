@@ -130,6 +130,7 @@ Status encode_tensor_map(const TensorMapSpec& spec, CUtensorMap* map) {
   for (int i = 0; i < 5; ++i) dims[i] = spec.dims[i], box[i] = spec.box[i];
   for (int i = 0; i < 4; ++i) strides[i] = spec.strides[i];
   const CUtensorMapDataType type = spec.element_bytes == 1      ? CU_TENSOR_MAP_DATA_TYPE_UINT8
+                                   : spec.element_bytes == 4   ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
                                    : spec.dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                                                : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   const CUresult result = encode(

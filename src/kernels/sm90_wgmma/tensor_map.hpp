@@ -1,7 +1,7 @@
 // TMA descriptors for the attention tensors: a logical [B, H, N, D] tensor with
 // element strides (b, h, n) and a contiguous last dimension, boxes of
 // [box_heads][box_rows][128 bytes] with the 128-byte swizzle. Elements are the
-// call's bf16 / fp16, or bytes (the FP8 path's codes in its workspace).
+// call's bf16 / fp16, bytes (the FP8 path's codes in its workspace) or fp32.
 #pragma once
 
 #include <cuda.h>
@@ -21,7 +21,7 @@ struct TensorMapShape {
   DType dtype;
   int64_t batch, heads, seq, head_dim;
   const int64_t* stride;  // elements: b, h, n
-  int element_bytes = 2;  // 2: dtype; 1: 8-bit codes (UINT8 to TMA)
+  int element_bytes = 2;  // 2: dtype; 1: 8-bit codes (UINT8 to TMA); 4: fp32 (a gradient's accumulator)
 };
 
 // A map as the encoder takes it: rank 4 or 5, dims[0] contiguous (boxes of

@@ -70,6 +70,9 @@ inline void tma_load_5d(uint32_t dst, const CUtensorMap* map, uint32_t bar, int 
 inline void tma_store_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
   emu::tma_store_4d(map, src, c0, c1, c2, c3);
 }
+inline void tma_reduce_add_4d(const CUtensorMap* map, uint32_t src, int c0, int c1, int c2, int c3) {
+  emu::tma_reduce_add_4d(map, src, c0, c1, c2, c3);
+}
 inline void tma_store_commit() {}
 inline void tma_store_wait_read() { emu::tma_store_wait_read(); }
 inline void fence_proxy_async() {}
