@@ -231,8 +231,6 @@ TEST(EmulatedSm90Forward, RowSplitPackedSplitAndUnequalDims) {
   check_nans<128>("nan rows d128 causal", shape_case(DType::bf16, 1, 2, 2, 70, 200, 128).with_causal(Causal::top_left));
 }
 
-// Instance 64: the row split over one 64-column chunk, and its column-split
-// kernels (one chunk of S, O halves of 128 columns) for dropout.
 // Three consumers (a 192-row tile) at D <= 64 for dense calls of plain
 // scores whose rows pack no heads (family.hpp's row_split_consumers), in
 // each schedule (ping-pong: the turns' round robin), and as instance 64's
@@ -247,6 +245,8 @@ TEST(EmulatedSm90Forward, RowSplitThreeConsumers) {
   check_nans<64>("nan rows3 d64", shape_case(DType::bf16, 1, 2, 2, 200, 200, 64).with_causal(Causal::top_left));
 }
 
+// Instance 64: the row split over one 64-column chunk, and its column-split
+// kernels (one chunk of S, O halves of 128 columns) for dropout.
 TEST(EmulatedSm90Forward, Instance64) {
   check<64>("rows d64 causal gqa", shape_case(DType::bf16, 1, 4, 2, 150, 300, 64).with_causal(Causal::bottom_right));
   check<64>("rows d40 mask", shape_case(DType::f16, 2, 1, 1, 64, 129, 40).with_mask(DType::boolean, MaskShape::batch_keys, true));

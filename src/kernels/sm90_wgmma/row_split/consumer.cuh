@@ -136,11 +136,7 @@ struct RowSplitConsumer {
       row_max[h] = rescale.new_max;
       scale[h] = rescale.scale;
       float block_sum = 0.0f;
-      if constexpr (Traits::kMaskAndSoftcap) {
-        exponentiate_row<SLayout>(s, h, rescale.base, block_sum);
-      } else {
-        exponentiate_row<SLayout>(s, h, factor, rescale.base, block_sum);
-      }
+      exponentiate_row<SLayout>(s, h, factor, rescale.base, block_sum);  // (factor 1: exp2(s - base), exactly)
       row_sum[h] = row_sum[h] * rescale.scale + block_sum;
     }
   }

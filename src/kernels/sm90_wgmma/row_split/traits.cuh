@@ -62,7 +62,6 @@ struct RowSplitTraits {
   static constexpr bool kFp8 = false, kQkInt8 = false, kDropout = false, kDropoutWarps = false, kMaskInS = false;
   static constexpr KvLoad kKvLoad = KvLoad::boxes;
   static constexpr bool kCacheCodes = false, kPageGroups = false, kGathersPages = false;
-  static constexpr bool kSoftcap = kMaskAndSoftcap;
   static constexpr int kDropoutThreads = 0;
 
   static constexpr int kElementBytes = ElementTraits<Element>::kBytes;
